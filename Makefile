@@ -1,0 +1,45 @@
+# statekit — every target bootstraps .venv with the pinned dependencies by itself.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.statekit-installed
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: lab demo test test-slow test-browser bench java clean venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "statekit needs Python >= 3.10"' \
+	  || { echo "statekit needs Python 3.10 or newer (found $$($(PYTHON) --version))."; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+java:
+	@bash scripts/check_java.sh
+
+lab: $(STAMP) java
+	$(PY) -m jupyter lab --notebook-dir=notebooks
+
+demo: $(STAMP) java
+	$(PY) -m statekit.demo
+
+test: $(STAMP) java
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: $(STAMP) java
+	$(PY) -m pytest -m "slow" -q
+
+test-browser: $(STAMP) java
+	$(PY) -m pytest -m "browser" -q
+
+bench: $(STAMP) java
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf build .pytest_cache

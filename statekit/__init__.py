@@ -1,0 +1,16 @@
+"""statekit: watch stateful stream processing keep its state.
+
+Local RocksDB stores, a record cache, changelog topics in Kafka, restoration and standby replicas,
+run as Spark Structured Streaming queries. See docs/ARCHITECTURE.md for the layers.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):  # lazy: importing statekit must not pull in Spark
+    if name == "App":
+        from statekit.app import App
+
+        return App
+    raise AttributeError(f"module 'statekit' has no attribute {name!r}")
