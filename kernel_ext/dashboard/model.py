@@ -1,0 +1,729 @@
+"""The dashboard's data model: pure Python, no widgets, no IPython.
+
+`collect(app, ...)` takes a `Snapshot` of a running `statekit.App` (state, metrics, the lag table,
+store contents, new events, changelog figures). `DashboardModel.update(snapshot)` turns a stream of
+snapshots into what the panels show: rows changed since the last refresh, lag history per task,
+restore progress with rate and ETA, the restore summary, changelog compaction figures, and a
+column layout of the topology graph.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+# ---------------------------------------------------------------------------------------------
+# snapshots
+
+
+@dataclass
+class Snapshot:
+    """What the dashboard knows about an app at one instant (all plain data)."""
+
+    t: float
+    state: str = "UNKNOWN"
+    metrics: dict = field(default_factory=dict)
+    tasks: list[dict] = field(default_factory=list)
+    stores: dict[str, dict] = field(default_factory=dict)  # store -> {key: value}
+    events: list[dict] = field(default_factory=list)  # new events since the last snapshot
+    changelog: list[dict] = field(default_factory=list)  # one dict per changelog partition
+    error: str | None = None
+
+
+def _num(x, default=None):
+    if x is None:
+        return default
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return default
+    if math.isnan(f):
+        return default
+    return int(f) if f.is_integer() else f
+
+
+TASK_FIELDS = ("task", "instance", "role", "store", "rows", "dirty", "checkpoint", "changelog_end",
+               "lag", "standby_lag", "state")
+
+# names the runtime may use for each task-table column (first match wins)
+_TASK_ALIASES = {
+    "task": ("task", "task_id", "partition"),
+    "instance": ("instance", "owner", "active_instance"),
+    "role": ("role", "kind", "type"),
+    "store": ("store", "store_name"),
+    "rows": ("rows", "store_rows", "num_rows", "records", "entries", "approximate_num_entries"),
+    "dirty": ("dirty", "dirty_entries", "cache_dirty", "dirty_cache_entries"),
+    "checkpoint": ("checkpoint", "checkpoint_offset", "committed_offset", "local_offset"),
+    "changelog_end": ("changelog_end", "end_offset", "changelog_end_offset", "log_end_offset"),
+    "lag": ("lag", "changelog_lag"),
+    "standby_lag": ("standby_lag",),
+    "state": ("state", "task_state", "status"),
+}
+
+
+def normalize_task(row: dict) -> dict:
+    """Map a lag-table row (whatever its column names) onto TASK_FIELDS."""
+    out = {}
+    for name, aliases in _TASK_ALIASES.items():
+        val = None
+        for a in aliases:
+            if a in row and row[a] is not None and not (isinstance(row[a], float) and math.isnan(row[a])):
+                val = row[a]
+                break
+        out[name] = val
+    for k in ("task", "instance", "rows", "dirty", "checkpoint", "changelog_end", "lag", "standby_lag"):
+        out[k] = _num(out[k])
+    if out["lag"] is None and out["changelog_end"] is not None and out["checkpoint"] is not None:
+        out["lag"] = max(0, out["changelog_end"] - out["checkpoint"])
+    role = str(out["role"] or "active").lower()
+    out["role"] = "standby" if role.startswith("standby") else "active"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# pure helpers (unit-tested)
+
+
+@dataclass
+class Diff:
+    added: set = field(default_factory=set)
+    changed: set = field(default_factory=set)
+    removed: set = field(default_factory=set)
+
+    @property
+    def touched(self) -> set:
+        return self.added | self.changed
+
+    def __len__(self):
+        return len(self.added) + len(self.changed) + len(self.removed)
+
+
+def diff_rows(before: dict | None, after: dict) -> Diff:
+    """Keys added, changed (value differs) and removed between two store contents."""
+    before = before or {}
+    d = Diff()
+    for k, v in after.items():
+        if k not in before:
+            d.added.add(k)
+        elif before[k] != v:
+            d.changed.add(k)
+    d.removed = set(before) - set(after)
+    return d
+
+
+class RateEstimator:
+    """Progress rate over a sliding window of (time, done) samples, and the ETA it implies."""
+
+    def __init__(self, window: float = 5.0):
+        self.window = window
+        self.samples: deque[tuple[float, float]] = deque()
+
+    def add(self, t: float, done: float) -> None:
+        if self.samples and t <= self.samples[-1][0]:
+            self.samples[-1] = (self.samples[-1][0], done)
+            return
+        self.samples.append((t, done))
+        while len(self.samples) > 2 and t - self.samples[0][0] > self.window:
+            self.samples.popleft()
+
+    @property
+    def rate(self) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        (t0, d0), (t1, d1) = self.samples[0], self.samples[-1]
+        if t1 <= t0:
+            return None
+        return max(0.0, (d1 - d0) / (t1 - t0))
+
+    def eta(self, total: float) -> float | None:
+        """Seconds until `done` reaches `total`; 0 when already there, None when unknown."""
+        if not self.samples:
+            return None
+        remaining = total - self.samples[-1][1]
+        if remaining <= 0:
+            return 0.0
+        r = self.rate
+        if not r:
+            return None
+        return remaining / r
+
+
+def fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 1:
+        return "<1 s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def fmt_num(x) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        if abs(x) >= 100:
+            return f"{x:,.0f}"
+        return f"{x:,.2f}".rstrip("0").rstrip(".")
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+def _sort_value(v):
+    """A number to rank a store value by: the value itself, or a count/sum/value field."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return v
+    if isinstance(v, dict):
+        for k in ("count", "sum", "value", "total", "n", "max", "avg"):
+            if isinstance(v.get(k), (int, float)) and not isinstance(v.get(k), bool):
+                return v[k]
+    return None
+
+
+@dataclass
+class RestoreTask:
+    task: int
+    store: str | None = None
+    total: int | None = None  # records (offsets) to replay
+    restored: int = 0
+    start_offset: int | None = None
+    end_offset: int | None = None
+    source: str | None = None  # "checkpoint" | "scratch" | "standby"
+    started: float | None = None
+    finished: float | None = None
+    estimator: RateEstimator = field(default_factory=RateEstimator)
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+    @property
+    def fraction(self) -> float:
+        if self.done:
+            return 1.0
+        if not self.total:
+            return 0.0
+        return min(1.0, self.restored / self.total)
+
+    @property
+    def rate(self) -> float | None:
+        if self.done and self.started is not None and self.finished > self.started:
+            return self.restored / (self.finished - self.started)
+        return self.estimator.rate
+
+    @property
+    def eta(self) -> float | None:
+        if self.done:
+            return 0.0
+        if self.total is None:
+            return None
+        return self.estimator.eta(self.total)
+
+
+@dataclass
+class RestoreSummary:
+    seconds: float
+    records_replayed: int
+    offsets_spanned: int
+    tasks: int
+    from_checkpoint: int
+    from_scratch: int
+
+    @property
+    def saved_by_compaction(self) -> int:
+        """Offsets the restore did not have to read because the cleaner had removed them."""
+        return max(0, self.offsets_spanned - self.records_replayed)
+
+    def line(self) -> str:
+        src = []
+        if self.from_checkpoint:
+            src.append(f"{self.from_checkpoint} from checkpoint")
+        if self.from_scratch:
+            src.append(f"{self.from_scratch} from scratch")
+        return (f"restored {self.tasks} task(s) in {self.seconds:.1f} s: {self.records_replayed:,} "
+                f"records replayed ({', '.join(src) or 'no source reported'}); compaction saved "
+                f"{self.saved_by_compaction:,} records")
+
+
+def _event_kind(e: dict) -> str:
+    k = str(e.get("type") or e.get("event") or e.get("kind") or "").lower().replace("-", "_")
+    if "restor" in k:
+        if any(w in k for w in ("start", "begin")):
+            return "restore_start"
+        if any(w in k for w in ("end", "done", "complete", "finish")):
+            return "restore_end"
+        return "restore_batch"
+    if "state" in k:
+        return "state"
+    return k
+
+
+def _event_time(e: dict, default: float) -> float:
+    for k in ("t", "ts", "time", "timestamp"):
+        v = e.get(k)
+        if isinstance(v, (int, float)):
+            return v / 1000.0 if v > 1e11 else float(v)  # ms or s
+    return default
+
+
+def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, tuple[float, float]]:
+    """Place nodes in columns: sources → processors → stores → changelogs → sinks.
+
+    `nodes`: dicts with "id" and "kind" ("source", "processor", "store", "changelog", "sink", or
+    anything else, treated as a processor). `edges`: (from_id, to_id). Processors are spread over
+    several columns by their longest path from a source. Returns id -> (x, y), x = column index,
+    y in [0, 1] (top to bottom)."""
+    nodes = list(nodes)
+    edges = [(a, b) for a, b in edges]
+    kinds = {n["id"]: (n.get("kind") or "processor") for n in nodes}
+    succ: dict[str, list[str]] = {n: [] for n in kinds}
+    pred: dict[str, list[str]] = {n: [] for n in kinds}
+    for a, b in edges:
+        if a in kinds and b in kinds:
+            succ[a].append(b)
+            pred[b].append(a)
+    # depth of each processor = longest path from a source through processors
+    depth: dict[str, int] = {}
+
+    def proc_depth(n, seen=()):
+        if n in depth:
+            return depth[n]
+        ps = [p for p in pred[n] if kinds[p] not in ("source",) and p not in seen and kinds[p] not in ("store", "changelog")]
+        d = 0 if not ps else 1 + max(proc_depth(p, seen + (n,)) for p in ps)
+        depth[n] = d
+        return d
+
+    proc_cols = 1
+    for n, k in kinds.items():
+        if k not in ("source", "store", "changelog", "sink"):
+            proc_cols = max(proc_cols, proc_depth(n) + 1)
+    col: dict[str, int] = {}
+    for n, k in kinds.items():
+        if k == "source":
+            col[n] = 0
+        elif k == "store":
+            col[n] = 1 + proc_cols
+        elif k == "changelog":
+            col[n] = 2 + proc_cols
+        elif k == "sink":
+            col[n] = 3 + proc_cols
+        else:
+            col[n] = 1 + depth.get(n, 0)
+    # drop empty columns so the drawing stays compact
+    used = sorted(set(col.values()))
+    remap = {c: i for i, c in enumerate(used)}
+    col = {n: remap[c] for n, c in col.items()}
+    # order inside a column: by the mean y of predecessors (one sweep), else by declaration
+    order = {n["id"]: i for i, n in enumerate(nodes)}
+    pos: dict[str, tuple[float, float]] = {}
+    for c in range(len(used)):
+        members = [n for n in kinds if col[n] == c]
+
+        def key(n):
+            ys = [pos[p][1] for p in pred[n] if p in pos]
+            return (sum(ys) / len(ys) if ys else 0.5, order[n])
+
+        members.sort(key=key)
+        k = len(members)
+        for i, n in enumerate(members):
+            pos[n] = (float(c), 0.5 if k == 1 else 0.1 + 0.8 * i / (k - 1))
+    return pos
+
+
+# ---------------------------------------------------------------------------------------------
+# the model
+
+
+@dataclass
+class StoreRow:
+    key: Any
+    value: Any
+    status: str | None  # "new" | "changed" | None
+    last_change: float | None
+
+
+class DashboardModel:
+    """Feed snapshots with `update`; read what to draw from the properties."""
+
+    def __init__(self, top_k: int = 15, history_points: int = 600, sort_by: str = "value"):
+        self.top_k = top_k
+        self.sort_by = sort_by  # "value" | "recency" | "key"
+        self.key_filter = ""
+        self.store: str | None = None  # the store shown in the contents panel
+        self.snapshot: Snapshot | None = None
+        self.previous: Snapshot | None = None
+        self.refreshes = 0
+        self.lag_history: dict[int, deque] = {}
+        self.standby_lag_history: dict[int, deque] = {}
+        self._history_points = history_points
+        self.diffs: dict[str, Diff] = {}
+        self.last_change: dict[str, dict] = {}  # store -> key -> time of its last change
+        self.restore: dict[int, RestoreTask] = {}
+        self.restore_summary: RestoreSummary | None = None
+        self._restore_round_started: float | None = None
+        self.events: deque = deque(maxlen=200)
+        self.state_changes: list[tuple[float, str]] = []
+        self.t0: float | None = None
+
+    # -- feeding ------------------------------------------------------------------------------
+
+    def update(self, snap: Snapshot) -> "DashboardModel":
+        if self.t0 is None:
+            self.t0 = snap.t
+        snap.tasks = [normalize_task(r) for r in snap.tasks]
+        self.previous, self.snapshot = self.snapshot, snap
+        self.refreshes += 1
+        if self.previous is None or self.previous.state != snap.state:
+            self.state_changes.append((snap.t, snap.state))
+        # changed rows
+        for store, rows in snap.stores.items():
+            before = self.previous.stores.get(store) if self.previous else None
+            d = diff_rows(before, rows)
+            if before is None:  # first sight: nothing is "changed" yet
+                d = Diff()
+            self.diffs[store] = d
+            times = self.last_change.setdefault(store, {})
+            for k in d.touched:
+                times[k] = snap.t
+            for k in d.removed:
+                times.pop(k, None)
+        if self.store is None and snap.stores:
+            self.store = sorted(snap.stores)[0]
+        # lag history (active lag; standby lag separately)
+        for r in snap.tasks:
+            if r["task"] is None:
+                continue
+            hist = self.lag_history if r["role"] == "active" else self.standby_lag_history
+            lag = r["lag"] if r["role"] == "active" else (r["standby_lag"] if r["standby_lag"] is not None else r["lag"])
+            if lag is None:
+                continue
+            dq = hist.setdefault(r["task"], deque(maxlen=self._history_points))
+            if dq and dq[-1][0] == snap.t:
+                dq[-1] = (snap.t, dq[-1][1] + lag)  # several stores: sum per task
+            else:
+                dq.append((snap.t, lag))
+        # events: restoration
+        for e in snap.events:
+            self.events.append(e)
+            self._on_event(e, snap.t)
+        self._restore_from_tasks(snap)
+        self._maybe_summarize(snap.t)
+        return self
+
+    def _on_event(self, e: dict, now: float) -> None:
+        kind = _event_kind(e)
+        task = _num(e.get("task"))
+        t = _event_time(e, now)
+        if kind == "state":
+            return
+        if task is None or not kind.startswith("restore"):
+            return
+        rt = self.restore.get(task)
+        if kind == "restore_start" or rt is None or (rt.done and kind != "restore_end"):
+            if self._restore_round_started is None or (rt is not None and rt.done):
+                if all(x.done for x in self.restore.values()):
+                    self.restore = {}
+                    self.restore_summary = None
+                    self._restore_round_started = t
+            rt = RestoreTask(task=task, started=t)
+            self.restore[task] = rt
+        rt.store = e.get("store", rt.store)
+        start, end = _num(e.get("start_offset")), _num(e.get("end_offset"))
+        if start is not None:
+            rt.start_offset = start
+        if end is not None:
+            rt.end_offset = end
+        total = _num(e.get("total"))
+        if total is None and rt.start_offset is not None and rt.end_offset is not None:
+            total = max(0, rt.end_offset - rt.start_offset)
+        if total is not None:
+            rt.total = total
+        restored = _num(e.get("restored", e.get("records_restored", e.get("records"))))
+        if restored is not None:
+            rt.restored = restored if kind != "restore_batch" or "restored" in e or "records_restored" in e \
+                else rt.restored + restored
+        src = e.get("source") or e.get("from")
+        if src:
+            rt.source = str(src)
+        elif rt.source is None and rt.start_offset is not None:
+            rt.source = "scratch" if rt.start_offset == 0 else "checkpoint"
+        if kind == "restore_end":
+            rt.finished = t
+            if rt.total is None:
+                rt.total = rt.restored
+        rt.estimator.add(t, rt.restored)
+
+    def _restore_from_tasks(self, snap: Snapshot) -> None:
+        """Without restore events, follow the lag of RESTORING tasks."""
+        for r in snap.tasks:
+            if r["role"] != "active" or r["task"] is None:
+                continue
+            st = str(r.get("state") or "").upper()
+            rt = self.restore.get(r["task"])
+            if st == "RESTORING":
+                if rt is None or rt.done:
+                    rt = RestoreTask(task=r["task"], started=snap.t, store=r["store"],
+                                     total=r["lag"] or 0, source="checkpoint" if r["checkpoint"] else "scratch")
+                    self.restore[r["task"]] = rt
+                    if self._restore_round_started is None:
+                        self._restore_round_started = snap.t
+                if rt.total is not None and r["lag"] is not None:
+                    rt.restored = max(rt.restored, rt.total - r["lag"])
+                rt.estimator.add(snap.t, rt.restored)
+            elif rt is not None and not rt.done and st in ("RUNNING",) and not snap.events:
+                rt.finished = snap.t
+                rt.restored = rt.total or rt.restored
+
+    def _maybe_summarize(self, now: float) -> None:
+        if not self.restore or self.restore_summary is not None:
+            return
+        if not all(r.done for r in self.restore.values()):
+            return
+        started = min((r.started for r in self.restore.values() if r.started is not None), default=now)
+        finished = max((r.finished for r in self.restore.values()), default=now)
+        self.restore_summary = RestoreSummary(
+            seconds=max(0.0, finished - started),
+            records_replayed=sum(r.restored for r in self.restore.values()),
+            offsets_spanned=sum((r.end_offset - r.start_offset) if r.end_offset is not None and r.start_offset is not None
+                                else r.restored for r in self.restore.values()),
+            tasks=len(self.restore),
+            from_checkpoint=sum(1 for r in self.restore.values() if (r.source or "").startswith("checkpoint")),
+            from_scratch=sum(1 for r in self.restore.values() if (r.source or "") in ("scratch", "log_start", "beginning")),
+        )
+        self._restore_round_started = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def restoring(self) -> bool:
+        return any(not r.done for r in self.restore.values())
+
+    def header(self) -> dict:
+        s = self.snapshot or Snapshot(t=time.time())
+        m = s.metrics or {}
+
+        def pick(*names):
+            for n in names:
+                if m.get(n) is not None:
+                    return _num(m[n], m[n])
+            return None
+
+        return {
+            "state": s.state,
+            "input_rate": pick("input_rate", "inputRowsPerSecond", "input_rows_per_second"),
+            "processed_rate": pick("processed_rate", "processedRowsPerSecond", "processed_rows_per_second"),
+            "records": pick("records_processed", "records", "processed", "numInputRows_total"),
+            "batch_ms": pick("last_batch_ms", "batch_duration_ms", "batchDuration", "latency_ms"),
+            "batch_id": pick("batch_id", "last_batch_id", "batchId"),
+            "rows": sum(r["rows"] or 0 for r in s.tasks if r["role"] == "active"),
+            "lag": sum(r["lag"] or 0 for r in s.tasks if r["role"] == "active"),
+            "error": s.error,
+        }
+
+    def tasks(self) -> list[dict]:
+        s = self.snapshot
+        if s is None:
+            return []
+        return sorted(s.tasks, key=lambda r: (r["task"] if r["task"] is not None else -1,
+                                              r["role"] != "active", r["store"] or "", r["instance"] or 0))
+
+    def store_names(self) -> list[str]:
+        return sorted(self.snapshot.stores) if self.snapshot else []
+
+    def store_rows(self, store: str | None = None) -> list[StoreRow]:
+        """Top-k rows of a store after the key filter, by value, recency or key."""
+        store = store or self.store
+        if not self.snapshot or store not in self.snapshot.stores:
+            return []
+        rows = self.snapshot.stores[store]
+        d = self.diffs.get(store, Diff())
+        times = self.last_change.get(store, {})
+        flt = self.key_filter.strip().lower()
+        items = [(k, v) for k, v in rows.items() if not flt or flt in str(k).lower()]
+        if self.sort_by == "recency":
+            items.sort(key=lambda kv: (-(times.get(kv[0]) or 0), str(kv[0])))
+        elif self.sort_by == "key":
+            items.sort(key=lambda kv: str(kv[0]))
+        else:
+            def by_value(kv):
+                sv = _sort_value(kv[1])
+                return (sv is None, -(sv or 0), str(kv[0]))
+
+            items.sort(key=by_value)
+        out = []
+        for k, v in items[: self.top_k]:
+            status = "new" if k in d.added else "changed" if k in d.changed else None
+            out.append(StoreRow(k, v, status, times.get(k)))
+        return out
+
+    def changed_count(self, store: str | None = None) -> int:
+        d = self.diffs.get(store or self.store or "")
+        return len(d.touched) if d else 0
+
+    def lag_series(self, standby: bool = False) -> dict[int, tuple[list[float], list[float]]]:
+        """task -> (seconds since the first refresh, lag) for the lag-over-time chart."""
+        hist = self.standby_lag_history if standby else self.lag_history
+        t0 = self.t0 or 0.0
+        return {t: ([p[0] - t0 for p in dq], [p[1] for p in dq]) for t, dq in sorted(hist.items())}
+
+    def restore_rows(self) -> list[RestoreTask]:
+        return [self.restore[t] for t in sorted(self.restore)]
+
+    def changelog_rows(self) -> list[dict]:
+        """Per changelog partition: records in the log, live keys, dirty ratio, cleaner runs."""
+        s = self.snapshot
+        if s is None:
+            return []
+        live = {}
+        for r in s.tasks:
+            if r["role"] == "active" and r["task"] is not None and r["rows"] is not None:
+                live[(r["store"], r["task"])] = r["rows"]
+        out = []
+        for c in s.changelog:
+            topic, part = c.get("topic"), _num(c.get("partition"))
+            store = c.get("store")
+            if store is None and topic and topic.endswith("-changelog"):
+                # <application>-<store>-changelog: match a store name we know
+                for name in self.store_names() or [r["store"] for r in s.tasks if r["store"]]:
+                    if topic.endswith(f"-{name}-changelog"):
+                        store = name
+                        break
+            records = _num(c.get("records"))
+            if records is None and c.get("high_watermark") is not None:
+                records = _num(c.get("high_watermark")) - (_num(c.get("log_start_offset")) or 0)
+            keys = _num(c.get("live_keys"), live.get((store, part)))
+            out.append({
+                "topic": topic, "partition": part, "store": store,
+                "log_start": _num(c.get("log_start_offset")), "end": _num(c.get("high_watermark", c.get("end_offset"))),
+                "records": records, "live_keys": keys,
+                "dirty_ratio": _num(c.get("dirty_ratio")),
+                "cleaner_runs": _num(c.get("cleaner_runs")),
+                "records_removed": _num(c.get("records_removed")),
+                "segments": _num(c.get("segments")),
+                "bytes": _num(c.get("bytes")),
+            })
+        out.sort(key=lambda r: (r["topic"] or "", r["partition"] or 0))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# taking a snapshot of a live app (the only part that calls the library)
+
+
+def _records(obj) -> list[dict]:
+    """A pandas DataFrame, a list of dicts or a dict of dicts -> list of dicts."""
+    if obj is None:
+        return []
+    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
+        return obj.to_dict("records")
+    if isinstance(obj, dict):
+        return [dict(v, task=k) if isinstance(v, dict) else {"task": k, "value": v} for k, v in obj.items()]
+    return [dict(r) if not isinstance(r, dict) else r for r in obj]
+
+
+class EventCursor:
+    """Reads an app's events incrementally (non-blocking), whatever `app.events()` returns."""
+
+    def __init__(self, app):
+        self.app = app
+        self._it = None
+        self._seen = 0
+
+    def poll(self, limit: int = 2000) -> list[dict]:
+        ev = getattr(self.app, "events", None)
+        if ev is None:
+            return []
+        try:
+            res = ev(timeout=0) if _accepts(ev, "timeout") else ev()
+        except TypeError:
+            res = ev()
+        if hasattr(res, "poll"):  # a reader object with poll()
+            self._it = res
+            return list(res.poll())[:limit]
+        recs = _records(res)
+        new = recs[self._seen:]
+        self._seen = len(recs)
+        return new[:limit]
+
+
+def _accepts(fn, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
+            events: EventCursor | None = None, changelog=None) -> Snapshot:
+    """A Snapshot of `app` (a statekit.App). Never raises: a failing part leaves its panel empty
+    and the message in `snapshot.error`."""
+    snap = Snapshot(t=time.time())
+    errors = []
+
+    def guard(what, fn):
+        try:
+            return fn()
+        except Exception as err:  # a panel must not kill the dashboard
+            errors.append(f"{what}: {' '.join(str(err).split())[:200]}")
+            return None
+
+    st = guard("state", lambda: app.state)
+    snap.state = str(getattr(st, "name", st) or "UNKNOWN")
+    snap.metrics = guard("metrics", lambda: dict(app.metrics() or {})) or {}
+    snap.tasks = guard("lag", lambda: _records(app.lag())) or []
+    names = list(stores) if stores is not None else guard("stores", lambda: _store_names(app)) or []
+    for name in names:
+        rows = guard(f"store {name}", lambda: _read_store(app, name, max_rows))
+        if rows is not None:
+            snap.stores[name] = rows
+    if events is not None:
+        snap.events = guard("events", events.poll) or []
+    if changelog is not None:
+        snap.changelog = guard("changelog", changelog) or []
+    if errors:
+        snap.error = "; ".join(errors)
+    return snap
+
+
+def _store_names(app) -> list[str]:
+    d = app.describe()
+    stores = d.get("stores") if isinstance(d, dict) else getattr(d, "stores", None)
+    names = []
+    for s in stores or []:
+        names.append(s if isinstance(s, str) else (s.get("name") if isinstance(s, dict) else getattr(s, "name")))
+    return [n for n in names if n]
+
+
+def _read_store(app, name: str, max_rows: int) -> dict:
+    res = app.query_all(name)
+    if hasattr(res, "to_dict") and hasattr(res, "columns"):
+        cols = list(res.columns)
+        kcol = "key" if "key" in cols else cols[0]
+        vcol = "value" if "value" in cols else cols[-1]
+        return {_hashable(k): v for k, v in zip(res[kcol].head(max_rows), res[vcol].head(max_rows))}
+    if isinstance(res, dict):
+        return {_hashable(k): v for k, v in list(res.items())[:max_rows]}
+    out = {}
+    for i, kv in enumerate(res):
+        if i >= max_rows:
+            break
+        k, v = kv
+        out[_hashable(k)] = v
+    return out
+
+
+def _hashable(k):
+    if isinstance(k, (list, dict)):
+        import json
+
+        return json.dumps(k, sort_keys=True)
+    return k

@@ -1,0 +1,339 @@
+"""The `%statekit` / `%%statekit` argument parser: argv in, a `Command` out. Pure Python, no IPython.
+
+Every subcommand has `--help`. Every user mistake becomes a `ParseError` whose str() is one line,
+so the magic can print it without a stack trace.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+PROG = "%statekit"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_HOSTPORT_RE = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$")
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k)?\s*(?:/\s*s(?:ec)?)?\s*$", re.IGNORECASE)
+
+CRASH_MODES = ("process", "disk-loss")
+GENERATORS = ("words", "clicks", "sensors")
+
+SUBCOMMANDS = (
+    "up", "down", "status", "topics", "produce", "app", "apps", "start", "stop", "watch",
+    "crash", "restart", "query", "lag", "history", "help",
+)
+
+
+class ParseError(Exception):
+    """A user mistake on the command line; str() is one line."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+@dataclass
+class Command:
+    """A parsed subcommand: `name` plus its options; `body` is the cell text for `%%statekit`."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+    body: str | None = None
+
+    def __getattr__(self, item):  # cmd.partitions instead of cmd.args["partitions"]
+        try:
+            return self.__dict__["args"][item]
+        except KeyError:
+            raise AttributeError(item) from None
+
+
+@dataclass
+class Help:
+    """`--help` (or `help`) was asked for: show `text`, run nothing."""
+
+    text: str
+
+
+# ---------------------------------------------------------------------------------------------
+# argparse, made to raise instead of exiting or printing
+
+
+class _HelpRequested(Exception):
+    def __init__(self, text: str):
+        self.text = text
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *a, **kw):
+        kw.setdefault("exit_on_error", False)
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
+
+    def error(self, message):  # noqa: D401 - argparse API
+        raise ParseError(f"{self.prog}: {message} (try `{self.prog} --help`)")
+
+    def exit(self, status=0, message=None):
+        raise ParseError(message.strip() if message else f"{self.prog}: exit {status}")
+
+    def print_help(self, file=None):
+        raise _HelpRequested(self.format_help())
+
+    def print_usage(self, file=None):
+        raise _HelpRequested(self.format_usage())
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _name(text: str) -> str:
+    if not _NAME_RE.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a valid name (letters, digits, '.', '_', '-')")
+    return text
+
+
+def _hostport(text: str) -> str:
+    if not _HOSTPORT_RE.match(text) or not 0 < int(text.rsplit(":", 1)[1]) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def parse_rate(text: str) -> float:
+    """'200', '200/s', '1.5k/s' -> records per second (> 0)."""
+    m = _RATE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected a rate like 200/s, got {text!r}")
+    value = float(m.group(1)) * (1000 if m.group(2) else 1)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the rate must be > 0, got {text!r}")
+    return value
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0.1 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"the interval must be between 0.1 and 60 s, got {value}")
+    return value
+
+
+def _build() -> _Parser:
+    top = _Parser(
+        prog=PROG,
+        description="See how stateful stream processing keeps its state. "
+                    "`%statekit SUBCOMMAND --help` explains each subcommand.",
+    )
+    sub = top.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("up", help="start (or attach to) the broker and a local Spark session",
+                       description="Start the embedded Kafka broker (or attach to one at "
+                                   "--bootstrap) and a local Spark session; shows a status card.")
+    p.add_argument("--bootstrap", type=_hostport, metavar="HOST:PORT",
+                   help="attach to this broker instead of the embedded one")
+    p.add_argument("--no-spark", action="store_true", help="do not start Spark now")
+
+    sub.add_parser("down", help="stop every app, producer, Spark and the embedded broker",
+                   description="Stop every running app and producer, Spark and the embedded "
+                               "broker this kernel started.")
+    sub.add_parser("status", help="broker, Spark, apps and producers at a glance",
+                   description="Show the broker, the Spark session, apps and producers.")
+
+    p = sub.add_parser("topics", help="topics: partitions, end offsets, cleanup policy, compaction",
+                       description="List topics with partitions, end offsets, cleanup policy and, "
+                                   "for the embedded broker, compaction figures.")
+    p.add_argument("pattern", nargs="?", help="only topics whose name contains this text")
+    p.add_argument("--internal", action="store_true", help="also list statekit's internal topics")
+
+    p = sub.add_parser("produce", help="stream a file or a generator into a topic",
+                       description="Produce records to TOPIC from a JSON-lines FILE or a seeded "
+                                   "generator, in a background thread with a progress bar.")
+    p.add_argument("topic", type=_name, metavar="TOPIC")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from", dest="file", metavar="FILE",
+                     help="JSON lines: {\"key\": ..., \"value\": ..., \"timestamp\": ...} per line")
+    src.add_argument("--generator", choices=GENERATORS, metavar="NAME",
+                     help="one of: " + ", ".join(GENERATORS))
+    p.add_argument("--rate", type=parse_rate, metavar="N/s", help="records per second (default: as fast as possible)")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="stop after N records")
+    p.add_argument("--partitions", type=_positive_int, metavar="N",
+                   help="create the topic with N partitions if it does not exist (default 4)")
+    p.add_argument("--seed", type=int, default=None, help="generator seed (default 42)")
+    p.add_argument("--wait", action="store_true", help="block until done instead of running in the background")
+
+    p = sub.add_parser("app", help="(cell magic) define an app; the cell body builds the topology",
+                       description="%%statekit app NAME: the cell body is Python that builds the "
+                                   "topology with `app` bound to a new statekit.App; the app is "
+                                   "then known by NAME.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("--partitions", type=_positive_int, metavar="N", help="tasks = changelog partitions")
+    p.add_argument("--instances", type=_positive_int, metavar="N", help="simulated instances")
+    p.add_argument("--standby", type=_non_negative_int, metavar="N", help="standby replicas per task")
+    p.add_argument("--commit-interval", type=float, metavar="S", help="seconds between commits")
+    p.add_argument("--cache-bytes", type=_non_negative_int, metavar="B", help="record cache size")
+    p.add_argument("--engine", choices=("changelog", "spark"), help="state engine")
+
+    sub.add_parser("apps", help="list the apps this kernel knows", description="List apps by name.")
+
+    for name, text in (("start", "start an app's streaming query"),
+                       ("stop", "stop an app gracefully (commit, checkpoint)")):
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        p.add_argument("name", type=_name, metavar="NAME")
+        if name == "start":
+            p.add_argument("--watch", action="store_true", help="show the live dashboard too")
+
+    p = sub.add_parser("watch", help="live dashboard of an app (refreshes about once a second)",
+                       description="Show the live dashboard: tasks, lag, store contents, "
+                                   "restoration, changelogs, topology and key history.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("--interval", type=_interval, default=1.0, metavar="S", help="refresh period (default 1 s)")
+    p.add_argument("--top", type=_positive_int, default=15, metavar="K", help="store rows to show (default 15)")
+
+    p = sub.add_parser("crash", help="kill an instance mid-batch (process) or also wipe its disk",
+                       description="Crash an instance: `process` kills its worker mid-batch and "
+                                   "keeps its state directory; `disk-loss` also deletes it.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("--mode", choices=CRASH_MODES, default="process", help="process (default) or disk-loss")
+    p.add_argument("--instance", type=_non_negative_int, default=0, metavar="I", help="instance index (default 0)")
+    p.add_argument("--after", type=_non_negative_int, default=None, metavar="N",
+                   help="crash after N more records (default: now)")
+
+    p = sub.add_parser("restart", help="restart a crashed or stopped app and watch it restore",
+                       description="Restart the app; its tasks restore from their changelogs. "
+                                   "Shows the dashboard unless --no-watch.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("--no-watch", action="store_true", help="do not show the dashboard")
+
+    p = sub.add_parser("query", help="interactive query: one key, a key range, or everything",
+                       description="Read an app's store while it runs: `query NAME STORE KEY`, "
+                                   "`query NAME STORE --range LO HI` or `query NAME STORE --all`.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("store", type=_name, metavar="STORE")
+    p.add_argument("key", nargs="?", metavar="KEY")
+    p.add_argument("--range", nargs=2, metavar=("LO", "HI"), dest="range")
+    p.add_argument("--all", action="store_true", help="every key (first --limit rows)")
+    p.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="rows to show (default 50)")
+    p.add_argument("--key-type", choices=("str", "int", "json"), default="str",
+                   help="how to read KEY / LO / HI (default str)")
+
+    p = sub.add_parser("lag", help="changelog lag per task (checkpoint vs changelog end)",
+                       description="Show the changelog lag table of an app.")
+    p.add_argument("name", type=_name, metavar="NAME")
+
+    p = sub.add_parser("history", help="a key's values over the changelog, with a slider",
+                       description="Rebuild a key's value as of every changelog offset.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("store", type=_name, metavar="STORE")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("--key-type", choices=("str", "int", "json"), default="str",
+                   help="how to read KEY (default str)")
+
+    p = sub.add_parser("help", help="list subcommands", description="List the subcommands.")
+    p.add_argument("topic", nargs="?", metavar="SUBCOMMAND")
+    return top
+
+
+_PARSER: _Parser | None = None
+
+
+def _parser() -> _Parser:
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = _build()
+    return _PARSER
+
+
+def _subparser(name: str) -> _Parser | None:
+    for action in _parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(name)
+    return None
+
+
+def split(line: str) -> list[str]:
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError as err:
+        raise ParseError(f"{PROG}: cannot split the line: {err}") from None
+
+
+def _validate(cmd: Command) -> None:
+    a = cmd.args
+    if cmd.name == "query":
+        chosen = sum(x is not None and x is not False for x in (a["key"], a["range"], a["all"] or None))
+        if chosen != 1:
+            raise ParseError(f"{PROG} query: give exactly one of KEY, --range LO HI or --all "
+                             f"(try `{PROG} query --help`)")
+    if cmd.name == "produce" and a.get("file") is not None and a.get("seed") is not None:
+        raise ParseError(f"{PROG} produce: --seed only applies to --generator")
+
+
+def _blame(sub: str | None, message: str) -> str:
+    """Name the subcommand in an error and point at its --help."""
+    message = re.sub(r"\s*\(try `[^`]*`\)$", "", message)
+    message = re.sub(r"^%statekit( [a-z]+)?: ", "", message)
+    where = f"{PROG} {sub}" if sub else PROG
+    return f"{where}: {message} (try `{where} --help`)"
+
+
+def parse(line: str, body: str | None = None) -> Command | Help:
+    """Parse a `%statekit` line (body=None) or a `%%statekit` cell (body = the cell text)."""
+    argv = split(line)
+    if not argv:
+        return Help(_parser().format_help())
+    if argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
+        close = [s for s in SUBCOMMANDS if s.startswith(argv[0][:2])]
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise ParseError(f"{PROG}: unknown subcommand {argv[0]!r}{hint}; "
+                         f"subcommands: {', '.join(SUBCOMMANDS)}")
+    sub = argv[0] if argv[0] in SUBCOMMANDS else None
+    try:
+        ns = _parser().parse_args(argv)
+    except _HelpRequested as h:
+        return Help(h.text)
+    except argparse.ArgumentError as err:  # exit_on_error=False path
+        raise ParseError(_blame(sub, str(err))) from None
+    except ParseError as err:
+        raise ParseError(_blame(sub, str(err))) from None
+    args = vars(ns)
+    name = args.pop("command")
+    cmd = Command(name, args, body)
+    if name == "help":
+        topic = args.get("topic")
+        if topic:
+            sp = _subparser(topic)
+            if sp is None:
+                raise ParseError(f"{PROG} help: unknown subcommand {topic!r}")
+            return Help(sp.format_help())
+        return Help(_parser().format_help())
+    if name == "app" and body is None:
+        raise ParseError(f"{PROG} app: needs a cell body; use `%%statekit app NAME` on the first "
+                         f"line of a cell that builds the topology with `app`")
+    if name != "app" and body is not None and body.strip():
+        raise ParseError(f"{PROG} {name}: is a line command; only `app` takes a cell body")
+    _validate(cmd)
+    return cmd
+
+
+def subcommand_names() -> tuple[str, ...]:
+    return SUBCOMMANDS

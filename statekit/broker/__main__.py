@@ -1,0 +1,78 @@
+"""`python -m statekit.broker`: run the embedded broker in the foreground until SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from .process import default_dir, info_path, parse_configs
+from .server import Broker, BrokerError
+from .log import write_json_atomic
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m statekit.broker",
+                                description="Run statekit's embedded Kafka-compatible broker in the foreground.")
+    add_serve_args(p)
+    return p
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", default=None, help="data directory (default: $STATEKIT_HOME/broker or ~/.statekit/broker)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9092, help="port to listen on; 0 picks a free one (default 9092)")
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="broker config, e.g. auto.create.topics.enable=true or log.cleaner.backoff.ms=500 (repeatable)")
+    p.add_argument("--auto-create-topics", action="store_true",
+                   help="create unknown topics on metadata/produce requests (auto.create.topics.enable=true)")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("STATEKIT_BROKER_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        configs = parse_configs(args.config, args.auto_create_topics)
+    except ValueError as e:
+        print(f"statekit broker: {e}", file=sys.stderr)
+        return 2
+    data_dir = os.path.abspath(args.dir or default_dir())
+    try:
+        return asyncio.run(_run(data_dir, args.host, args.port, configs))
+    except BrokerError as e:
+        print(f"statekit broker: {e}", file=sys.stderr)
+        return 2
+
+
+async def _run(data_dir, host, port, configs) -> int:
+    broker = Broker(data_dir, host, port, configs)
+    await broker.start()
+    path = info_path(data_dir)
+    write_json_atomic(path, {"pid": os.getpid(), "host": broker.advertised_host, "port": broker.port,
+                             "bootstrap": f"{broker.advertised_host}:{broker.port}", "dir": data_dir})
+    print(f"statekit broker listening on {broker.advertised_host}:{broker.port} (data in {data_dir})",
+          file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        try:
+            import json
+
+            with open(path) as f:
+                if json.load(f).get("pid") == os.getpid():
+                    os.unlink(path)
+        except (OSError, ValueError):
+            pass
+        await broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

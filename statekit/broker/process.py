@@ -1,0 +1,215 @@
+"""Running the broker as a child process: spawn, find a running one via `DIR/broker.json`, stop.
+
+A separate process makes `kill -9` real for crash demos and keeps the broker's work off the
+notebook's GIL.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from statekit.errors import BrokerUnreachable, StatekitError
+
+
+def default_dir() -> str:
+    home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
+    return os.path.join(home, "broker")
+
+
+def info_path(data_dir: str) -> str:
+    return os.path.join(data_dir, "broker.json")
+
+
+def parse_configs(items, auto_create: bool = False) -> dict:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--config expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    if auto_create:
+        out["auto.create.topics.enable"] = "true"
+    from .config import ConfigError, validate_broker_configs
+
+    try:
+        return validate_broker_configs(out)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _listening(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def running_info(data_dir: str) -> dict | None:
+    """broker.json of a live broker on data_dir, else None."""
+    try:
+        with open(info_path(data_dir)) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not pid_alive(int(info.get("pid", -1))):
+        return None
+    if not _listening(info.get("host", "127.0.0.1"), int(info.get("port", 0))):
+        return None
+    return info
+
+
+class BrokerHandle:
+    """A running broker. `.stop()` stops it only if this handle started it (or force=True)."""
+
+    def __init__(self, data_dir: str, info: dict, owned: bool, proc: subprocess.Popen | None = None):
+        self.dir = data_dir
+        self.host = info["host"]
+        self.port = int(info["port"])
+        self.pid = int(info["pid"])
+        self.bootstrap = info.get("bootstrap") or f"{self.host}:{self.port}"
+        self.owned = owned
+        self._proc = proc
+
+    def __repr__(self):
+        return f"BrokerHandle(bootstrap={self.bootstrap!r}, dir={self.dir!r}, pid={self.pid}, owned={self.owned})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return pid_alive(self.pid)
+
+    def _wait_exit(self, timeout: float) -> bool:
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not pid_alive(self.pid):
+                return True
+            time.sleep(0.02)
+        return not pid_alive(self.pid)
+
+    def stop(self, grace: float = 10.0, force: bool = False) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds."""
+        if not self.owned and not force:
+            return
+        if not self.alive:
+            self._wait_exit(0)
+            return
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        if not self._wait_exit(grace):
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as the broker's files know."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._wait_exit(10.0)
+
+
+def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, configs: dict | None = None,
+          timeout: float = 30.0, detach: bool = False) -> BrokerHandle:
+    """Start a broker on dir (or return a handle to the one already running there)."""
+    data_dir = os.path.abspath(dir or default_dir())
+    info = running_info(data_dir)
+    if info is not None:
+        return BrokerHandle(data_dir, info, owned=False)
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        probe = os.path.join(data_dir, ".write-test")
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+    except OSError as e:
+        raise StatekitError(f"the broker directory {data_dir} is not writable ({e.strerror}): pass another dir") from None
+    try:
+        configs = parse_configs([f"{k}={v}" for k, v in (configs or {}).items()])
+    except ValueError as e:
+        raise StatekitError(f"bad broker config: {e}") from None
+    cmd = [sys.executable, "-m", "statekit.broker", "--dir", data_dir, "--host", host, "--port", str(port)]
+    for k, v in configs.items():
+        cmd += ["--config", f"{k}={v}"]
+    log_path = os.path.join(data_dir, "broker.log")
+    stale = info_path(data_dir)
+    if os.path.exists(stale):
+        os.unlink(stale)
+    with open(log_path, "ab") as logf:
+        start_pos = logf.tell()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise StatekitError(_last_error(log_path, start_pos) or f"the broker exited with code {code}; see {log_path}")
+        try:
+            with open(info_path(data_dir)) as f:
+                info = json.load(f)
+            if info.get("pid") == proc.pid:
+                break
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise BrokerUnreachable(f"the broker did not start within {timeout:.0f}s; see {log_path}")
+        time.sleep(0.02)
+    return BrokerHandle(data_dir, info, owned=True, proc=None if detach else proc)
+
+
+def _last_error(log_path: str, start_pos: int) -> str | None:
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(start_pos)
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    for ln in reversed(lines):
+        if ln.startswith("statekit broker:"):
+            return ln[len("statekit broker:"):].strip()
+    return lines[-1] if lines else None
+
+
+def stop(dir: str | None = None, grace: float = 10.0) -> bool:
+    """Stop the broker running on dir; False if none was running."""
+    data_dir = os.path.abspath(dir or default_dir())
+    info = running_info(data_dir)
+    if info is None:
+        return False
+    BrokerHandle(data_dir, info, owned=True).stop(grace=grace)
+    return True

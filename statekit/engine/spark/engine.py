@@ -1,0 +1,440 @@
+"""`SparkEngine`: run a topology `Plan` as one Spark Structured Streaming query.
+
+    source(s)  statekit-kafka, every topic of plan.sources in one reader
+    stage 1    mapInPandas: plan.pre_shuffle per record -> (task, salt, key, value, source_index,
+               timestamp, src_partition, offset, seq); task = partition_for(key, N)
+    shuffle    repartition(N, "salt"): salt = salts(N)[task], so Spark partition p holds task p only
+    stage 2    mapInPandas: the records of task p, sorted by (timestamp, source_index, src_partition,
+               offset, seq), go to task_fn(spec, p, batch_id, records) (the runtime's
+               run_task_batch); batch_id is the micro-batch id Spark replays after a failure
+    sink       (topic, key, value) rows -> Kafka (statekit-kafka writer) | memory table | nothing
+
+`records` handed to the task function: a list of `(source_index, key_bytes, value_bytes,
+timestamp_ms, offset)` tuples; it returns `[(sink_topic, key_bytes, value_bytes), ...]`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from statekit.engine.spark.salt import salts
+from statekit.engine.spark.session import SparkFailure, get_session, one_line
+from statekit.engine.spec import RunSpec
+from statekit.errors import StatekitError
+
+STAGE1_SCHEMA = ("task int, salt int, key binary, value binary, source_index int, timestamp long, "
+                 "src_partition int, offset long, seq int")
+OUTPUT_SCHEMA = "topic string, key binary, value binary"
+
+
+class EngineError(StatekitError):
+    pass
+
+
+# --- the plan, as the engine sees it ----------------------------------------------------------------
+
+
+def _topic_of(x) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, dict):
+        return x["topic"]
+    return x.topic
+
+
+def source_topics(plan) -> list:
+    return [_topic_of(s) for s in plan.sources]
+
+
+def sink_topics(plan) -> list:
+    return [_topic_of(s) for s in getattr(plan, "sinks", ()) or ()]
+
+
+def _pre_shuffle_fn(plan):
+    """A function (source_index, key_bytes, value_bytes, ts_ms) -> iterable of (key_bytes, value_bytes)."""
+    fn = getattr(plan, "pre_shuffle_bytes", None)
+    if fn is not None:
+        return fn
+    return plan.pre_shuffle
+
+
+# --- the two stages (run in Python workers) --------------------------------------------------------
+
+
+def make_stage1(plan, partitions: int):
+    from statekit.partition import partition_for
+
+    topics = source_topics(plan)
+    by_topic: dict = {}
+    for i, t in enumerate(topics):
+        by_topic.setdefault(t, []).append(i)
+    salt_of = salts(partitions)
+    n = partitions
+
+    def stage1(frames):
+        import pandas as pd
+
+        pre = _pre_shuffle_fn(plan)
+        memo: dict = {}
+        for pdf in frames:
+            if len(pdf) == 0:
+                continue
+            o_task, o_key, o_val, o_src, o_ts, o_part, o_off, o_seq = [], [], [], [], [], [], [], []
+            for key, value, topic, part, off, ts in zip(
+                    pdf["key"].tolist(), pdf["value"].tolist(), pdf["topic"].tolist(),
+                    pdf["partition"].tolist(), pdf["offset"].tolist(), pdf["ts"].tolist()):
+                for si in by_topic.get(topic, ()):
+                    seq = 0
+                    for k, v in pre(si, key, value, ts):
+                        if k is None:
+                            task = part % n
+                        else:
+                            task = memo.get(k)
+                            if task is None:
+                                task = memo[k] = partition_for(k, n)
+                        o_task.append(task)
+                        o_key.append(k)
+                        o_val.append(v)
+                        o_src.append(si)
+                        o_ts.append(ts)
+                        o_part.append(part)
+                        o_off.append(off)
+                        o_seq.append(seq)
+                        seq += 1
+            if not o_task:
+                continue
+            yield pd.DataFrame({
+                "task": pd.array(o_task, dtype="int32"),
+                "salt": pd.array([salt_of[t] for t in o_task], dtype="int32"),
+                "key": o_key, "value": o_val,
+                "source_index": pd.array(o_src, dtype="int32"),
+                "timestamp": pd.array(o_ts, dtype="int64"),
+                "src_partition": pd.array(o_part, dtype="int32"),
+                "offset": pd.array(o_off, dtype="int64"),
+                "seq": pd.array(o_seq, dtype="int32"),
+            })
+
+    return stage1
+
+
+def make_stage2(run: RunSpec):
+    def stage2(frames):
+        import pandas as pd
+        from pyspark import TaskContext
+
+        parts = [f for f in frames if len(f)]
+        if not parts:
+            return
+        pdf = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+        ctx = TaskContext.get()
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
+        pid = ctx.partitionId()
+        tasks = pdf["task"].unique()
+        if len(tasks) != 1 or int(tasks[0]) != pid:
+            raise EngineError(f"shuffle partition {pid} received tasks {sorted(int(t) for t in tasks)}; "
+                              f"the salt mapping does not match this Spark version")
+        pdf = pdf.sort_values(["timestamp", "source_index", "src_partition", "offset", "seq"],
+                              kind="stable")
+        records = list(zip(pdf["source_index"].tolist(), pdf["key"].tolist(), pdf["value"].tolist(),
+                           pdf["timestamp"].tolist(), pdf["offset"].tolist()))
+        fn = run.resolve_task_fn()
+        spec = run.task_spec if run.task_spec is not None else run
+        out = fn(spec, pid, batch_id, records)
+        if out:
+            topics, keys, values = zip(*out)
+            yield pd.DataFrame({"topic": list(topics), "key": list(keys), "value": list(values)})
+
+    return stage2
+
+
+# --- progress ---------------------------------------------------------------------------------------
+
+
+def progress_dict(p) -> dict:
+    """The parts of a StreamingQueryProgress a dashboard wants, as a plain dict."""
+    if p is None:
+        return {}
+    if not isinstance(p, dict):
+        try:
+            import json
+
+            p = json.loads(p.json)
+        except Exception:
+            p = {"batchId": getattr(p, "batchId", -1), "numInputRows": getattr(p, "numInputRows", 0),
+                 "inputRowsPerSecond": getattr(p, "inputRowsPerSecond", 0.0),
+                 "processedRowsPerSecond": getattr(p, "processedRowsPerSecond", 0.0),
+                 "durationMs": dict(getattr(p, "durationMs", {}) or {})}
+    d = p.get("durationMs") or {}
+    return {
+        "batch_id": p.get("batchId"),
+        "num_input_rows": p.get("numInputRows") or 0,
+        "input_rows_per_second": p.get("inputRowsPerSecond") or 0.0,
+        "processed_rows_per_second": p.get("processedRowsPerSecond") or 0.0,
+        "batch_duration_ms": d.get("triggerExecution") or 0,
+        "duration_ms": dict(d),
+        "timestamp": p.get("timestamp"),
+        "sources": p.get("sources"),
+    }
+
+
+class _Listener:
+    """One StreamingQueryListener per session, dispatching progress to per-query callbacks."""
+
+    _lock = threading.Lock()
+    _installed: dict = {}  # id(spark) -> listener
+
+    @classmethod
+    def subscribe(cls, spark, query_id: str, callback: Callable[[dict], None]) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        with cls._lock:
+            lst = cls._installed.get(id(spark))
+            if lst is None:
+                class L(StreamingQueryListener):
+                    callbacks: dict = {}
+
+                    def onQueryStarted(self, event):
+                        pass
+
+                    def onQueryProgress(self, event):
+                        p = event.progress
+                        cb = self.callbacks.get(str(p.id))
+                        if cb is not None:
+                            try:
+                                cb(progress_dict(p))
+                            except Exception:
+                                pass
+
+                    def onQueryIdle(self, event):
+                        pass
+
+                    def onQueryTerminated(self, event):
+                        self.callbacks.pop(str(event.id), None)
+
+                lst = L()
+                spark.streams.addListener(lst)
+                cls._installed[id(spark)] = lst
+            lst.callbacks[query_id] = callback
+
+    @classmethod
+    def unsubscribe(cls, spark, query_id: str) -> None:
+        with cls._lock:
+            lst = cls._installed.get(id(spark))
+            if lst is not None:
+                lst.callbacks.pop(query_id, None)
+
+    @classmethod
+    def forget(cls, spark) -> None:
+        with cls._lock:
+            cls._installed.pop(id(spark), None)
+
+
+# --- the running query ------------------------------------------------------------------------------
+
+
+class RunningQuery:
+    """A started query: `.stop()`, `.abort()`, `.is_active`, `.exception()`, `.process_all_available()`,
+    `.recent_progress`, `.last_batch_id`, `.await_termination(timeout)`."""
+
+    def __init__(self, spark, query, run: RunSpec | None = None):
+        self.spark = spark
+        self.query = query
+        self.run = run
+        self.id = str(query.id)
+        self.name = query.name
+
+    @property
+    def is_active(self) -> bool:
+        try:
+            return bool(self.query.isActive)
+        except Exception:
+            return False
+
+    def exception(self) -> str | None:
+        """One line saying why the query failed, or None."""
+        try:
+            exc = self.query.exception()
+        except Exception as e:  # the JVM went away
+            return str(one_line(e))
+        return None if exc is None else str(one_line(exc))
+
+    def process_all_available(self, timeout: float | None = None) -> None:
+        """Block until every record available now has been processed (raises a one-line error if
+        the query fails). With `timeout`, raise `EngineError` after that many seconds."""
+        if timeout is None:
+            try:
+                self.query.processAllAvailable()
+            except Exception as e:
+                raise one_line(e, f"query {self.name} failed") from None
+            return
+        box: dict = {}
+
+        def target():
+            try:
+                self.query.processAllAvailable()
+            except Exception as e:  # noqa: BLE001
+                box["err"] = e
+
+        t = threading.Thread(target=target, daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            raise EngineError(f"query {self.name} did not catch up within {timeout:.0f}s")
+        if "err" in box:
+            raise one_line(box["err"], f"query {self.name} failed") from None
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        try:
+            if timeout is None:
+                self.query.awaitTermination()
+                return True
+            return bool(self.query.awaitTermination(timeout))
+        except Exception as e:
+            raise one_line(e, f"query {self.name} failed") from None
+
+    @property
+    def recent_progress(self) -> list:
+        try:
+            return [progress_dict(p) for p in self.query.recentProgress]
+        except Exception:
+            return []
+
+    @property
+    def last_progress(self) -> dict:
+        try:
+            return progress_dict(self.query.lastProgress)
+        except Exception:
+            return {}
+
+    @property
+    def last_batch_id(self) -> int:
+        """The id of the last micro-batch that completed (-1 before the first)."""
+        lp = self.last_progress
+        bid = lp.get("batch_id")
+        return -1 if bid is None else int(bid)
+
+    def status(self) -> dict:
+        try:
+            return dict(self.query.status)
+        except Exception:
+            return {}
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop after the running micro-batch (if any) finishes."""
+        deadline = time.monotonic() + timeout
+        while self.is_active and time.monotonic() < deadline:
+            if not self.status().get("isTriggerActive", False):
+                break
+            time.sleep(0.05)
+        self._stop()
+
+    def abort(self) -> None:
+        """Stop now: the running micro-batch is interrupted (Spark replays it on the next start)."""
+        self._stop()
+
+    def _stop(self) -> None:
+        _Listener.unsubscribe(self.spark, self.id)
+        try:
+            self.query.stop()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return f"RunningQuery({self.name}, active={self.is_active}, last_batch={self.last_batch_id})"
+
+
+# --- the engine --------------------------------------------------------------------------------------
+
+
+def _apply_trigger(w, trigger):
+    if trigger is None:
+        return w
+    if isinstance(trigger, (int, float)):
+        return w.trigger(processingTime=f"{float(trigger)} seconds")
+    if isinstance(trigger, dict):
+        return w.trigger(**trigger)
+    t = str(trigger)
+    if t.replace("_", "").lower() in ("availablenow", "available"):
+        return w.trigger(availableNow=True)
+    if t.lower() == "once":
+        return w.trigger(once=True)
+    return w.trigger(processingTime=t)
+
+
+class SparkEngine:
+    def __init__(self, spark=None):
+        self._spark = spark
+
+    def session(self):
+        if self._spark is None or self._spark.sparkContext._jsc is None:
+            self._spark = get_session()
+        return self._spark
+
+    def source_frame(self, run: RunSpec):
+        spark = self.session()
+        r = (spark.readStream.format("statekit-kafka")
+             .option("bootstrap", run.bootstrap)
+             .option("topics", ",".join(dict.fromkeys(source_topics(run.plan))))
+             .option("startingOffsets", run.starting_offsets))
+        if run.max_records_per_trigger:
+            r = r.option("maxRecordsPerTrigger", str(int(run.max_records_per_trigger)))
+        return r.load()
+
+    def build(self, run: RunSpec):
+        """The streaming DataFrame of output rows (topic, key, value), not started."""
+        from pyspark.sql import functions as F
+
+        src = self.source_frame(run)
+        src = src.select("key", "value", "topic", "partition", "offset",
+                         F.unix_millis("timestamp").alias("ts"))
+        staged = src.mapInPandas(make_stage1(run.plan, run.partitions), STAGE1_SCHEMA)
+        shuffled = staged.repartition(run.partitions, "salt")
+        return shuffled.mapInPandas(make_stage2(run), OUTPUT_SCHEMA)
+
+    def _check_topics(self, run: RunSpec) -> None:
+        from statekit.kafka import Kafka
+
+        with Kafka(run.bootstrap) as k:
+            for t in dict.fromkeys(source_topics(run.plan)):
+                k.end_offsets(t)  # UnknownTopic, one line
+            if run.sink == "kafka":
+                for t in dict.fromkeys(sink_topics(run.plan)):
+                    k.ensure_topic(t, run.partitions)
+
+    def start(self, run: RunSpec, on_progress: Callable[[dict], None] | None = None) -> RunningQuery:
+        if run.partitions < 1:
+            raise EngineError("partitions must be >= 1")
+        self._check_topics(run)
+        spark = self.session()
+        spark.conf.set("spark.sql.shuffle.partitions", str(run.partitions))
+        spark.conf.set("spark.sql.adaptive.enabled", "false")
+        out = self.build(run)
+        name = run.query_name or run.app
+        w = out.writeStream.queryName(name).option("checkpointLocation", run.checkpoint_dir)
+        if run.sink == "kafka":
+            w = w.format("statekit-kafka").option("bootstrap", run.bootstrap)
+        elif run.sink == "memory":
+            w = w.format("memory").queryName(run.memory_table or f"{run.app}_output".replace("-", "_"))
+        elif run.sink in ("none", "noop", None):
+            w = w.format("noop")
+        else:
+            raise EngineError(f"unknown sink {run.sink!r}: use 'kafka', 'memory' or 'none'")
+        w = w.outputMode("append")
+        w = _apply_trigger(w, run.trigger)
+        try:
+            q = w.start()
+        except Exception as e:
+            raise one_line(e, f"cannot start {name}") from None
+        rq = RunningQuery(spark, q, run)
+        if on_progress is not None:
+            _Listener.subscribe(spark, rq.id, on_progress)
+        return rq
+
+
+def start(run: RunSpec, on_progress=None) -> RunningQuery:
+    return SparkEngine().start(run, on_progress)
+
+
+__all__ = ["SparkEngine", "RunningQuery", "RunSpec", "EngineError", "SparkFailure", "start",
+           "progress_dict", "make_stage1", "make_stage2"]

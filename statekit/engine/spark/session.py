@@ -1,0 +1,233 @@
+"""One local SparkSession for statekit, and the translation of Spark failures into one-line errors.
+
+- `local[2]`: two task slots. Local mode never retries a failed task (`spark.task.maxFailures` is
+  ignored by `local[N]`; only `local[N,F]` retries), so a worker killed mid-batch fails the job and
+  with it the streaming query. We still set `spark.task.maxFailures=1` to say so.
+- The Spark UI is off, memory is small, and the JVM's log goes to a file (`log_path()`), never to the
+  console: a person sees one line (`statekit.errors.StatekitError`), not a Java stack trace.
+- `PYSPARK_PYTHON` is this interpreter, or Python workers fail to connect back.
+- An active session is reused (with the `statekit-kafka` data source registered on it).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+from statekit.errors import StatekitError
+
+MASTER = "local[2]"
+
+
+class JavaMissing(StatekitError):
+    pass
+
+
+class SparkFailure(StatekitError):
+    """A Spark job, query or plan failed; the message is the one useful line."""
+
+
+_LOCK = threading.Lock()
+_JAVA_OK: str | None = None
+
+_LOG4J = """\
+status = error
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {path}
+appender.file.append = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{HH:mm:ss.SSS}} %p %c{{1}}: %m%n%ex
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = error
+logger.nativeio.name = org.apache.hadoop.util.NativeCodeLoader
+logger.nativeio.level = error
+logger.py.name = org.apache.spark.api.python
+logger.py.level = error
+"""
+
+
+def log_dir() -> str:
+    d = os.path.join(tempfile.gettempdir(), f"statekit-spark-{os.getuid()}")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def log_path() -> str:
+    """Where the JVM of this process writes its log (Java stack traces end up here)."""
+    return os.path.join(log_dir(), f"spark-{os.getpid()}.log")
+
+
+def check_java() -> str:
+    """Return the Java major version, or raise `JavaMissing` with a one-line hint."""
+    global _JAVA_OK
+    if _JAVA_OK:
+        return _JAVA_OK
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    hint = ("install one (sudo apt-get install -y openjdk-17-jre-headless, brew install openjdk@17, "
+            "conda install -c conda-forge openjdk=17) or set JAVA_HOME")
+    if not java or not os.path.exists(java):
+        raise JavaMissing(f"Java was not found, and Spark needs Java 17 or 21: {hint}.")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+        text = out.stderr + out.stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise JavaMissing(f"Could not run {java} ({exc}); Spark needs Java 17 or 21: {hint}.") from None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    major = m.group(1) if m else "?"
+    if major == "1" and m.group(2):
+        major = m.group(2)
+    if major not in ("17", "21"):
+        raise JavaMissing(f"Found Java {major} at {java}, but Spark 4 needs Java 17 or 21: {hint}.")
+    _JAVA_OK = major
+    return major
+
+
+def _prepare_env() -> None:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Python workers must import statekit from the same place as this process.
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    pp = os.environ.get("PYTHONPATH", "")
+    if here not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = here + (os.pathsep + pp if pp else "")
+
+
+def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = None,
+                driver_memory: str = "1g", extra_conf: dict | None = None):
+    """Return the active SparkSession (reused) or start the local one statekit uses."""
+    with _LOCK:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            check_java()
+            _prepare_env()
+            props = os.path.join(log_dir(), f"log4j2-{os.getpid()}.properties")
+            with open(props, "w") as fh:
+                fh.write(_LOG4J.format(path=log_path()))
+            java_opts = f"-Dlog4j.configurationFile=file:{props} -Dlog4j2.configurationFile=file:{props}"
+            b = (SparkSession.builder.master(MASTER).appName(app_name)
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.driver.memory", driver_memory)
+                 .config("spark.driver.extraJavaOptions", java_opts)
+                 .config("spark.task.maxFailures", "1")
+                 .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
+                 .config("spark.default.parallelism", "2")
+                 .config("spark.sql.adaptive.enabled", "false")
+                 .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+                 .config("spark.sql.streaming.stopTimeout", "30s")
+                 .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+                 .config("spark.python.worker.reuse", "true")
+                 .config("spark.sql.session.timeZone", "UTC")
+                 .config("spark.driver.host", "127.0.0.1")
+                 .config("spark.driver.bindAddress", "127.0.0.1"))
+            for k, v in (extra_conf or {}).items():
+                b = b.config(k, str(v))
+            try:
+                spark = b.getOrCreate()
+            except Exception as exc:  # the JVM did not come up
+                raise one_line(exc, "Spark did not start") from None
+            spark.sparkContext.setLogLevel("ERROR")
+        elif shuffle_partitions:
+            spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        from statekit.engine.spark.source import register
+
+        register(spark)
+        return spark
+
+
+def stop_session() -> None:
+    """Stop the active session (and its JVM gateway) if there is one."""
+    with _LOCK:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is not None:
+            for q in spark.streams.active:
+                try:
+                    q.stop()
+                except Exception:
+                    pass
+            spark.stop()
+        from pyspark import SparkContext
+
+        gw = getattr(SparkContext, "_gateway", None)
+        if gw is not None:
+            try:
+                gw.shutdown()
+            except Exception:
+                pass
+            proc = getattr(gw, "proc", None)
+            if proc is not None:
+                try:
+                    proc.wait(timeout=20)
+                except Exception:
+                    proc.kill()
+            SparkContext._gateway = None
+            SparkContext._jvm = None
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+_PY_ERR = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Topic|Unreachable|Missing|Locked|Failure))"
+                     r": (.+)$")
+_STATEKIT_ERR = re.compile(r"statekit\.[\w.]*?\.?(\w+): (.+)$")
+_NOISE = re.compile(r"\s*(?:at |\.\.\. \d+ more|Caused by: |Traceback|File \"|\^|~)")
+
+
+def explain(text: str) -> str:
+    """The most useful single line of a Spark/Py4J/Python error text."""
+    lines = [ln.rstrip() for ln in str(text).splitlines() if ln.strip()]
+    # 1. a statekit error raised inside a Python worker / the source runner
+    for ln in reversed(lines):
+        m = _STATEKIT_ERR.search(ln)
+        if m:
+            return m.group(2).strip()
+    # 2. a Python worker that died
+    for ln in lines:
+        if "Python worker exited unexpectedly" in ln or "crashed" in ln and "worker" in ln.lower():
+            return "a Spark Python worker died mid-batch (killed or crashed); restart the query to replay the batch"
+    # 3. the last Python exception line of a worker traceback
+    for ln in reversed(lines):
+        if _NOISE.match(ln):
+            continue
+        m = _PY_ERR.match(ln)
+        if m and not ln.lstrip().startswith(("org.apache", "java.", "py4j")):
+            return f"{m.group(1)}: {m.group(2).strip()}"
+    # 4. the first line, shorn of Spark's prefixes
+    first = lines[0] if lines else str(text)
+    first = re.sub(r"^(?:\[[A-Z_.]+\]\s*)+", "", first)
+    first = re.sub(r"^[\w.$]+(?:Exception|Error):\s*", "", first)
+    return first[:400]
+
+
+def one_line(exc: BaseException, context: str = "") -> StatekitError:
+    """Turn any exception coming out of Spark into a one-line `StatekitError`."""
+    if isinstance(exc, StatekitError):
+        return exc
+    parts = []
+    for attr in ("desc", "_desc"):
+        v = getattr(exc, attr, None)
+        if isinstance(v, str):
+            parts.append(v)
+    try:
+        parts.append(str(exc))
+    except Exception:
+        pass
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            parts.append(str(java.toString()))
+        except Exception:
+            pass
+    msg = explain("\n".join(parts))
+    return SparkFailure(f"{context}: {msg}" if context else msg)

@@ -1,0 +1,127 @@
+"""Writing to Kafka from Spark (`statekit-kafka` writer), and helpers for Spark's memory sink.
+
+    df.writeStream.format("statekit-kafka").option("bootstrap", B)
+        .option("checkpointLocation", DIR).start()
+
+Rows carry `topic` (or `.option("topic", NAME)` for all of them), `key` and `value` (binary or
+string), and optionally `partition`; without one, a record goes where Kafka's default partitioner
+(murmur2 of the key) sends it, round robin over partitions for a null key. Each Spark task sends its
+rows with `statekit.kafka.Kafka.send` (acks=all, waits), so when a micro-batch commits every output
+record is in Kafka: at-least-once (a replayed batch writes its records again).
+"""
+from __future__ import annotations
+
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from statekit.errors import StatekitError
+
+
+class SinkOptionError(StatekitError):
+    pass
+
+
+class SentMessage(WriterCommitMessage):
+    def __init__(self, records: int):
+        self.records = records
+
+
+def _as_bytes(v):
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    return bytes(v)
+
+
+def write_batches(options: dict, batches) -> int:
+    """Send every row of the pyarrow RecordBatches to Kafka; returns the number of records."""
+    from statekit.kafka import Kafka
+    from statekit.partition import partition_for
+
+    o = {str(k).lower(): v for k, v in options.items()}
+    bootstrap = o.get("bootstrap") or o.get("kafka.bootstrap.servers")
+    default_topic = o.get("topic")
+    client = None
+    groups: dict = {}
+    counts: dict = {}
+    rr: dict = {}
+    sent = 0
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if client is None:
+                client = Kafka(bootstrap)
+            names = batch.schema.names
+            topics = batch.column("topic").to_pylist() if "topic" in names else None
+            if topics is None and not default_topic:
+                raise SinkOptionError('statekit-kafka writer needs a `topic` column or .option("topic", NAME)')
+            keys = batch.column("key").to_pylist() if "key" in names else [None] * batch.num_rows
+            values = batch.column("value").to_pylist()
+            parts = batch.column("partition").to_pylist() if "partition" in names else None
+            for i in range(batch.num_rows):
+                topic = (topics[i] if topics is not None else None) or default_topic
+                key = _as_bytes(keys[i])
+                n = counts.get(topic)
+                if n is None:
+                    n = counts[topic] = len(client.end_offsets(topic))
+                p = parts[i] if parts is not None and parts[i] is not None else None
+                if p is None:
+                    if key is None:
+                        p = rr[topic] = (rr.get(topic, -1) + 1) % n
+                    else:
+                        p = partition_for(key, n)
+                groups.setdefault((topic, p), []).append((key, _as_bytes(values[i])))
+        for (topic, p), recs in sorted(groups.items()):
+            client.send(topic, p, recs)
+            sent += len(recs)
+    finally:
+        if client is not None:
+            client.close()
+    return sent
+
+
+class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: dict, schema):
+        self.options = options
+
+    def write(self, iterator):
+        return SentMessage(write_batches(self.options, iterator))
+
+    def commit(self, messages, batchId) -> None:
+        pass
+
+    def abort(self, messages, batchId) -> None:
+        pass
+
+
+class KafkaBatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: dict, schema):
+        self.options = options
+
+    def write(self, iterator):
+        return SentMessage(write_batches(self.options, iterator))
+
+
+# --- Spark's memory sink ---------------------------------------------------------------------------
+
+
+def memory_sink(df, table: str, checkpoint: str | None = None, output_mode: str = "append"):
+    """A DataStreamWriter that appends `df` to the in-memory table `table` (query name = table)."""
+    w = df.writeStream.format("memory").queryName(table).outputMode(output_mode)
+    if checkpoint:
+        w = w.option("checkpointLocation", checkpoint)
+    return w
+
+
+def memory_table(spark, table: str):
+    """The rows of a memory-sink table as a pandas DataFrame (empty if the table is not there yet)."""
+    import pandas as pd
+
+    if not spark.catalog.tableExists(table):
+        return pd.DataFrame()
+    return spark.table(table).toPandas()

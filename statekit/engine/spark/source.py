@@ -1,0 +1,413 @@
+"""`statekit-kafka`: Kafka as a Spark data source (streaming and batch reads, streaming and batch
+writes), built on Spark 4's Python data source API and `statekit.kafka` (no Spark Kafka jars).
+
+    spark.readStream.format("statekit-kafka")
+        .option("bootstrap", "127.0.0.1:9092")
+        .option("topic", "words")                 # or .option("topics", "a,b")
+        .option("maxRecordsPerTrigger", 10000)    # admission control (ReadMaxRows)
+        .option("startingOffsets", "earliest")    # | "latest" | '{"words": {"0": 42}}'
+        .load()
+
+The schema is Spark's Kafka source schema: `key binary, value binary, topic string, partition int,
+offset long, timestamp timestamp, timestampType int` (+ `headers array<struct<key string, value
+binary>>` with `.option("includeHeaders", "true")`). Offsets are `{topic: {"partition": next
+offset}}` JSON dicts, kept in Spark's checkpoint (the offset log), so a restarted query continues
+where the last committed batch ended. One input partition per Kafka partition range (split further
+with `minPartitions`). `read()` runs in a Python worker and yields pyarrow RecordBatches decoded by
+`statekit.kafka.Kafka.read` (one Fetch pipeline per range, no consumer objects).
+
+Batch reads (`spark.read.format("statekit-kafka")`) take `startingOffsets` (default earliest) and
+`endingOffsets` (default latest). Writes: see `statekit.engine.spark.sink`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from statekit.errors import StatekitError
+
+NAME = "statekit-kafka"
+
+BASE_FIELDS = [
+    StructField("key", BinaryType(), True),
+    StructField("value", BinaryType(), True),
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("offset", LongType(), False),
+    StructField("timestamp", TimestampType(), False),
+    StructField("timestampType", IntegerType(), False),
+]
+HEADERS_FIELD = StructField(
+    "headers",
+    ArrayType(StructType([StructField("key", StringType(), False), StructField("value", BinaryType(), True)])),
+    True,
+)
+
+
+class SourceOptionError(StatekitError):
+    pass
+
+
+def kafka_schema(include_headers: bool = False) -> StructType:
+    return StructType(BASE_FIELDS + ([HEADERS_FIELD] if include_headers else []))
+
+
+def _truthy(v) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+class KafkaPartition(InputPartition):
+    """Offsets [start, end) of one Kafka partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int):
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        super().__init__((topic, partition, start, end))
+
+    def __repr__(self):
+        return f"KafkaPartition({self.topic}[{self.partition}] {self.start}..{self.end})"
+
+
+# --- offsets -----------------------------------------------------------------------------------
+
+
+def allocate(start: dict, end: dict, max_rows: int) -> dict:
+    """Advance `start` towards `end` by at most `max_rows` offsets in total, shared in proportion to
+    each partition's backlog (largest remainder), so a backlog of R offsets takes exactly
+    ceil(R / max_rows) micro-batches. Both are `{(topic, partition): offset}`."""
+    lag = {tp: max(0, end[tp] - start.get(tp, 0)) for tp in end}
+    total = sum(lag.values())
+    if total <= max_rows:
+        return dict(end)
+    out = {tp: start.get(tp, 0) for tp in end}
+    shares = {tp: lag[tp] * max_rows / total for tp in lag}
+    given = {tp: int(shares[tp]) for tp in lag}
+    left = max_rows - sum(given.values())
+    for tp in sorted(lag, key=lambda t: (-(shares[t] - given[t]), t)):
+        if left <= 0:
+            break
+        if given[tp] < lag[tp]:
+            given[tp] += 1
+            left -= 1
+    for tp in out:
+        out[tp] += min(given[tp], lag[tp])
+    return out
+
+
+def to_json(offsets: dict) -> dict:
+    """`{(topic, partition): off}` → `{topic: {"partition": off}}` (Spark's Kafka offset shape)."""
+    out: dict = {}
+    for (t, p), off in sorted(offsets.items()):
+        out.setdefault(t, {})[str(p)] = int(off)
+    return out
+
+
+def from_json(d: dict | None) -> dict:
+    out = {}
+    for t, parts in (d or {}).items():
+        for p, off in parts.items():
+            out[(t, int(p))] = int(off)
+    return out
+
+
+# --- reading one range into Arrow ------------------------------------------------------------------
+
+
+def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int, schema: StructType,
+               batch_rows: int = 50_000) -> Iterator:
+    """Yield pyarrow RecordBatches (in `schema`) for offsets [start, end) of topic[partition]."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from statekit.kafka import Kafka
+
+    pa_schema = to_arrow_schema(schema, timezone="UTC")
+    with_headers = "headers" in schema.fieldNames()
+    ts_type = pa_schema.field("timestamp").type
+    client = Kafka(bootstrap)
+    try:
+        pending: list = []
+        for chunk in client.read(topic, partition, start, end):
+            pending.extend(chunk.records)
+            if len(pending) >= batch_rows:
+                yield _to_batch(pending, topic, partition, pa_schema, ts_type, with_headers, pa)
+                pending = []
+        if pending:
+            yield _to_batch(pending, topic, partition, pa_schema, ts_type, with_headers, pa)
+    finally:
+        client.close()
+
+
+def _to_batch(records, topic, partition, pa_schema, ts_type, with_headers, pa):
+    n = len(records)
+    offsets, stamps, keys, values, headers = zip(*records)
+    cols = [
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array([topic] * n, pa.string()),
+        pa.array([partition] * n, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        pa.array([s * 1000 for s in stamps], pa.int64()).cast(ts_type),
+        pa.array([0] * n, pa.int32()),
+    ]
+    if with_headers:
+        cols.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in headers],
+                             pa_schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(cols, schema=pa_schema)
+
+
+# --- the data source -------------------------------------------------------------------------------
+
+
+class _Options:
+    def __init__(self, options):
+        o = {str(k).lower(): v for k, v in dict(options).items()}
+        self.bootstrap = o.get("bootstrap") or o.get("kafka.bootstrap.servers")
+        if not self.bootstrap:
+            from statekit.kafka import resolve_bootstrap
+
+            self.bootstrap = resolve_bootstrap(None)
+        raw = o.get("topics") or o.get("topic") or o.get("subscribe")
+        if not raw:
+            raise SourceOptionError('statekit-kafka needs .option("topic", NAME) or .option("topics", "a,b")')
+        self.topics = [t.strip() for t in str(raw).split(",") if t.strip()]
+        mr = o.get("maxrecordspertrigger") or o.get("maxoffsetspertrigger")
+        self.max_records = int(mr) if mr not in (None, "", "0") else None
+        if self.max_records is not None and self.max_records <= 0:
+            self.max_records = None
+        self.starting = o.get("startingoffsets", "earliest")
+        self.ending = o.get("endingoffsets", "latest")
+        self.include_headers = _truthy(o.get("includeheaders", "false"))
+        self.min_partitions = int(o.get("minpartitions") or 0)
+
+
+class KafkaDataSource(DataSource):
+    """Registered as `statekit-kafka`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self):
+        return kafka_schema(_truthy(dict(self.options).get("includeHeaders",
+                                                          dict(self.options).get("includeheaders", "false"))))
+
+    def streamReader(self, schema: StructType) -> "KafkaStreamReader":
+        return KafkaStreamReader(_Options(self.options), schema)
+
+    def reader(self, schema: StructType) -> "KafkaBatchReader":
+        return KafkaBatchReader(_Options(self.options), schema)
+
+    def streamWriter(self, schema, overwrite):
+        from statekit.engine.spark.sink import KafkaStreamWriter
+
+        return KafkaStreamWriter(dict(self.options), schema)
+
+    def writer(self, schema, overwrite):
+        from statekit.engine.spark.sink import KafkaBatchWriter
+
+        return KafkaBatchWriter(dict(self.options), schema)
+
+
+class _OffsetsMixin:
+    opts: _Options
+
+    def _client(self):
+        from statekit.kafka import Kafka
+
+        k = getattr(self, "_kafka", None)
+        if k is None:
+            k = self._kafka = Kafka(self.opts.bootstrap)
+        return k
+
+    def _call(self, fn):
+        try:
+            return fn(self._client())
+        except StatekitError as e:
+            from statekit.errors import UnknownTopic
+
+            k = getattr(self, "_kafka", None)
+            self._kafka = None
+            if k is not None:
+                try:
+                    k.close()
+                except Exception:
+                    pass
+            if isinstance(e, UnknownTopic):
+                raise
+            return fn(self._client())  # one retry on a fresh connection
+
+    def _ends(self) -> dict:
+        def f(k):
+            out = {}
+            for t in self.opts.topics:
+                for p, off in k.end_offsets(t).items():
+                    out[(t, p)] = off
+            return out
+
+        return self._call(f)
+
+    def _begins(self) -> dict:
+        def f(k):
+            out = {}
+            for t in self.opts.topics:
+                for p, off in k.begin_offsets(t).items():
+                    out[(t, p)] = off
+            return out
+
+        return self._call(f)
+
+    def _resolve(self, spec: str, default_latest: bool) -> dict:
+        spec = (spec or "").strip()
+        if spec.lower() == "earliest":
+            return self._begins()
+        if spec.lower() == "latest":
+            return self._ends()
+        try:
+            given = json.loads(spec)
+        except ValueError:
+            raise SourceOptionError(f"offsets must be 'earliest', 'latest' or JSON like "
+                                    f'{{"topic": {{"0": 42}}}}, not {spec!r}') from None
+        begins, ends = self._begins(), self._ends()
+        out = {}
+        for tp in ends:
+            off = from_json(given).get(tp)
+            if off is None:
+                off = ends[tp] if default_latest else begins[tp]
+            elif off == -2:
+                off = begins[tp]
+            elif off == -1:
+                off = ends[tp]
+            out[tp] = off
+        return out
+
+    def _partitions(self, start: dict, end: dict) -> list:
+        parts = []
+        for tp in sorted(end):
+            s, e = start.get(tp, 0), end[tp]
+            if e > s:
+                parts.append((tp[0], tp[1], s, e))
+        n = self.opts.min_partitions
+        if n and len(parts) < n and parts:
+            total = sum(e - s for _, _, s, e in parts)
+            split = []
+            for t, p, s, e in parts:
+                pieces = max(1, round(n * (e - s) / total))
+                step = -(-(e - s) // pieces)
+                for a in range(s, e, step):
+                    split.append((t, p, a, min(e, a + step)))
+            parts = split
+        return [KafkaPartition(*x) for x in parts]
+
+    def read(self, partition: KafkaPartition):
+        return read_range(self.opts.bootstrap, partition.topic, partition.partition, partition.start,
+                          partition.end, self.schema)
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d.pop("_kafka", None)
+        return d
+
+
+class KafkaStreamReader(_OffsetsMixin, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: _Options, schema: StructType):
+        self.opts = opts
+        self.schema = schema
+        self._target: dict | None = None
+
+    def initialOffset(self) -> dict:
+        return to_json(self._resolve(self.opts.starting, default_latest=False))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records:
+            return ReadMaxRows(self.opts.max_records)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._ends()
+
+    def latestOffset(self, start: dict, limit: ReadLimit = None) -> dict:
+        s = from_json(start)
+        ends = self._ends() if self._target is None else dict(self._target)
+        begins = None
+        for tp in ends:
+            if tp not in s:  # a partition (or topic) that appeared after the query started
+                begins = begins or self._begins()
+                s[tp] = begins.get(tp, 0)
+            ends[tp] = max(ends[tp], s[tp])
+        for tp in s:  # keep partitions we know even if the broker forgot them
+            ends.setdefault(tp, s[tp])
+        if isinstance(limit, ReadMaxRows):
+            ends = allocate(s, ends, int(limit.max_rows))
+        return to_json(ends)
+
+    def reportLatestOffset(self):
+        try:
+            return to_json(self._ends())
+        except Exception:
+            return None
+
+    def partitions(self, start: dict, end: dict):
+        return self._partitions(from_json(start), from_json(end))
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    def stop(self) -> None:
+        k = getattr(self, "_kafka", None)
+        self._kafka = None
+        if k is not None:
+            k.close()
+
+
+class KafkaBatchReader(_OffsetsMixin, DataSourceReader):
+    def __init__(self, opts: _Options, schema: StructType):
+        self.opts = opts
+        self.schema = schema
+        self._parts = None
+
+    def partitions(self):
+        start = self._resolve(self.opts.starting, default_latest=False)
+        end = self._resolve(self.opts.ending, default_latest=True)
+        parts = self._partitions(start, end)
+        self.stop()
+        return parts or [KafkaPartition(self.opts.topics[0], 0, 0, 0)]
+
+    def stop(self):
+        k = getattr(self, "_kafka", None)
+        self._kafka = None
+        if k is not None:
+            k.close()
+
+    def read(self, partition: KafkaPartition):
+        if partition.end <= partition.start:
+            return iter(())
+        return super().read(partition)
+
+
+def register(spark) -> None:
+    """Register `statekit-kafka` on this session (idempotent)."""
+    if getattr(spark, "_statekit_kafka_registered", False):
+        return
+    spark.dataSource.register(KafkaDataSource)
+    try:
+        spark._statekit_kafka_registered = True
+    except Exception:
+        pass

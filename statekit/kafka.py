@@ -1,0 +1,760 @@
+"""The thin Kafka client layer: the only statekit module that imports ``kafka`` (the broker aside).
+
+One small synchronous client over plain sockets. Requests are kafka-python's protocol classes
+(``kafka.protocol``), framed and correlated by ``kafka.protocol.parser.KafkaProtocol``; record
+batches are built with ``kafka.record.MemoryRecordsBuilder`` and split with ``MemoryRecords`` /
+``DefaultRecordBatch``. There are no consumer or producer objects, no background threads and no
+per-record objects on the read path:
+
+* ``read()`` is the fast path used by restoration (and the Spark source). It issues Fetch requests
+  itself, keeps the next Fetch in flight while it decodes the current response (the next offset is
+  known from the batch headers alone), and decodes records with a tight varint loop into plain
+  tuples ``(offset, timestamp, key, value, headers)``. Offsets may have gaps (compacted logs); a log
+  start offset that moved past the requested position (retention, ``DeleteRecords``) is skipped to.
+* ``send()`` writes with ``acks=all`` and waits for every acknowledgement.
+
+A ``Kafka`` object is not thread-safe: give each thread its own (standby replicas do).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import kafka.errors as kerrors
+from kafka.protocol.parser import KafkaProtocol
+from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.producer import ProduceRequest
+from kafka.protocol.admin import CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest
+from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
+from kafka.record.default_records import DefaultRecordBatch
+from kafka import codec as kcodec
+
+from statekit.errors import BrokerUnreachable, StatekitError, UnknownTopic
+
+__all__ = [
+    "resolve_bootstrap", "Kafka", "Chunk", "KafkaError", "BrokerUnreachable", "UnknownTopic",
+]
+
+_HINT = "start one with `statekit broker start` or set STATEKIT_BOOTSTRAP"
+
+
+class KafkaError(StatekitError):
+    """A broker answered with an error this layer does not handle itself."""
+
+
+def resolve_bootstrap(bootstrap: str | None = None) -> str:
+    """Explicit value, else ``STATEKIT_BOOTSTRAP``, else start (or reuse) the embedded broker in
+    ``STATEKIT_HOME`` (default ``~/.statekit``) ``/broker``."""
+    if bootstrap:
+        return bootstrap
+    env = os.environ.get("STATEKIT_BOOTSTRAP")
+    if env:
+        return env
+    home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
+    from statekit import broker as broker_mod  # local: the broker is optional for most callers
+
+    handle = broker_mod.start(dir=os.path.join(home, "broker"))
+    return handle.bootstrap
+
+
+# --------------------------------------------------------------------------------------------
+# record decoding (the hot loop)
+
+_REC_HDR = struct.Struct(">qiibIhiqqqhii")  # DefaultRecordBatch header, 61 bytes
+_HDR_LEN = 61
+_CODEC_MASK = 0x07
+_CONTROL_MASK = 0x20
+_LOG_APPEND = 0x08
+
+
+def _varint_slow(buf, pos):
+    result = 0
+    shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def _decompress(codec: int, data: bytes) -> bytes:
+    if codec == 1:
+        return kcodec.gzip_decode(data)
+    if codec == 2:
+        return kcodec.snappy_decode(data)
+    if codec == 3:
+        return kcodec.lz4_decode(data)
+    if codec == 4:
+        return kcodec.zstd_decode(data)
+    raise KafkaError(f"unknown compression codec {codec} in a record batch")
+
+
+def decode_batch(raw, out: list, min_offset: int = 0) -> None:
+    """Decode one v2 record batch (``raw``: its bytes, starting at the base offset) into ``out`` as
+    ``(offset, timestamp, key, value, headers)`` tuples; ``headers`` is ``()`` or a tuple of
+    ``(str, bytes|None)``. Records below ``min_offset`` are skipped. Control batches are skipped."""
+    (base_offset, _length, _epoch, _magic, _crc, attrs, _lod, first_ts, max_ts, _pid, _pe, _bs,
+     count) = _REC_HDR.unpack_from(raw, 0)
+    if attrs & _CONTROL_MASK:
+        return
+    codec = attrs & _CODEC_MASK
+    if codec:
+        buf = _decompress(codec, bytes(raw[_HDR_LEN:]))
+        pos = 0
+    else:
+        buf = raw
+        pos = _HDR_LEN
+    log_append = attrs & _LOG_APPEND
+    append = out.append
+    slow = _varint_slow
+    for _ in range(count):
+        b = buf[pos]  # record length
+        if b < 0x80:
+            pos += 1
+        else:
+            _, pos = slow(buf, pos)
+        pos += 1  # attributes
+        b = buf[pos]  # timestamp delta
+        if b < 0x80:
+            tsd = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            tsd, pos = slow(buf, pos)
+        b = buf[pos]  # offset delta
+        if b < 0x80:
+            od = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            od, pos = slow(buf, pos)
+        b = buf[pos]
+        if b < 0x80:
+            n = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            n, pos = slow(buf, pos)
+        if n >= 0:
+            key = buf[pos:pos + n]
+            pos += n
+        else:
+            key = None
+        b = buf[pos]
+        if b < 0x80:
+            n = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            n, pos = slow(buf, pos)
+        if n >= 0:
+            value = buf[pos:pos + n]
+            pos += n
+        else:
+            value = None
+        b = buf[pos]
+        if b < 0x80:
+            hc = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            hc, pos = slow(buf, pos)
+        if hc:
+            hl = []
+            for _h in range(hc):
+                b = buf[pos]
+                if b < 0x80:
+                    n = (b >> 1) ^ -(b & 1)
+                    pos += 1
+                else:
+                    n, pos = slow(buf, pos)
+                hk = buf[pos:pos + n].decode("utf-8")
+                pos += n
+                b = buf[pos]
+                if b < 0x80:
+                    n = (b >> 1) ^ -(b & 1)
+                    pos += 1
+                else:
+                    n, pos = slow(buf, pos)
+                if n >= 0:
+                    hv = buf[pos:pos + n]
+                    pos += n
+                else:
+                    hv = None
+                hl.append((hk, hv))
+            headers = tuple(hl)
+        else:
+            headers = ()
+        offset = base_offset + od
+        if offset >= min_offset:
+            append((offset, max_ts if log_append else first_ts + tsd, key, value, headers))
+
+
+def _scan_batches(data) -> tuple[list, int | None]:
+    """Split a Fetch response's records bytes into complete batches (memoryviews) without decoding
+    records. Returns (batches, next_offset after the last complete batch or None)."""
+    batches = []
+    next_offset = None
+    mr = MemoryRecords(data)
+    while mr.has_next():
+        b = mr.next_batch()
+        if not isinstance(b, DefaultRecordBatch):
+            raise KafkaError("the broker returned an old (v0/v1) message format; statekit needs v2")
+        batches.append(bytes(b._buffer))  # one copy; slicing bytes then yields bytes
+        next_offset = b.last_offset + 1
+    return batches, next_offset
+
+
+@dataclass
+class Chunk:
+    """What one Fetch returned for one partition: decoded records plus the log's bounds."""
+
+    records: list  # (offset, timestamp, key, value, headers)
+    next_offset: int  # where the next read starts (past compaction gaps and control batches)
+    high_watermark: int
+    log_start_offset: int
+
+    def __len__(self):
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+
+# --------------------------------------------------------------------------------------------
+# one broker connection
+
+
+class _Conn:
+    def __init__(self, host: str, port: int, timeout: float, client_id: str):
+        self.addr = f"{host}:{port}"
+        self.timeout = timeout
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as e:
+            raise BrokerUnreachable(f"cannot reach Kafka at {self.addr}: {_HINT} ({e.strerror or e})")
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        except OSError:
+            pass
+        self.proto = KafkaProtocol(client_id=client_id, receive_message_max_bytes=256 << 20)
+        self.ready: list = []  # decoded responses not yet claimed, in order
+        self.versions: dict[int, tuple[int, int]] = {}
+        self._negotiate()
+
+    def _negotiate(self):
+        try:
+            resp = self.request(ApiVersionsRequest(version=0))
+        except BrokerUnreachable:
+            raise
+        except Exception:  # noqa: BLE001 - an old broker: fall back to the lowest versions
+            return
+        for k in resp.api_keys:
+            self.versions[k.api_key] = (k.min_version, k.max_version)
+
+    def version(self, cls, lo: int, hi: int) -> int:
+        rng = self.versions.get(cls.API_KEY)
+        if rng is None:
+            return lo
+        v = min(hi, rng[1], cls.max_version)
+        if v < max(lo, rng[0]):
+            raise KafkaError(f"the broker at {self.addr} supports {cls.__name__} "
+                             f"v{rng[0]}-{rng[1]}; statekit needs v{lo}-{hi}")
+        return v
+
+    def send(self, req) -> None:
+        self.proto.send_request(req)
+        data = self.proto.send_bytes()
+        try:
+            self.sock.sendall(data)
+        except OSError as e:
+            self.close()
+            raise BrokerUnreachable(f"lost the connection to Kafka at {self.addr}: {e}; {_HINT}")
+
+    def recv(self):
+        """The next response, in request order."""
+        while not self.ready:
+            try:
+                data = self.sock.recv(4 << 20)
+            except socket.timeout:
+                self.close()
+                raise BrokerUnreachable(f"Kafka at {self.addr} did not answer within "
+                                        f"{self.timeout:.0f}s; is the broker alive? ({_HINT})")
+            except OSError as e:
+                self.close()
+                raise BrokerUnreachable(f"lost the connection to Kafka at {self.addr}: {e}")
+            if not data:
+                self.close()
+                raise BrokerUnreachable(f"Kafka at {self.addr} closed the connection; {_HINT}")
+            for _cid, resp in self.proto.receive_bytes(data):
+                self.ready.append(resp)
+        return self.ready.pop(0)
+
+    def request(self, req):
+        self.send(req)
+        return self.recv()
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _raise_for(code: int, what: str, topic: str | None = None):
+    if code == 0:
+        return
+    if code == 3 and topic is not None:
+        raise UnknownTopic(f"topic {topic!r} does not exist: create it first (or let statekit "
+                           f"create it) and check the name")
+    err = kerrors.for_code(code)
+    raise KafkaError(f"{what}: {err.__name__} (error code {code})")
+
+
+_RETRIABLE = {5, 6, 7, 13, 14, 15, 19, 20, 21, 56, 74, 75, 103}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class Kafka:
+    """A small synchronous Kafka client. See the module docstring."""
+
+    def __init__(self, bootstrap: str | None = None, *, timeout: float = 30.0,
+                 client_id: str = "statekit", fetch_max_bytes: int = 8 << 20):
+        self.bootstrap = resolve_bootstrap(bootstrap)
+        self.timeout = timeout
+        self.client_id = client_id
+        self.fetch_max_bytes = fetch_max_bytes
+        self._boot_conn: _Conn | None = None
+        self._conns: dict[int, _Conn] = {}
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._leaders: dict[tuple[str, int], int] = {}
+        self._lock = threading.RLock()
+        self._any()  # fail fast, one line, when nothing listens
+
+    # -- connections ---------------------------------------------------------------------
+    def _any(self) -> _Conn:
+        if self._boot_conn is not None and self._boot_conn.sock.fileno() >= 0:
+            return self._boot_conn
+        last = None
+        for hp in self.bootstrap.split(","):
+            hp = hp.strip()
+            if not hp:
+                continue
+            host, _, port = hp.rpartition(":")
+            try:
+                self._boot_conn = _Conn(host or "127.0.0.1", int(port), self.timeout, self.client_id)
+                return self._boot_conn
+            except BrokerUnreachable as e:
+                last = e
+        raise BrokerUnreachable(f"cannot reach Kafka at {self.bootstrap}: {_HINT}") from last
+
+    def _node(self, node_id: int) -> _Conn:
+        c = self._conns.get(node_id)
+        if c is not None and c.sock.fileno() >= 0:
+            return c
+        host, port = self._brokers[node_id]
+        boot = self._any()
+        if boot.addr == f"{host}:{port}":
+            c = boot
+        else:
+            c = _Conn(host, port, self.timeout, self.client_id)
+        self._conns[node_id] = c
+        return c
+
+    def _metadata(self, topics: list[str] | None):
+        conn = self._any()
+        v = conn.version(MetadataRequest, 1, 12)
+        req = MetadataRequest(
+            version=v,
+            topics=None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics],
+            allow_auto_topic_creation=False,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False,
+        )
+        resp = conn.request(req)
+        self._brokers = {b.node_id: (b.host, b.port) for b in resp.brokers}
+        for t in resp.topics:
+            if t.error_code == 0:
+                for p in t.partitions:
+                    self._leaders[(t.name, p.partition_index)] = p.leader_id
+        return resp
+
+    def _leader(self, topic: str, partition: int) -> _Conn:
+        key = (topic, partition)
+        if key not in self._leaders:
+            resp = self._metadata([topic])
+            for t in resp.topics:
+                if t.name == topic and t.error_code == 3:
+                    _raise_for(3, "metadata", topic)
+            if key not in self._leaders:
+                raise UnknownTopic(f"topic {topic!r} has no partition {partition}: it has "
+                                   f"{self._partition_count(resp, topic)} partition(s)")
+        leader = self._leaders[key]
+        if leader < 0 or leader not in self._brokers:
+            self._leaders.pop(key, None)
+            raise KafkaError(f"{topic}[{partition}] has no leader right now; retry shortly")
+        return self._node(leader)
+
+    @staticmethod
+    def _partition_count(resp, topic):
+        for t in resp.topics:
+            if t.name == topic:
+                return len(t.partitions)
+        return 0
+
+    def _forget(self, topic: str):
+        for k in [k for k in self._leaders if k[0] == topic]:
+            del self._leaders[k]
+
+    # -- admin -----------------------------------------------------------------------------
+    def topics(self) -> dict[str, int]:
+        """``{topic: number of partitions}`` for every topic."""
+        with self._lock:
+            resp = self._metadata(None)
+            return {t.name: len(t.partitions) for t in resp.topics if t.error_code == 0}
+
+    def ensure_topic(self, name: str, partitions: int = 1, configs: dict | None = None,
+                     replication_factor: int = 1) -> bool:
+        """Create the topic unless it exists. Returns True when it was created."""
+        with self._lock:
+            conn = self._any()
+            v = conn.version(CreateTopicsRequest, 2, 7)
+            T = CreateTopicsRequest.CreatableTopic
+            req = CreateTopicsRequest(
+                version=v,
+                topics=[T(name=name, num_partitions=partitions, replication_factor=replication_factor,
+                          assignments=[],
+                          configs=[T.CreatableTopicConfig(name=k, value=str(val))
+                                   for k, val in (configs or {}).items()])],
+                timeout_ms=int(self.timeout * 1000),
+                validate_only=False,
+            )
+            resp = conn.request(req)
+            created = True
+            for t in resp.topics:
+                if t.error_code == 36:  # TOPIC_ALREADY_EXISTS
+                    created = False
+                elif t.error_code:
+                    msg = getattr(t, "error_message", None) or ""
+                    _raise_for(t.error_code, f"cannot create topic {name!r} {msg}".strip())
+            # wait until every partition has a leader
+            deadline = time.monotonic() + self.timeout
+            while True:
+                self._forget(name)
+                resp = self._metadata([name])
+                ok = [t for t in resp.topics if t.name == name and t.error_code == 0]
+                if ok and all(p.leader_id >= 0 for p in ok[0].partitions) and ok[0].partitions:
+                    return created
+                if time.monotonic() > deadline:
+                    raise KafkaError(f"topic {name!r} was created but has no leader after "
+                                     f"{self.timeout:.0f}s")
+                time.sleep(0.05)
+
+    def delete_topic(self, name: str, missing_ok: bool = True) -> bool:
+        with self._lock:
+            conn = self._any()
+            v = conn.version(DeleteTopicsRequest, 1, 5)
+            resp = conn.request(DeleteTopicsRequest(version=v, topic_names=[name],
+                                                    timeout_ms=int(self.timeout * 1000)))
+            self._forget(name)
+            for r in resp.responses:
+                if r.error_code == 3:
+                    if missing_ok:
+                        return False
+                    _raise_for(3, "delete", name)
+                _raise_for(r.error_code, f"cannot delete topic {name!r}")
+            return True
+
+    def describe_configs(self, topic: str) -> dict[str, str]:
+        with self._lock:
+            conn = self._any()
+            v = conn.version(DescribeConfigsRequest, 1, 4)
+            R = DescribeConfigsRequest.DescribeConfigsResource
+            resp = conn.request(DescribeConfigsRequest(
+                version=v, resources=[R(resource_type=2, resource_name=topic, configuration_keys=None)],
+                include_synonyms=False, include_documentation=False))
+            out = {}
+            for r in resp.results:
+                if r.error_code == 3:
+                    _raise_for(3, "describe", topic)
+                _raise_for(r.error_code, f"cannot describe topic {topic!r}: {r.error_message or ''}")
+                for c in r.configs:
+                    out[c.name] = c.value
+            return out
+
+    # -- offsets -----------------------------------------------------------------------------
+    def _list_offsets(self, topic: str, timestamp: int, partitions=None) -> dict[int, int]:
+        with self._lock:
+            if partitions is None:
+                self._forget(topic)
+                resp = self._metadata([topic])
+                parts = None
+                for t in resp.topics:
+                    if t.name == topic:
+                        if t.error_code == 3:
+                            _raise_for(3, "offsets", topic)
+                        parts = [p.partition_index for p in t.partitions]
+                if parts is None:
+                    _raise_for(3, "offsets", topic)
+            else:
+                parts = list(partitions)
+            by_node: dict[int, list[int]] = {}
+            for p in parts:
+                self._leader(topic, p)
+                by_node.setdefault(self._leaders[(topic, p)], []).append(p)
+            out = {}
+            for node, ps in by_node.items():
+                conn = self._node(node)
+                v = conn.version(ListOffsetsRequest, 1, 7)
+                T = ListOffsetsRequest.ListOffsetsTopic
+                req = ListOffsetsRequest(
+                    version=v, replica_id=-1, isolation_level=0,
+                    topics=[T(name=topic, partitions=[
+                        T.ListOffsetsPartition(partition_index=p, current_leader_epoch=-1,
+                                               timestamp=timestamp) for p in ps])])
+                resp = conn.request(req)
+                for t in resp.topics:
+                    for p in t.partitions:
+                        if p.error_code in _RETRIABLE:
+                            self._forget(topic)
+                        _raise_for(p.error_code, f"cannot list offsets of {topic}[{p.partition_index}]", topic)
+                        out[p.partition_index] = p.offset
+            return dict(sorted(out.items()))
+
+    def end_offsets(self, topic: str, partitions=None) -> dict[int, int]:
+        """``{partition: offset of the next record to be written}`` (the high watermark)."""
+        return self._list_offsets(topic, -1, partitions)
+
+    def begin_offsets(self, topic: str, partitions=None) -> dict[int, int]:
+        """``{partition: log start offset}``."""
+        return self._list_offsets(topic, -2, partitions)
+
+    # -- produce -------------------------------------------------------------------------------
+    def send(self, topic: str, partition: int, records: Iterable, headers=None,
+             batch_bytes: int = 900_000) -> int:
+        """Append ``records`` (``(key, value)`` or ``(key, value, headers)`` tuples; ``headers`` a
+        list of ``(str, bytes)``, the ``headers`` argument applying to records that carry none) to
+        one partition with acks=all and wait for every acknowledgement. Returns the offset of the
+        last record written (-1 when ``records`` is empty)."""
+        default_headers = list(headers or [])
+        payloads: list[tuple[bytes, int]] = []
+        builder = None
+        count = 0
+        ts = int(time.time() * 1000)
+        for rec in records:
+            if len(rec) == 3:
+                key, value, hdrs = rec
+                hdrs = list(hdrs) if hdrs else default_headers
+            else:
+                key, value = rec
+                hdrs = default_headers
+            if builder is None:
+                builder = MemoryRecordsBuilder(2, 0, batch_bytes)
+                count = 0
+            if builder.append(ts, key, value, hdrs) is None:
+                builder.close()
+                payloads.append((bytes(builder.buffer()), count))
+                builder = MemoryRecordsBuilder(2, 0, batch_bytes)
+                count = 0
+                builder.append(ts, key, value, hdrs)
+            count += 1
+        if builder is not None and count:
+            builder.close()
+            payloads.append((bytes(builder.buffer()), count))
+        if not payloads:
+            return -1
+        with self._lock:
+            for attempt in range(20):
+                try:
+                    return self._produce(topic, partition, payloads)
+                except _Retry:
+                    self._forget(topic)
+                    time.sleep(min(0.05 * (attempt + 1), 0.5))
+            raise KafkaError(f"could not write to {topic}[{partition}]: the partition kept "
+                             f"answering with a retriable error")
+
+    def _produce(self, topic, partition, payloads) -> int:
+        conn = self._leader(topic, partition)
+        v = conn.version(ProduceRequest, 3, 12)
+        T = ProduceRequest.TopicProduceData
+        last = -1
+        # pipeline: every batch in flight at once, then collect the acks in order
+        for data, _n in payloads:
+            conn.send(ProduceRequest(
+                version=v, transactional_id=None, acks=-1, timeout_ms=int(self.timeout * 1000),
+                topic_data=[T(name=topic, partition_data=[
+                    T.PartitionProduceData(index=partition, records=data)])]))
+        retry = False
+        first_error = None
+        for data, n in payloads:
+            resp = conn.recv()
+            for t in resp.responses:
+                for p in t.partition_responses:
+                    if p.error_code in _RETRIABLE:
+                        retry = True
+                    elif p.error_code:
+                        first_error = first_error or p.error_code
+                    else:
+                        last = p.base_offset + n - 1
+        if first_error:
+            _raise_for(first_error, f"cannot write to {topic}[{partition}]", topic)
+        if retry:
+            # Only the first batch can be safely retried as a whole; statekit sends one commit's
+            # records per call, and a retry after a partial write would duplicate absolute values,
+            # which restoration tolerates (values are absolute, markers close groups).
+            raise _Retry()
+        return last
+
+    # -- fetch -------------------------------------------------------------------------------
+    def _fetch_request(self, conn, topic, partition, offset, max_wait_ms, max_bytes):
+        v = conn.version(FetchRequest, 4, 12)
+        T = FetchRequest.FetchTopic
+        return FetchRequest(
+            version=v, replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1,
+            max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[T(topic=topic, partitions=[T.FetchPartition(
+                partition=partition, current_leader_epoch=-1, fetch_offset=offset,
+                last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=max_bytes)])],
+            forgotten_topics_data=[], rack_id="")
+
+    @staticmethod
+    def _partition_data(resp, topic):
+        for t in resp.responses:
+            for p in t.partitions:
+                return p
+        raise KafkaError(f"the broker sent an empty Fetch response for {topic}")
+
+    def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
+              max_bytes: int | None = None) -> Chunk:
+        """One Fetch at ``offset``; waits up to ``max_wait_ms`` for data. Moves past a log start
+        offset that overtook ``offset``."""
+        max_bytes = max_bytes or self.fetch_max_bytes
+        with self._lock:
+            for _attempt in range(10):
+                conn = self._leader(topic, partition)
+                conn.send(self._fetch_request(conn, topic, partition, offset, max_wait_ms, max_bytes))
+                p = self._partition_data(conn.recv(), topic)
+                if p.error_code == 1:  # OFFSET_OUT_OF_RANGE: the log start moved (or offset > end)
+                    lso = self.begin_offsets(topic, [partition])[partition]
+                    if offset < lso:
+                        offset = lso
+                        continue
+                    hwm = self.end_offsets(topic, [partition])[partition]
+                    return Chunk([], max(min(offset, hwm), lso), hwm, lso)
+                if p.error_code in _RETRIABLE:
+                    self._forget(topic)
+                    time.sleep(0.05)
+                    continue
+                _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
+                out: list = []
+                batches, nxt = _scan_batches(p.records or b"")
+                for raw in batches:
+                    decode_batch(raw, out, offset)
+                return Chunk(out, nxt if nxt is not None and nxt > offset else offset,
+                             p.high_watermark, p.log_start_offset)
+            raise KafkaError(f"could not read {topic}[{partition}]: no leader")
+
+    def read(self, topic: str, partition: int, start: int | None = None, end: int | None = None,
+             *, max_bytes: int | None = None, pipeline: bool = True) -> Iterator[Chunk]:
+        """Read ``[start, end)`` of one partition as an iterator of :class:`Chunk` (one per Fetch
+        response). ``start`` None = the log start; ``end`` None = the end offset when called.
+        Offsets may have gaps (compaction); when the log start is past ``start`` the read begins
+        there. Ends early if the log ends before ``end`` (e.g. it was truncated)."""
+        max_bytes = max_bytes or self.fetch_max_bytes
+        with self._lock:
+            if start is None or start < 0:
+                start = self.begin_offsets(topic, [partition])[partition]
+            if end is None:
+                end = self.end_offsets(topic, [partition])[partition]
+        pos = start
+        if pos >= end:
+            return
+        state = {"conn": None, "inflight": False}
+        try:
+            yield from self._read_loop(topic, partition, pos, end, max_bytes, pipeline, state)
+        finally:
+            if state["inflight"]:  # abandoned mid-read: drain the answer nobody wants
+                with self._lock:
+                    try:
+                        state["conn"].recv()
+                    except StatekitError:
+                        pass
+
+    def _read_loop(self, topic, partition, pos, end, max_bytes, pipeline, state):
+        empty_rounds = 0
+        conn = None
+        while pos < end:
+            with self._lock:
+                if not state["inflight"]:
+                    conn = self._leader(topic, partition)
+                    conn.send(self._fetch_request(conn, topic, partition, pos, 0, max_bytes))
+                    state["conn"], state["inflight"] = conn, True
+                conn = state["conn"]
+                resp = conn.recv()
+                state["inflight"] = False
+                p = self._partition_data(resp, topic)
+                if p.error_code:
+                    if p.error_code == 1:  # OFFSET_OUT_OF_RANGE
+                        lso = self.begin_offsets(topic, [partition])[partition]
+                        hwm = self.end_offsets(topic, [partition])[partition]
+                        if pos < lso:
+                            pos = lso
+                            continue
+                        end = min(end, hwm)
+                        continue
+                    if p.error_code in _RETRIABLE:
+                        self._forget(topic)
+                        time.sleep(0.05)
+                        continue
+                    _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
+                batches, nxt = _scan_batches(p.records or b"")
+                hwm = p.high_watermark
+                lso = p.log_start_offset
+                if nxt is None or nxt <= pos:
+                    if lso is not None and lso > pos:
+                        pos = lso  # the log start moved past us
+                        continue
+                    if hwm <= pos:
+                        return  # the log ends before `end` (truncated or deleted)
+                    empty_rounds += 1
+                    if empty_rounds > 100:
+                        raise KafkaError(f"{topic}[{partition}] returned no records at offset "
+                                         f"{pos} below its high watermark {hwm}")
+                    time.sleep(0.01)
+                    continue
+                empty_rounds = 0
+                start_pos = pos
+                pos = nxt
+                if pipeline and pos < end and pos < hwm:
+                    # the next Fetch goes out before we decode this one: the broker works while we do
+                    conn.send(self._fetch_request(conn, topic, partition, pos, 0, max_bytes))
+                    state["inflight"] = True
+            out: list = []
+            for raw in batches:
+                decode_batch(raw, out, start_pos)
+            if out and out[-1][0] >= end:
+                out = [r for r in out if r[0] < end]
+            yield Chunk(out, pos, hwm, lso)
+
+    def close(self) -> None:
+        with self._lock:
+            for c in set(self._conns.values()) | ({self._boot_conn} if self._boot_conn else set()):
+                c.close()
+            self._conns.clear()
+            self._boot_conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Retry(Exception):
+    pass

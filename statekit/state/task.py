@@ -1,0 +1,505 @@
+"""The task state manager: one task's directory, stores, changelog sink and commit protocol.
+
+``TaskState`` owns ``<state_dir>/<application>/<task>/`` (RocksDB in ``rocksdb/``, the
+``.checkpoint`` file, a ``.lock`` file held with ``fcntl.flock`` while the task is open), builds the
+task's stores over one RocksDB (``statekit.stores.build_stores``), restores them on open
+(:mod:`statekit.state.restore`) and commits an input batch with the four steps of the commit
+protocol (docs/ARCHITECTURE.md):
+
+1. ``db.flush()``: every cache hands its dirty entries to the change-logging layer, which appends
+   them to this module's sink (buffered per store, in memory);
+2. per store changelog: the buffered records (header ``statekit.batch=b``) then one commit marker
+   (key ``__statekit.commit__``, header ``statekit.marker=1``, value ``{"batch": b}``), acks=all;
+3. one RocksDB WriteBatch: every store's pending writes + meta (``batch`` = b and, per store,
+   ``changelog.<store>`` = the offset right after its marker);
+4. the checkpoint file, written atomically.
+
+Trust on open (what local state restoration starts from):
+
+* RocksDB meta and checkpoint agree, or the meta is *ahead* of the checkpoint (a crash between steps 3
+  and 4: RocksDB only ever holds whole commits, so its meta is right) -> replay from the meta offsets;
+* no checkpoint (never written, deleted, or corrupt — one line says so) -> the RocksDB meta;
+* the checkpoint is ahead of the meta (RocksDB replaced by an older copy, or its directory deleted or
+  unreadable — one line says so), or a store's offset is past its changelog's end (the topic was
+  recreated with other data) -> the local state is not trusted: wiped, replayed from the log start.
+
+A missing changelog topic: when the local store is intact and trusted it is the only copy of the
+state, so we warn in one line, recreate the topic and re-seed it from the store (its records plus a
+commit marker), so future restores work; when the local state is missing too there is nothing to
+restore: the topic is created and the store starts empty, said in one line. The same applies when
+the topic exists but its partition is empty while the trusted local state says it held data (it
+was deleted and recreated, e.g. by another task of the application).
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+from statekit.errors import CorruptState, StatekitError, StateLocked, UnknownTopic
+from statekit.state import checkpoint as ckpt
+from statekit.state.crash import CrashPlan, SimulatedCrash
+from statekit.state.restore import (BATCH_HEADER, MARKER_HEADER, MARKER_KEY, NO_BATCH,
+                                    RestoreMetrics, meta_key, restore_stores)
+
+log = logging.getLogger("statekit.state")
+
+LOCK_FILE = ".lock"
+
+
+def task_dir_for(state_dir: str, application: str, task_id) -> str:
+    return os.path.join(state_dir, application, str(task_id))
+
+
+def changelog_topic(application: str, store: str) -> str:
+    return f"{application}-{store}-changelog"
+
+
+def changelog_configs(spec) -> dict:
+    kind = getattr(spec, "kind", "kv")
+    if kind == "window":
+        cfg = {"cleanup.policy": "compact,delete"}
+        ret = getattr(spec, "retention_ms", None)
+        if ret:
+            # keep the changelog a little longer than the store keeps its windows (Kafka Streams
+            # adds windowstore.changelog.additional.retention.ms = 1 day; a window's size is enough)
+            cfg["retention.ms"] = str(int(ret) + int(getattr(spec, "window_size_ms", 0) or 0))
+        return cfg
+    return {"cleanup.policy": "compact"}
+
+
+class _Lock:
+    """An exclusive ``flock`` on ``<task_dir>/.lock``; the kernel drops it when the process dies."""
+
+    def __init__(self, task_dir: str):
+        self.path = os.path.join(task_dir, LOCK_FILE)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = ""
+            try:
+                holder = os.pread(self.fd, 32, 0).decode().strip()
+            except OSError:
+                pass
+            os.close(self.fd)
+            self.fd = None
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StateLocked(f"task directory {task_dir} is in use by another process"
+                                  f"{' (pid ' + holder + ')' if holder else ''}: stop it, or give "
+                                  f"this one another state_dir") from None
+            raise
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self):
+        if self.fd is not None:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = None
+
+
+class ChangelogBuffer:
+    """The task's ``ChangelogSink``: buffers every write per store until the commit sends it."""
+
+    def __init__(self):
+        self.buffers: dict[str, list] = {}
+
+    def append(self, store: str, key: bytes, value: Optional[bytes]) -> None:
+        b = self.buffers.get(store)
+        if b is None:
+            b = self.buffers[store] = []
+        b.append((key, value))
+
+    def take(self, store: str) -> list:
+        return self.buffers.pop(store, [])
+
+    def clear(self) -> None:
+        self.buffers.clear()
+
+    def __len__(self):
+        return sum(len(b) for b in self.buffers.values())
+
+
+@dataclass
+class CommitInfo:
+    batch: int
+    records: dict  # store -> changelog records sent (markers excluded)
+    offsets: dict  # store -> changelog offset after the marker
+    ms: float
+
+
+def _build(specs, task_dir, sink, cache_bytes):
+    from statekit.stores import build_stores
+
+    return build_stores(specs, task_dir=task_dir, sink=sink, cache_bytes=cache_bytes)
+
+
+class TaskState:
+    """One task's state. See the module docstring for the protocol and the trust rules.
+
+    ``kafka``: a ``statekit.kafka.Kafka`` (or ``bootstrap``). ``num_tasks``: the partition count of
+    the changelog topics created on demand (= the number of tasks). ``crash``: a crash plan string
+    (``"after_ack@3"``) or :class:`CrashPlan`; default: ``STATEKIT_CRASH``. ``listener``: restore
+    callbacks (``on_restore_start`` / ``on_batch_restored`` / ``on_restore_end``). ``warn``: where
+    one-line notices go (default: the ``statekit.state`` logger); every notice is also kept in
+    ``self.notices``.
+    """
+
+    def __init__(self, application: str, task_id: int, specs: Iterable, *, state_dir: str,
+                 kafka=None, bootstrap: str | None = None, num_tasks: int = 1,
+                 cache_bytes: int = 10 * 1024 * 1024, crash=None, crash_mode: str | None = None,
+                 listener=None, warn: Callable[[str], None] | None = None,
+                 fetch_max_bytes: int | None = None, topic_configs: dict | None = None,
+                 restore: bool = True):
+        self.application = application
+        self.task_id = int(task_id)
+        self.partition = int(task_id)
+        self.specs = list(specs)
+        self.state_dir = state_dir
+        self.task_dir = task_dir_for(state_dir, application, task_id)
+        self.num_tasks = max(int(num_tasks), self.partition + 1)
+        self.cache_bytes = cache_bytes
+        self.listener = listener
+        self.fetch_max_bytes = fetch_max_bytes
+        self.topic_configs = dict(topic_configs or {})
+        self.notices: list[str] = []
+        self._warn_fn = warn
+        self.crash = crash if isinstance(crash, CrashPlan) else CrashPlan(crash, crash_mode)
+        self._own_kafka = kafka is None
+        if kafka is None:
+            from statekit.kafka import Kafka
+
+            kafka = Kafka(bootstrap)
+        self.kafka = kafka
+        self.sink = ChangelogBuffer()
+        self.db = None
+        self.stores: dict = {}
+        self.last_batch = NO_BATCH
+        self.restore_metrics: dict[str, RestoreMetrics] = {}
+        self.replayed_from = "none"
+        self.closed = False
+        os.makedirs(self.task_dir, exist_ok=True)
+        self._lock = _Lock(self.task_dir)
+        try:
+            self._open(restore)
+        except SimulatedCrash:
+            self.abandon()
+            raise
+        except BaseException:
+            self._teardown()
+            raise
+
+    # -- notices -------------------------------------------------------------------------------
+    def _warn(self, msg: str) -> None:
+        msg = " ".join(str(msg).split())
+        self.notices.append(msg)
+        (self._warn_fn or log.warning)(msg)
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def logged_specs(self) -> list:
+        return [s for s in self.specs if getattr(s, "logging", True)]
+
+    def topic(self, store: str) -> str:
+        return changelog_topic(self.application, store)
+
+    # -- open & restore --------------------------------------------------------------------------
+    def _open_db(self):
+        try:
+            return _build(self.specs, self.task_dir, self.sink, self.cache_bytes)
+        except CorruptState as e:
+            self._warn(f"task {self.application}/{self.task_id}: local RocksDB is unreadable "
+                       f"({str(e)[:120]}); deleting it and restoring from the changelog")
+            from statekit.stores import TaskDB
+
+            TaskDB.destroy(self.task_dir)
+            return _build(self.specs, self.task_dir, self.sink, self.cache_bytes)
+
+    def _open(self, restore: bool) -> None:
+        rocks_dir = os.path.join(self.task_dir, "rocksdb")
+        had_rocks = os.path.isdir(rocks_dir) and os.path.exists(os.path.join(rocks_dir, "CURRENT"))
+        cp = ckpt.read(self.task_dir, warn=self._warn)
+        self.stores, self.db = self._open_db()
+        meta = self.db.read_meta()
+        names = [s.name for s in self.logged_specs]
+        if cp is not None and not meta:
+            self._warn(f"task {self.application}/{self.task_id}: a checkpoint exists but the local "
+                       f"RocksDB {'is empty' if had_rocks else 'directory is missing'}; restoring "
+                       f"from the changelog start")
+            ckpt.remove(self.task_dir)
+            cp = None
+        trusted = bool(meta)
+        if trusted and cp is not None:
+            for name in names:
+                m = meta.get(meta_key(name))
+                c = cp.get(name)
+                if c is None:
+                    continue
+                if m is None or c.changelog_offset > m["offset"] or c.batch > m["batch"]:
+                    self._warn(f"task {self.application}/{self.task_id}: checkpoint and RocksDB "
+                               f"disagree for store {name!r} (checkpoint {c.changelog_offset}/batch "
+                               f"{c.batch}, RocksDB {m}); not trusting local state, restoring from "
+                               f"the changelog start")
+                    trusted = False
+                    break
+        if not restore:
+            self.last_batch = int(meta.get("batch", NO_BATCH)) if trusted else NO_BATCH
+            return
+
+        existing = self.kafka.topics()
+        ends: dict[str, int] = {}
+        begins: dict[str, int] = {}
+        missing: list[str] = []
+        for spec in self.logged_specs:
+            t = self.topic(spec.name)
+            if t not in existing:
+                missing.append(spec.name)
+                continue
+            if existing[t] <= self.partition:
+                raise StatekitError(f"changelog {t} has {existing[t]} partition(s) but task "
+                                    f"{self.task_id} needs partition {self.partition}: the number "
+                                    f"of tasks changed; reset the application's state")
+            ends[spec.name] = self.kafka.end_offsets(t, [self.partition])[self.partition]
+            begins[spec.name] = self.kafka.begin_offsets(t, [self.partition])[self.partition]
+
+        # a store whose changelog lost its data while the trusted local copy has some: re-seed
+        reseed: list[str] = []
+        if trusted:
+            for spec in self.logged_specs:
+                name = spec.name
+                m = meta.get(meta_key(name))
+                if name in missing:
+                    if m and m["offset"] > 0 and self.db.persistent(name):
+                        reseed.append(name)
+                    continue
+                if m is None:
+                    continue
+                if m["offset"] > ends[name]:
+                    if ends[name] == 0 and self.db.persistent(name):
+                        reseed.append(name)
+                    else:
+                        self._warn(f"task {self.application}/{self.task_id}: local state of store "
+                                   f"{name!r} is at changelog offset {m['offset']} but "
+                                   f"{self.topic(name)} ends at {ends[name]}; not trusting local "
+                                   f"state, restoring from the changelog start")
+                        trusted = False
+                        break
+        if not trusted:
+            reseed = []
+            if meta:
+                self.db.wipe()
+            meta = {}
+        for name in missing:
+            spec = next(s for s in self.logged_specs if s.name == name)
+            if name not in reseed:
+                self._warn(f"task {self.application}/{self.task_id}: changelog topic "
+                           f"{self.topic(name)} does not exist and there is no local state for "
+                           f"store {name!r}: nothing to restore, starting empty (topic created)")
+            self._create_topic(spec)
+            ends[name] = begins[name] = 0
+        for name in reseed:
+            self._reseed(name, meta, name in missing)
+            meta = self.db.read_meta()
+            ends[name] = meta[meta_key(name)]["offset"]
+
+        # the restore plan
+        base_batch = int(meta.get("batch", NO_BATCH)) if meta else NO_BATCH
+        plan = {}
+        origins = set()
+        for spec in self.logged_specs:
+            name = spec.name
+            m = meta.get(meta_key(name)) if meta else None
+            if m is not None and self.db.persistent(name):
+                start, b = int(m["offset"]), int(m["batch"])
+                origin = "checkpoint" if cp is not None and name in cp else "meta"
+                if start < begins[name]:
+                    if getattr(spec, "kind", "kv") != "window":
+                        self._warn(f"task {self.application}/{self.task_id}: {self.topic(name)} "
+                                   f"starts at {begins[name]}, past the local state's offset "
+                                   f"{start}; records in between were deleted, restoring from "
+                                   f"{begins[name]}")
+            else:
+                start, b, origin = begins[name], NO_BATCH, "scratch"
+            origins.add(origin)
+            plan[name] = (self.topic(name), start, ends[name], b, origin)
+        lag = sum(max(0, p[2] - p[1]) for p in plan.values())
+        if lag > 0:
+            ckpt.remove(self.task_dir)  # from now on RocksDB's meta is the record of progress
+            self.restore_metrics, task_batch = restore_stores(
+                self.db, self.kafka, self.partition, plan, listener=self.listener, crash=self.crash,
+                max_bytes=self.fetch_max_bytes)
+            self.db.sync_wal()
+        else:
+            self.restore_metrics = {}
+            for name, (t, s, e, b, origin) in plan.items():
+                self.restore_metrics[name] = RestoreMetrics(name, self.partition, origin, s, e)
+                if self.listener is not None:
+                    self.listener.on_restore_start(name, self.partition, s, e)
+                    self.listener.on_restore_end(name, self.partition, 0)
+            task_batch = base_batch
+        self.replayed_from = ("scratch" if origins == {"scratch"} else
+                              "checkpoint" if "scratch" not in origins else "mixed") if plan else "none"
+        meta = self.db.read_meta()
+        self.last_batch = int(meta.get("batch", task_batch)) if meta else task_batch
+        if meta and any(meta_key(n) in meta for n in names):
+            self._write_checkpoint(meta)
+
+    def _create_topic(self, spec) -> None:
+        cfg = changelog_configs(spec)
+        cfg.update(self.topic_configs)
+        self.kafka.ensure_topic(self.topic(spec.name), self.num_tasks, cfg)
+
+    def _reseed(self, name: str, meta: dict, missing: bool) -> None:
+        spec = next(s for s in self.logged_specs if s.name == name)
+        if getattr(spec, "kind", "kv") != "kv":
+            self._warn(f"task {self.application}/{self.task_id}: changelog {self.topic(name)} lost "
+                       f"its data; window store {name!r} keeps its local copy but cannot re-seed "
+                       f"the changelog (a later restore from scratch starts it empty)")
+            self._create_topic(spec)
+            self.db.write_batch_raw(name, [], {meta_key(name): {"offset": 0, "batch": int(meta.get("batch", NO_BATCH))}})
+            return
+        items = list(self.db.items(name))
+        self._warn(f"task {self.application}/{self.task_id}: changelog topic {self.topic(name)} "
+                   f"{'is missing' if missing else 'was emptied'} but the local store {name!r} is "
+                   f"intact; {'recreating it and ' if missing else ''}re-seeding it from the store "
+                   f"({len(items)} records)")
+        self._create_topic(spec)
+        batch = int(meta.get("batch", NO_BATCH))
+        last = self._send_store(name, items, batch)
+        self.db.write_batch_raw(name, [], {meta_key(name): {"offset": last + 1, "batch": batch}})
+
+    def _send_store(self, name: str, records: list, batch: int) -> int:
+        bh = [(BATCH_HEADER, str(batch).encode())]
+        recs = [(k, v, bh) for k, v in records]
+        recs.append((MARKER_KEY, json.dumps({"batch": batch}).encode(),
+                     [(MARKER_HEADER, b"1"), (BATCH_HEADER, str(batch).encode())]))
+        return self.kafka.send(self.topic(name), self.partition, recs)
+
+    def _write_checkpoint(self, meta: dict) -> None:
+        stores = {}
+        for spec in self.logged_specs:
+            m = meta.get(meta_key(spec.name))
+            if m is not None and self.db.persistent(spec.name):
+                stores[spec.name] = {"changelog_offset": m["offset"], "batch": m["batch"]}
+        ckpt.write(self.task_dir, stores)
+
+    # -- processing ------------------------------------------------------------------------------
+    def already_applied(self, batch_id: int) -> bool:
+        """True when input batch ``batch_id`` is already in the state (skip it: Spark replays)."""
+        return int(batch_id) <= self.last_batch
+
+    def store(self, name: str):
+        return self.stores[name]
+
+    def __getitem__(self, name: str):
+        return self.stores[name]
+
+    def commit(self, batch_id: int) -> CommitInfo:
+        """Commit the writes made since the last commit as input batch ``batch_id``."""
+        self._check_open()
+        b = int(batch_id)
+        if b <= self.last_batch:
+            raise StatekitError(f"batch {b} is already applied by task {self.task_id} (last "
+                                f"{self.last_batch}): check already_applied() before processing")
+        t0 = time.perf_counter()
+        crash = self.crash
+        try:
+            # 1. caches -> sink
+            self.db.flush()
+            crash.hit("before_send", b)
+            # 2. changelog records + one marker per store, acked
+            offsets, counts = {}, {}
+            for i, spec in enumerate(self.logged_specs):
+                if i:
+                    crash.hit("between_stores", b)
+                recs = self.sink.take(spec.name)
+                counts[spec.name] = len(recs)
+                offsets[spec.name] = self._send_store(spec.name, recs, b) + 1
+            crash.hit("after_ack", b)
+            # 3. one RocksDB WriteBatch: data + meta
+            meta = {"batch": b}
+            for name, off in offsets.items():
+                meta[meta_key(name)] = {"offset": off, "batch": b}
+            self.db.commit(meta)
+            self.last_batch = b
+            crash.hit("after_rocksdb", b)
+        except SimulatedCrash:
+            raise
+        except BaseException:
+            # the batch failed: drop its writes; Spark replays it (same id, same values)
+            self.abort()
+            raise
+        # 4. checkpoint
+        self._write_checkpoint(meta)
+        return CommitInfo(b, counts, offsets, (time.perf_counter() - t0) * 1000.0)
+
+    def abort(self) -> None:
+        """Drop every write since the last commit (the batch will be replayed)."""
+        self.sink.clear()
+        if self.db is not None:
+            self.db.discard()
+
+    def lag(self) -> dict:
+        """``{store: changelog end - local offset}`` right now."""
+        meta = self.db.read_meta()
+        out = {}
+        for spec in self.logged_specs:
+            m = meta.get(meta_key(spec.name), {"offset": 0})
+            end = self.kafka.end_offsets(self.topic(spec.name), [self.partition])[self.partition]
+            out[spec.name] = max(0, end - m["offset"])
+        return out
+
+    # -- shutdown ----------------------------------------------------------------------------------
+    def _check_open(self):
+        if self.closed:
+            raise StatekitError(f"task {self.application}/{self.task_id} is closed")
+
+    def _teardown(self):
+        try:
+            if self.db is not None:
+                self.db.close()
+        finally:
+            self.db = None
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+            if self._own_kafka and self.kafka is not None:
+                self.kafka.close()
+            self.closed = True
+
+    def close(self) -> None:
+        """Clean close: uncommitted writes are dropped (they were never committed)."""
+        if self.closed:
+            return
+        self.abort()
+        self._teardown()
+
+    def abandon(self) -> None:
+        """The in-process model of a kill: drop every buffer, close the RocksDB handle with nothing
+        written, release the lock. See :mod:`statekit.state.crash` for why this equals SIGKILL."""
+        if self.closed:
+            return
+        self.sink.clear()
+        try:
+            if self.db is not None:
+                self.db.discard()  # memory only: drops caches and pending overlays
+        except Exception:  # noqa: BLE001 - a crashed task may be in any state
+            pass
+        self._teardown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, SimulatedCrash):
+            self.abandon()
+        else:
+            self.close()

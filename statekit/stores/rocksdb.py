@@ -1,0 +1,558 @@
+"""RocksDB: one instance per task, one column family per store plus `__meta__`.
+
+Why one instance per task: a task commit must cover all of its stores and its metadata at once.
+RocksDB applies a WriteBatch atomically across column families (through the WAL), so the commit is a
+single `db.write(batch)`, and a process killed at any instant leaves RocksDB at exactly the last
+commit (WAL recovery is point-in-time: a torn tail is dropped, a batch is all or nothing).
+
+Between commits `RocksDBStore` never writes RocksDB (see overlay.py). The restore path
+(`TaskDB.write_batch_raw`) is the one exception: whole changelog groups go straight to RocksDB in one
+batch, with the meta saying how far the restore got.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Iterable, Iterator, Optional
+
+import rocksdict as rd
+
+from statekit.errors import CorruptState, StateLocked, StatekitError
+from statekit.stores.api import KV
+from statekit.stores.memory import MemoryStore
+from statekit.stores.overlay import OverlayStore
+
+META_CF = "__meta__"
+SPECS_KEY = "__stores__"  # meta key (reserved: keys starting "__" are not returned by read_meta)
+DB_SUBDIR = "rocksdb"
+
+_block_cache = None
+
+
+def _options() -> rd.Options:
+    """Options for the DB and every column family: small and quick, WAL kept (it makes the commit
+    batch atomic and crash-safe), lz4, bloom filters for point lookups, one shared block cache."""
+    global _block_cache
+    if _block_cache is None:
+        _block_cache = rd.Cache(32 << 20)
+    o = rd.Options(raw_mode=True)
+    o.create_if_missing(True)
+    o.create_missing_column_families(True)
+    o.set_compression_type(rd.DBCompressionType.lz4())
+    o.set_write_buffer_size(16 << 20)
+    o.set_max_write_buffer_number(3)
+    o.set_max_total_wal_size(64 << 20)
+    o.set_max_background_jobs(2)
+    o.set_keep_log_file_num(2)
+    o.set_max_log_file_size(1 << 20)
+    o.set_wal_recovery_mode(rd.DBRecoveryMode.point_in_time())
+    bb = rd.BlockBasedOptions()
+    bb.set_block_cache(_block_cache)
+    bb.set_bloom_filter(10, False)
+    bb.set_block_size(16 << 10)
+    o.set_block_based_table_factory(bb)
+    return o
+
+
+def _one_line(err: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _open_error(path: str, err: BaseException) -> StatekitError:
+    msg = _one_line(err)
+    if "lock" in msg.lower():
+        return StateLocked(f"RocksDB state in {path} is in use by another store or process ({msg}); "
+                           f"close it there first")
+    return CorruptState(f"RocksDB state in {path} cannot be opened ({msg}); wipe it "
+                        f"(TaskDB.destroy) and restore the task from its changelog")
+
+
+def resolve_db_dir(path: str) -> str:
+    """A task dir holds its RocksDB in <task_dir>/rocksdb; a RocksDB dir is taken as is."""
+    sub = os.path.join(path, DB_SUBDIR)
+    if os.path.isdir(sub) or not os.path.exists(os.path.join(path, "CURRENT")):
+        return sub
+    return path
+
+
+class RocksDBStore(OverlayStore):
+    """One store = one column family of the task's RocksDB; pending writes live in the overlay."""
+
+    persistent = True
+
+    def __init__(self, taskdb: "TaskDB", name: str) -> None:
+        super().__init__(name)
+        self._taskdb = taskdb
+        self._bind()
+
+    def _bind(self) -> None:
+        self._cf = self._taskdb._cf_dict(self.name)
+        self._handle = self._taskdb._cf_handle(self.name)
+        self._cf_get = self._cf.get
+
+    def _committed_get(self, key: bytes) -> Optional[bytes]:
+        return self._cf_get(key)
+
+    def _committed_scan(self, lo: Optional[bytes], hi: Optional[bytes]) -> Iterator[KV]:
+        ro = rd.ReadOptions()
+        if hi is not None:
+            ro.set_iterate_upper_bound(hi)
+        return self._cf.items(from_key=lo, read_opt=ro)
+
+    def _committed_count(self) -> int:
+        return self._cf.property_int_value("rocksdb.estimate-num-keys") or 0
+
+    def _fill(self, wb: rd.WriteBatch) -> int:
+        """Write the pending operations into the task's commit batch; returns how many."""
+        h = self._handle
+        ranges, items = self._pending_ops()
+        n = 0
+        for lo, hi in ranges:
+            if hi is None:
+                for k, _ in self._committed_scan(lo, None):
+                    wb.delete(k, h)
+            else:
+                wb.delete_range(lo, hi, h)
+            n += 1
+        put = wb.put
+        delete = wb.delete
+        for k, v in items:
+            if v is None:
+                delete(k, h)
+            else:
+                put(k, v, h)
+            n += 1
+        return n
+
+    def _restore_into(self, wb: rd.WriteBatch, items: Iterable[tuple]) -> int:
+        h = self._handle
+        put = wb.put
+        delete = wb.delete
+        n = 0
+        for k, v in items:
+            if v is None:
+                delete(k, h)
+            else:
+                put(k, v, h)
+            n += 1
+        return n
+
+    def _restore_delete_range(self, wb: rd.WriteBatch, lo: bytes, hi: bytes) -> None:
+        wb.delete_range(lo, hi, self._handle)
+
+    def wipe(self) -> None:
+        self.discard()
+
+    def close(self) -> None:
+        pass
+
+
+class TaskDB:
+    """The state of one task: its stores, their RocksDB (if any), the commit, restore and reset.
+
+    `path` is the RocksDB directory (None: every store in memory, meta kept in memory). Stores are
+    registered by the builder; see statekit/stores/__init__.py for the protocol the state manager
+    drives (flush -> send changelog -> commit(meta) -> checkpoint).
+    """
+
+    def __init__(self, path: Optional[str], *, sync: bool = True) -> None:
+        self.path = path
+        self.sync = sync
+        self._db: Optional[rd.Rdict] = None
+        self._cfs: dict = {}
+        self._handles: dict = {}
+        self._stores: dict = {}      # name -> inner store (RocksDBStore | MemoryStore)
+        self._targets: dict = {}     # name -> restore target (inner, or the window SegmentedStore)
+        self._tops: dict = {}        # name -> outermost layer
+        self._caches: dict = {}      # name -> CachingStore
+        self._reloads: list = []     # callables run after discard / wipe / restore (window state)
+        self._specs: dict = {}
+        self._specs_written = False
+        self._mem_meta: dict = {}
+        self.commits = 0
+        self.last_commit: dict = {}
+        if path is not None:
+            self._open()
+
+    # -- RocksDB lifecycle -----------------------------------------------------------------
+    def _open(self) -> None:
+        path = self.path
+        try:
+            os.makedirs(path, exist_ok=True)
+            names = set(self._stores_on_disk(path)) | {META_CF} | {
+                n for n, s in self._stores.items() if isinstance(s, RocksDBStore)}
+            opts = _options()
+            self._db = rd.Rdict(path, opts, column_families={n: _options() for n in names})
+        except StatekitError:
+            raise
+        except Exception as e:  # rocksdict raises plain Exception with RocksDB's status text
+            raise _open_error(path, e) from None
+        self._wopts = rd.WriteOptions()
+        self._wopts.sync = self.sync
+        self._restore_wopts = rd.WriteOptions()
+        self._restore_wopts.sync = False
+
+    @staticmethod
+    def _stores_on_disk(path: str) -> list:
+        if not os.path.exists(os.path.join(path, "CURRENT")):
+            return []
+        return [n for n in rd.Rdict.list_cf(path, rd.Options(raw_mode=True)) if n != "default"]
+
+    def _cf_dict(self, name: str) -> rd.Rdict:
+        cf = self._cfs.get(name)
+        if cf is None:
+            db = self._require_db()
+            try:
+                cf = db.get_column_family(name)
+            except Exception:
+                cf = db.create_column_family(name, _options())
+            self._cfs[name] = cf
+        return cf
+
+    def _cf_handle(self, name: str):
+        h = self._handles.get(name)
+        if h is None:
+            self._cf_dict(name)
+            h = self._handles[name] = self._require_db().get_column_family_handle(name)
+        return h
+
+    def _require_db(self) -> rd.Rdict:
+        if self._db is None:
+            if self.path is None:
+                raise StatekitError("this task keeps its stores in memory: no RocksDB to use")
+            raise StatekitError(f"the task db {self.path} is closed; open it again with build_stores")
+        return self._db
+
+    # -- stores ------------------------------------------------------------------------------
+    def kv_store(self, name: str) -> RocksDBStore:
+        """The RocksDB inner store `name` (its column family is created when missing)."""
+        if name == META_CF or name.startswith("__"):
+            raise ValueError(f"store name {name!r} is reserved")
+        s = self._stores.get(name)
+        if s is None:
+            s = self._stores[name] = RocksDBStore(self, name)
+            self._targets.setdefault(name, s)
+        return s
+
+    def memory_store(self, name: str) -> MemoryStore:
+        s = self._stores.get(name)
+        if s is None:
+            s = self._stores[name] = MemoryStore(name)
+            self._targets.setdefault(name, s)
+        return s
+
+    def register(self, name: str, *, top: Any = None, cache: Any = None, restore_target: Any = None,
+                 reload: Any = None, spec: Optional[dict] = None) -> None:
+        """The builder tells the task db about a store stack (for flush/discard/restore/inspection)."""
+        if top is not None:
+            self._tops[name] = top
+        if cache is not None:
+            self._caches[name] = cache
+        if restore_target is not None:
+            self._targets[name] = restore_target
+        if reload is not None:
+            self._reloads.append(reload)
+        if spec is not None:
+            self._specs[name] = spec
+            self._specs_written = False
+
+    @property
+    def store_names(self) -> list:
+        return list(self._stores)
+
+    def store(self, name: str) -> Any:
+        """The outermost layer of store `name` (what build_stores returned for it)."""
+        return self._tops.get(name) or self._stores[name]
+
+    def persistent(self, name: str) -> bool:
+        return bool(self._stores[name].persistent)
+
+    # -- the commit protocol -----------------------------------------------------------------
+    def flush(self) -> None:
+        """Step 1 of a commit: every cache forwards its dirty entries (to the sink and overlays)."""
+        for c in self._caches.values():
+            c.flush()
+
+    def dirty_count(self) -> int:
+        return sum(c.dirty_count for c in self._caches.values())
+
+    def pending_count(self) -> int:
+        return sum(s.pending_count() for s in self._stores.values())
+
+    def commit(self, meta: Optional[dict] = None) -> dict:
+        """One atomic WriteBatch: every store's pending writes plus `meta`. Returns commit stats."""
+        for name, c in self._caches.items():
+            if c.dirty_count:
+                raise StatekitError(
+                    f"commit with {c.dirty_count} unflushed cache entries in store {name!r}: call "
+                    f"flush() and send the changelog before commit()")
+        t0 = time.perf_counter()
+        records = 0
+        nbytes = 0
+        rocks = [s for s in self._stores.values() if isinstance(s, RocksDBStore)]
+        if self._db is not None:
+            wb = rd.WriteBatch(raw_mode=True)
+            for s in rocks:
+                records += s._fill(wb)
+            self._put_meta(wb, meta)
+            nbytes = wb.size_in_bytes()
+            self._db.write(wb, self._wopts)
+            self._specs_written = True
+        else:
+            self._mem_meta.update(meta or {})
+        for s in rocks:
+            s.discard()
+        for s in self._stores.values():
+            if isinstance(s, MemoryStore):
+                records += s.pending_count()
+                s.commit()
+        self.commits += 1
+        self.last_commit = {"records": records, "bytes": nbytes,
+                            "ms": (time.perf_counter() - t0) * 1000.0}
+        return self.last_commit
+
+    def _put_meta(self, wb: rd.WriteBatch, meta: Optional[dict]) -> None:
+        h = self._cf_handle(META_CF)
+        for k, v in (meta or {}).items():
+            if not isinstance(k, str) or k.startswith("__"):
+                raise ValueError(f"meta key {k!r}: use a str not starting with '__'")
+            wb.put(k.encode("utf-8"), json.dumps(v, separators=(",", ":"), sort_keys=True).encode(), h)
+        if not self._specs_written and self._specs:
+            wb.put(SPECS_KEY.encode(), json.dumps(self._specs, sort_keys=True).encode(), h)
+
+    def read_meta(self) -> dict:
+        """The meta of the last commit (or restore batch); {} for a fresh task."""
+        if self.path is None:
+            return json.loads(json.dumps(self._mem_meta))
+        self._require_db()
+        return _read_meta(self._cf_dict(META_CF))
+
+    def read_specs(self) -> dict:
+        return dict(self._specs)
+
+    def discard(self) -> None:
+        """Roll back to the last commit: drop caches (dirty entries too) and pending writes."""
+        for c in self._caches.values():
+            c.clear()
+        for s in self._stores.values():
+            s.discard()
+        for r in self._reloads:
+            r()
+
+    def write_batch_raw(self, store_name: str, items: Iterable[tuple],
+                        meta: Optional[dict] = None) -> int:
+        """Restore path: changelog records (key, value|None) straight to RocksDB with `meta`, in one
+        batch. The store must have no uncommitted writes. Returns the number of records applied."""
+        inner = self._stores[store_name]
+        if inner.pending_count() or (store_name in self._caches
+                                     and self._caches[store_name].dirty_count):
+            raise StatekitError(f"store {store_name!r} has uncommitted writes: restore only into "
+                                f"a store that does not process (commit or discard() first)")
+        cache = self._caches.get(store_name)
+        if cache is not None:
+            cache.clear()  # clean entries could hide restored values
+        target = self._targets[store_name]
+        if self._db is not None:
+            wb = rd.WriteBatch(raw_mode=True)
+            n = target._restore_into(wb, items)
+            self._put_meta(wb, meta)
+            self._db.write(wb, self._restore_wopts)
+            self._specs_written = True
+        else:
+            n = target._restore_into(None, items)
+            self._mem_meta.update(meta or {})
+        return n
+
+    def wipe(self) -> None:
+        """Delete all data and meta of this task (untrusted local state); store objects stay usable."""
+        for c in self._caches.values():
+            c.clear()
+        for s in self._stores.values():
+            s.wipe()
+        self._mem_meta = {}
+        if self.path is not None:
+            self._close_db()
+            self._destroy_dir(self.path)
+            self._open()
+            for s in self._stores.values():
+                if isinstance(s, RocksDBStore):
+                    s._bind()
+            self._specs_written = False
+        for r in self._reloads:
+            r()
+
+    def sync_wal(self) -> None:
+        """Make the restore batches written so far durable (they are written without fsync)."""
+        if self._db is not None:
+            self._db.flush_wal(True)
+
+    @staticmethod
+    def _destroy_dir(path: str) -> None:
+        try:
+            rd.Rdict.destroy(path, rd.Options(raw_mode=True))
+        except Exception:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+
+    @staticmethod
+    def destroy(path: str) -> None:
+        """Remove a task's RocksDB from disk (`path` = the task dir or the RocksDB dir itself)."""
+        TaskDB._destroy_dir(resolve_db_dir(path))
+
+    def _close_db(self) -> None:
+        for cf in self._cfs.values():
+            try:
+                cf.close()
+            except Exception:
+                pass
+        self._cfs = {}
+        self._handles = {}
+        if self._db is not None:
+            db, self._db = self._db, None
+            db.close()
+
+    def close(self) -> None:
+        """Close RocksDB. Uncommitted writes are lost by design (they were never in RocksDB)."""
+        self._close_db()
+
+    @property
+    def closed(self) -> bool:
+        return self._db is None and self.path is not None
+
+    def __enter__(self) -> "TaskDB":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- observation -------------------------------------------------------------------------
+    def stats(self) -> dict:
+        out = {}
+        for name in self._stores:
+            top = self._tops.get(name)
+            m = top.metrics() if top is not None and hasattr(top, "metrics") else {}
+            m = dict(m)
+            m["pending"] = self._stores[name].pending_count()
+            out[name] = m
+        return out
+
+    def items(self, store_name: str, lo: Optional[bytes] = None,
+              hi: Optional[bytes] = None) -> Iterator[KV]:
+        """Committed raw (key, value) pairs of a store, as RocksDB holds them."""
+        s = self._stores[store_name]
+        return s._committed_scan(lo, hi)
+
+    def to_pandas(self, store_name: str, key_serde: Any = None, value_serde: Any = None,
+                  limit: Optional[int] = None):
+        """Committed contents of a store as a DataFrame (decoded with the store's serdes)."""
+        from statekit.stores.inspect import frame
+
+        spec = self._specs.get(store_name, {})
+        return frame(self.items(store_name), spec, key_serde, value_serde, limit)
+
+    def __repr__(self) -> str:
+        return f"TaskDB({self.path!r}, stores={self.store_names})"
+
+
+def _read_meta(meta_cf: rd.Rdict, reserved: bool = False) -> dict:
+    out = {}
+    for k, v in meta_cf.items():
+        key = k.decode("utf-8")
+        if key.startswith("__") and not reserved:
+            continue
+        out[key] = json.loads(v)
+    return out
+
+
+class ReadOnlyTaskDB:
+    """A RocksDB secondary instance over a task's state: reads the last commit while the writer
+    process keeps the DB open (interactive queries, inspection). `refresh()` catches up."""
+
+    def __init__(self, path: str) -> None:
+        self.path = resolve_db_dir(path)
+        if not os.path.exists(os.path.join(self.path, "CURRENT")):
+            raise CorruptState(f"no RocksDB state in {path}: the task has not committed yet or its "
+                               f"state dir is elsewhere")
+        self._secondary = tempfile.mkdtemp(prefix="statekit-secondary-")
+        try:
+            names = rd.Rdict.list_cf(self.path, rd.Options(raw_mode=True))
+            self._db = rd.Rdict(self.path, _options(),
+                                column_families={n: _options() for n in names},
+                                access_type=rd.AccessType.secondary(self._secondary))
+            self._db.try_catch_up_with_primary()
+        except StatekitError:
+            shutil.rmtree(self._secondary, ignore_errors=True)
+            raise
+        except Exception as e:
+            shutil.rmtree(self._secondary, ignore_errors=True)
+            raise _open_error(self.path, e) from None
+        self._names = [n for n in names if n not in ("default", META_CF)]
+        self._cfs: dict = {}
+
+    @property
+    def store_names(self) -> list:
+        return list(self._names)
+
+    def _cf(self, name: str) -> rd.Rdict:
+        cf = self._cfs.get(name)
+        if cf is None:
+            if name not in self._names and name != META_CF:
+                raise KeyError(f"no store {name!r} in {self.path} (stores: {self._names})")
+            cf = self._cfs[name] = self._db.get_column_family(name)
+        return cf
+
+    def refresh(self) -> None:
+        """Catch up with the writer's latest commit."""
+        self._db.try_catch_up_with_primary()
+
+    def read_meta(self) -> dict:
+        return _read_meta(self._cf(META_CF))
+
+    def read_specs(self) -> dict:
+        raw = self._cf(META_CF).get(SPECS_KEY.encode())
+        return json.loads(raw) if raw is not None else {}
+
+    def get(self, store_name: str, key: bytes) -> Optional[bytes]:
+        """Raw committed value (window stores: key = segment + key + window start)."""
+        return self._cf(store_name).get(key)
+
+    def items(self, store_name: str, lo: Optional[bytes] = None,
+              hi: Optional[bytes] = None) -> Iterator[KV]:
+        ro = rd.ReadOptions()
+        if hi is not None:
+            ro.set_iterate_upper_bound(hi)
+        return self._cf(store_name).items(from_key=lo, read_opt=ro)
+
+    def to_pandas(self, store_name: str, key_serde: Any = None, value_serde: Any = None,
+                  limit: Optional[int] = None):
+        from statekit.stores.inspect import frame
+
+        spec = self.read_specs().get(store_name, {})
+        return frame(self.items(store_name), spec, key_serde, value_serde, limit)
+
+    def close(self) -> None:
+        for cf in self._cfs.values():
+            try:
+                cf.close()
+            except Exception:
+                pass
+        self._cfs = {}
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        shutil.rmtree(self._secondary, ignore_errors=True)
+
+    def __enter__(self) -> "ReadOnlyTaskDB":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_readonly(path: str) -> ReadOnlyTaskDB:
+    """Open a task's RocksDB (task dir or RocksDB dir) read only, beside a live writer."""
+    return ReadOnlyTaskDB(path)

@@ -1,0 +1,137 @@
+"""The %statekit parser: every subcommand parses, has --help, and a mistake is one line."""
+from __future__ import annotations
+
+import pytest
+
+from kernel_ext.parser import SUBCOMMANDS, Command, Help, ParseError, parse, parse_rate
+
+GOOD = {
+    "up": ("up", {"bootstrap": None, "no_spark": False}),
+    "up --bootstrap 127.0.0.1:9092": ("up", {"bootstrap": "127.0.0.1:9092"}),
+    "down": ("down", {}),
+    "status": ("status", {}),
+    "topics": ("topics", {"pattern": None, "internal": False}),
+    "topics words --internal": ("topics", {"pattern": "words", "internal": True}),
+    "produce words --generator words --rate 200/s --limit 1000":
+        ("produce", {"topic": "words", "generator": "words", "rate": 200.0, "limit": 1000, "file": None}),
+    "produce clicks --from sample_data/clicks.jsonl":
+        ("produce", {"topic": "clicks", "file": "sample_data/clicks.jsonl", "generator": None, "rate": None}),
+    "produce s --generator sensors --rate 1.5k/s --seed 7 --wait":
+        ("produce", {"rate": 1500.0, "seed": 7, "wait": True}),
+    "apps": ("apps", {}),
+    "start wc": ("start", {"name": "wc", "watch": False}),
+    "start wc --watch": ("start", {"name": "wc", "watch": True}),
+    "stop wc": ("stop", {"name": "wc"}),
+    "watch wc": ("watch", {"name": "wc", "interval": 1.0, "top": 15}),
+    "watch wc --interval 0.5 --top 5": ("watch", {"interval": 0.5, "top": 5}),
+    "crash wc": ("crash", {"name": "wc", "mode": "process", "instance": 0, "after": None}),
+    "crash wc --mode disk-loss --instance 1 --after 500":
+        ("crash", {"mode": "disk-loss", "instance": 1, "after": 500}),
+    "restart wc": ("restart", {"name": "wc", "no_watch": False}),
+    "restart wc --no-watch": ("restart", {"no_watch": True}),
+    "query wc counts kafka": ("query", {"name": "wc", "store": "counts", "key": "kafka", "range": None, "all": False}),
+    "query wc counts --range a f": ("query", {"key": None, "range": ["a", "f"]}),
+    "query wc counts --all --limit 5": ("query", {"all": True, "limit": 5}),
+    "query wc counts 7 --key-type int": ("query", {"key": "7", "key_type": "int"}),
+    "query wc counts 'two words'": ("query", {"key": "two words"}),
+    "lag wc": ("lag", {"name": "wc"}),
+    "history wc counts kafka": ("history", {"name": "wc", "store": "counts", "key": "kafka"}),
+}
+
+
+@pytest.mark.parametrize("line", sorted(GOOD))
+def test_good_lines(line):
+    name, expected = GOOD[line]
+    cmd = parse(line)
+    assert isinstance(cmd, Command)
+    assert cmd.name == name
+    for k, v in expected.items():
+        assert cmd.args[k] == v, (k, cmd.args)
+
+
+def test_cell_app():
+    cmd = parse("app wc --partitions 4 --instances 2 --standby 1", "app.stream('words')\n")
+    assert cmd.name == "app" and cmd.body.startswith("app.stream")
+    assert (cmd.name, cmd.partitions, cmd.instances, cmd.standby) == ("app", 4, 2, 1)
+    cmd = parse("app wc", "pass")
+    assert cmd.partitions is None and cmd.instances is None and cmd.standby is None
+
+
+@pytest.mark.parametrize("sub", [s for s in SUBCOMMANDS if s != "help"])
+def test_every_subcommand_has_help(sub):
+    for flag in ("--help", "-h"):
+        h = parse(f"{sub} {flag}")
+        assert isinstance(h, Help)
+        assert f"%statekit {sub}" in h.text and "usage:" in h.text
+    assert isinstance(parse(f"help {sub}"), Help)
+
+
+def test_top_level_help_lists_every_subcommand():
+    for line in ("", "--help", "help"):
+        h = parse(line)
+        assert isinstance(h, Help)
+        for sub in SUBCOMMANDS:
+            assert sub in h.text
+
+
+BAD = {
+    "bogus": "unknown subcommand 'bogus'",
+    "stat": "did you mean status",
+    "up --bootstrap nohost": "expected HOST:PORT",
+    "up --bootstrap h:99999": "expected HOST:PORT",
+    "up extra": "unrecognized arguments",
+    "produce words": "one of the arguments --from --generator is required",
+    "produce words --generator nope": "invalid choice",
+    "produce words --generator words --from f.jsonl": "not allowed with",
+    "produce words --generator words --rate fast": "expected a rate",
+    "produce words --generator words --rate 0/s": "must be > 0",
+    "produce words --generator words --limit 0": ">= 1",
+    "produce words --from f.jsonl --seed 3": "--seed only applies",
+    "produce 'bad name!' --generator words": "not a valid name",
+    "app wc": "needs a cell body",
+    "start": "required: NAME",
+    "start wc now": "unrecognized arguments",
+    "watch wc --interval 0": "between 0.1 and 60",
+    "crash wc --mode explode": "invalid choice",
+    "crash wc --instance -1": ">= 0",
+    "crash wc --after lots": "expected a whole number",
+    "query wc counts": "exactly one of KEY",
+    "query wc counts k --range a b": "exactly one of KEY",
+    "query wc counts --range a": "expected 2 arguments",
+    "lag": "required: NAME",
+    "history wc counts": "required: KEY",
+    "help nothing": "unknown subcommand",
+    "start 'wc": "cannot split",
+    "produce words --generator words --rate 10/s --ratelimit 3": "unrecognized arguments",
+}
+
+
+@pytest.mark.parametrize("line", sorted(BAD))
+def test_bad_lines_are_one_line_errors(line):
+    with pytest.raises(ParseError) as exc:
+        parse(line)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith("%statekit")
+    assert BAD[line] in msg, msg
+    assert "Traceback" not in msg
+
+
+def test_line_command_rejects_a_cell_body():
+    with pytest.raises(ParseError, match="only `app` takes a cell body"):
+        parse("status", "print(1)")
+    assert parse("status", "  \n").name == "status"  # an empty cell is fine
+
+
+def test_subcommand_errors_point_at_their_help():
+    with pytest.raises(ParseError, match=r"try `%statekit crash --help`"):
+        parse("crash wc --mode nope")
+
+
+@pytest.mark.parametrize("text,value", [("5", 5.0), ("5/s", 5.0), ("2.5/sec", 2.5), ("1k/s", 1000.0), ("3K", 3000.0)])
+def test_parse_rate(text, value):
+    assert parse_rate(text) == value
+
+
+def test_comments_are_ignored():
+    assert parse("lag wc  # how far behind?").name == "lag"
