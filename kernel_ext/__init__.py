@@ -1,0 +1,54 @@
+"""statekit's IPython extension: `%load_ext kernel_ext`, then `%statekit --help`.
+
+One line magic (`%statekit SUBCOMMAND ...`) and one cell magic (`%%statekit app NAME`), both thin
+parsers over the statekit Python API; the live dashboard lives in `kernel_ext.dashboard`.
+"""
+from __future__ import annotations
+
+_magics = None
+
+
+def load_ipython_extension(ip):
+    global _magics
+    from kernel_ext.magics import StatekitMagics, complete
+
+    _magics = StatekitMagics(ip)
+    ip.register_magics(_magics)
+    try:
+        ip.set_hook("complete_command", lambda _self, event: complete(ip, event), str_key="%statekit")
+    except Exception:  # completion is a nicety
+        pass
+
+
+def unload_ipython_extension(ip):
+    global _magics
+    if _magics is not None:
+        for d in list(_magics.session.dashboards.values()):
+            d.stop(timeout=3)
+        for job in list(_magics.session.producers.values()):
+            job.stop.set()
+    _magics = None
+
+
+def session():
+    """The kernel's `Session` (apps by name, the broker, producers, dashboards)."""
+    if _magics is None:
+        raise RuntimeError("load the extension first: %load_ext kernel_ext")
+    return _magics.session
+
+
+def last_traceback() -> None:
+    """Print the full traceback of the last internal error (for bug reports)."""
+    tb = _magics.session.last_traceback if _magics is not None else None
+    print(tb or "no internal error so far")
+
+
+REPORT_MIME = "application/vnd.statekit.report+json"
+
+
+def report(name: str, text: str | None = None, **figures) -> None:
+    """Show a one-line summary and attach the figures as machine-readable output (for `make demo`)."""
+    from IPython.display import display
+
+    line = text or ", ".join(f"{k}={v}" for k, v in figures.items())
+    display({"text/plain": f"{name}: {line}", REPORT_MIME: {"name": name, **figures}}, raw=True)

@@ -35,9 +35,10 @@ class ParseError(Exception):
 
 @dataclass
 class Command:
-    """A parsed subcommand: `name` plus its options; `body` is the cell text for `%%statekit`."""
+    """A parsed subcommand: `command` plus its options (`cmd.args`, also as attributes: `cmd.name`
+    is the NAME argument); `body` is the cell text for `%%statekit`."""
 
-    name: str
+    command: str
     args: dict[str, Any] = field(default_factory=dict)
     body: str | None = None
 
@@ -152,6 +153,9 @@ def _build() -> _Parser:
     p.add_argument("--bootstrap", type=_hostport, metavar="HOST:PORT",
                    help="attach to this broker instead of the embedded one")
     p.add_argument("--no-spark", action="store_true", help="do not start Spark now")
+    p.add_argument("--fresh", action="store_true",
+                   help="start from a clean slate: stop the embedded broker, delete its data and "
+                        "every app's local state under STATEKIT_HOME")
 
     sub.add_parser("down", help="stop every app, producer, Spark and the embedded broker",
                    description="Stop every running app and producer, Spark and the embedded "
@@ -201,6 +205,15 @@ def _build() -> _Parser:
         p.add_argument("name", type=_name, metavar="NAME")
         if name == "start":
             p.add_argument("--watch", action="store_true", help="show the live dashboard too")
+            p.add_argument("--trigger", metavar="T",
+                           help="availableNow, once, or a processing-time interval in seconds "
+                                "(default: as fast as possible)")
+            p.add_argument("--max-records", type=_positive_int, metavar="N",
+                           help="at most N input records per micro-batch")
+            p.add_argument("--sink", choices=("memory", "kafka", "none"), default=None,
+                           help="where outputs go: the topology's sink topics (kafka, the default when "
+                                "it has any), a Spark memory table (memory; no restart after a crash), "
+                                "or nowhere (none, the default otherwise)")
 
     p = sub.add_parser("watch", help="live dashboard of an app (refreshes about once a second)",
                        description="Show the live dashboard: tasks, lag, store contents, "
@@ -279,12 +292,22 @@ def split(line: str) -> list[str]:
 
 def _validate(cmd: Command) -> None:
     a = cmd.args
-    if cmd.name == "query":
+    if cmd.command == "query":
         chosen = sum(x is not None and x is not False for x in (a["key"], a["range"], a["all"] or None))
         if chosen != 1:
             raise ParseError(f"{PROG} query: give exactly one of KEY, --range LO HI or --all "
                              f"(try `{PROG} query --help`)")
-    if cmd.name == "produce" and a.get("file") is not None and a.get("seed") is not None:
+    if cmd.command == "start" and a.get("trigger") is not None:
+        t = a["trigger"]
+        if t not in ("availableNow", "once"):
+            try:
+                secs = float(t.rstrip("s").strip())
+            except ValueError:
+                raise ParseError(f"{PROG} start: --trigger must be availableNow, once or seconds, got {t!r}") from None
+            if secs <= 0:
+                raise ParseError(f"{PROG} start: --trigger seconds must be > 0, got {t!r}")
+            a["trigger"] = f"{secs:g} seconds"
+    if cmd.command == "produce" and a.get("file") is not None and a.get("seed") is not None:
         raise ParseError(f"{PROG} produce: --seed only applies to --generator")
 
 

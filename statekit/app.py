@@ -66,6 +66,23 @@ def _progress_dict(p) -> dict:
     return {}
 
 
+def _norm_progress(p) -> dict:
+    """One micro-batch's progress with the engine's names (batch_id, num_input_rows, ...), whether it
+    came as Spark's own JSON names or already translated by the engine."""
+    d = _progress_dict(p)
+    if "batch_id" in d:
+        return d
+    dur = d.get("durationMs") or {}
+    return {
+        "batch_id": d.get("batchId"),
+        "num_input_rows": d.get("numInputRows") or 0,
+        "input_rows_per_second": d.get("inputRowsPerSecond") or 0.0,
+        "processed_rows_per_second": d.get("processedRowsPerSecond") or 0.0,
+        "batch_duration_ms": (dur.get("triggerExecution") if isinstance(dur, dict) else None) or 0,
+        "timestamp": d.get("timestamp"),
+    }
+
+
 class App:
     """A stateful stream-processing application (the Kafka Streams ``KafkaStreams`` object)."""
 
@@ -92,7 +109,7 @@ class App:
             raise StatekitError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
         self._engine_arg = engine
         self._engine = None
-        self.layout = Layout(state_dir or default_state_dir(name))
+        self.layout = Layout(state_dir or default_state_dir(name), name)
         self.state_dir = self.layout.root
         self._bootstrap_arg = bootstrap
         self._bootstrap: Optional[str] = None
@@ -125,15 +142,13 @@ class App:
 
         self._standbys = None
         self._router = None
-        self._events = deque(maxlen=100_000)
         self._event_cond = threading.Condition()
         self._callbacks: list[Callable[[dict], None]] = []
         self._event_reader = None
-        self._event_thread: Optional[threading.Thread] = None
-        self._event_stop = threading.Event()
         self._publisher = None
         self._restores: list[dict] = []
         self._restored_tasks: set[int] = set()
+        self._task_errors: list[dict] = []
 
     # ------------------------------------------------------------------ topology front
     def stream(self, topic: str, *args, **kwargs):
@@ -221,14 +236,22 @@ class App:
 
             self._engine = SparkEngine()
         elif e == "local":
-            from statekit.engine.local import LocalEngine
+            # Spark's micro-batch contract without Spark; batches run in a worker subprocess
+            from statekit.runtime.local_query import LocalStreamingEngine
 
-            self._engine = LocalEngine()
+            self._engine = LocalStreamingEngine()
         elif e == "spark":
-            from statekit.engine.spark_native import SparkNativeEngine
-
+            try:
+                from statekit.engine.spark_native import SparkNativeEngine
+            except ImportError:
+                raise StatekitError("engine 'spark' (Spark's own state store) is not available in "
+                                    "this build; use engine='changelog'") from None
             self._engine = SparkNativeEngine()
         return self._engine
+
+    def _spark_engine(self) -> bool:
+        e = self._get_engine()
+        return type(e).__module__.startswith("statekit.engine.spark")
 
     def changelog_topic(self, store: str) -> str:
         return f"{self.name}-{store}-changelog"
@@ -249,13 +272,13 @@ class App:
                 raise UnknownTopic(
                     f"source topic '{topic}' does not exist on {self.bootstrap}; create it first "
                     f"(statekit produce / Kafka.ensure_topic('{topic}', partitions={self.partitions}))")
+        from statekit.state.task import changelog_configs
+
         for spec in plan.stores:
-            if not getattr(spec, "logged", True):
+            if not getattr(spec, "logging", True):
                 continue
-            windowed = bool(getattr(spec, "windowed", False) or getattr(spec, "kind", "") == "window")
-            policy = "compact,delete" if windowed else "compact"
             self.kafka.ensure_topic(self.changelog_topic(spec.name), self.partitions,
-                                    {"cleanup.policy": policy})
+                                    changelog_configs(spec))
         if sink == "kafka":
             for s in getattr(plan, "sinks", ()) or ():
                 topic = getattr(s, "topic", s if isinstance(s, str) else None)
@@ -287,6 +310,15 @@ class App:
                         lag = None
                 out[t][i] = lag
         return out
+
+    def _check_partitions(self) -> None:
+        saved = self.layout.load_assignment()
+        if saved and saved.get("partitions") not in (None, self.partitions) and \
+                os.path.isdir(self.layout.checkpoint_dir):
+            raise StatekitError(
+                f"app '{self.name}' ran with {saved['partitions']} partitions before (state in "
+                f"{self.state_dir}); tasks cannot be re-partitioned: keep partitions="
+                f"{saved['partitions']}, or use another name / state_dir")
 
     def _previous_assignment(self) -> Optional[Assignment]:
         if self.assignment is not None:
@@ -340,6 +372,8 @@ class App:
             self._run_opts = dict(trigger=trigger, max_records_per_trigger=max_records_per_trigger,
                                   sink=sink, starting_offsets=starting_offsets)
             self.layout.ensure(self.instances)
+            crash_mod.clear(self.layout.control_dir)  # a directive left over from another session
+            self._check_partitions()
             self._start_events()
             self._reassign()
             self._start_standbys(promote=False)
@@ -355,6 +389,13 @@ class App:
         self._restored_tasks = set()
         self._progress = {}
         opts = self._run_opts
+        sink = opts.get("sink") or "memory"
+        if sink == "memory" and kind == "restart" and self._spark_engine():
+            # Spark's memory sink refuses to recover from a checkpoint (append mode): after a
+            # restart the outputs go nowhere; the state (what this kit is about) is unaffected
+            log.warning("statekit: Spark's memory sink cannot recover from a checkpoint; after this "
+                        "restart outputs are not kept (use start(sink='kafka') to keep them)")
+            sink = "none"
         run = RunSpec(
             app=self.name,
             bootstrap=self.bootstrap,
@@ -362,14 +403,14 @@ class App:
             partitions=self.partitions,
             checkpoint_dir=self.layout.checkpoint_dir,
             control_dir=self.layout.control_dir,
-            state_dirs={t: self.layout.task_dir(i, t) for t, i in a.active.items()},
+            state_dirs={t: self.layout.instance_dir(i) for t, i in a.active.items()},
             task_instances=dict(a.active),
             cache_bytes=self.cache_bytes,
             commit_interval=self.commit_interval,
             trigger=opts.get("trigger"),
             max_records_per_trigger=opts.get("max_records_per_trigger"),
             starting_offsets=opts.get("starting_offsets") or "earliest",
-            sink=opts.get("sink") or "memory",
+            sink=sink,
             extra={"generation": self._generation},
         )
         self._run = run
@@ -407,6 +448,7 @@ class App:
                 self._close_helpers()
                 return
             self._stopping = True
+            self.cancel_crash()
             self._life.transition(AppState.PENDING_SHUTDOWN, "stop()", strict=False)
             q, self._query = self._query, None
             if q is not None:
@@ -472,19 +514,21 @@ class App:
                 self._life.transition(AppState.RUNNING, "tasks restored", strict=False)
 
     def _poll_progress(self, query) -> None:
+        if query is None:
+            return
         try:
             recent = list(query.recent_progress or [])
         except Exception:
             return
         for p in recent:
-            d = _progress_dict(p)
-            bid = d.get("batchId")
-            if bid is None:
+            d = _norm_progress(p)
+            bid = d.get("batch_id")
+            if bid is None or bid < 0:
                 continue
             key = (self._generation, bid)
             if key not in self._progress:
                 self._progress[key] = d
-                self._records_processed += int(d.get("numInputRows") or 0)
+                self._records_processed += int(d.get("num_input_rows") or 0)
 
     def _looks_restored(self, query) -> bool:
         # a batch completed in this generation, or every active task reported its restore end
@@ -498,11 +542,27 @@ class App:
             return True
         if self.assignment is not None and self._restored_tasks >= set(self.assignment.active):
             return True
-        return False
+        # nothing to do at all: the query looked at its sources and found no data
+        fn = getattr(query, "caught_up", None)
+        if callable(fn):
+            try:
+                return bool(fn())
+            except Exception:
+                return False
+        try:
+            st = query.status() if callable(getattr(query, "status", None)) else {}
+        except Exception:
+            st = {}
+        return bool(st) and not st.get("isTriggerActive", True) and not st.get("isDataAvailable", True) \
+            and "waiting" in str(st.get("message", "")).lower()
 
     def _one_line(self, exc) -> StatekitError:
+        """Any failure of the query as one ``StatekitError`` line; a processor that raised inside a
+        worker becomes a ``ProcessorError`` (the task runner's ERROR event carries its line)."""
         if isinstance(exc, StatekitError):
             err = exc
+        elif isinstance(exc, str):
+            err = StatekitError(exc)
         else:
             try:
                 from statekit.engine.spark.session import one_line
@@ -510,13 +570,13 @@ class App:
                 err = one_line(exc)
             except Exception:
                 err = StatekitError(f"{type(exc).__name__}: {exc}")
-        text = str(err)
-        if "died mid-batch" in text or "killed" in text:
+        if isinstance(err, (ProcessorError, UnknownTopic, BrokerUnreachable, TopologyError)):
             return err
-        if not isinstance(err, (ProcessorError, UnknownTopic, BrokerUnreachable, TopologyError)):
-            if self._crash is None or self._crash.get("status") != "claimed":
-                if "Error" in text or "raise" in text or "processor" in text.lower():
-                    return ProcessorError(text if "processor" in text.lower() else f"a processor raised {text}")
+        for ev in reversed(self._task_errors):
+            if ev.get("generation") == self._generation and ev.get("error"):
+                return ProcessorError(ev["error"])
+        if "failed on key=" in str(err):
+            return ProcessorError(str(err))
         return err
 
     def _on_query_died(self, query) -> None:
@@ -538,6 +598,11 @@ class App:
         elif exc is None:
             err = StatekitError("the query stopped on its own; restart() to run it again")
         else:
+            # the task runner's ERROR event (a processor that raised) may trail the failure a bit
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and not any(
+                    e.get("generation") == self._generation for e in self._task_errors):
+                time.sleep(0.05)
             err = self._one_line(exc)
         self._fail(err)
 
@@ -590,6 +655,10 @@ class App:
                 return rec
             self._crash = rec
             idle = after_records is None and point == "records" and self._is_idle(q)
+            if after_records is None and point == "records" and not idle:
+                # a batch is in flight: die at its next commit on that instance (the task runner
+                # reads a "records" directive only when a batch starts)
+                point = rec["point"] = "before_send"
             if idle:
                 rec["status"] = "aborting"
                 rec["aborted"] = True
@@ -601,6 +670,39 @@ class App:
         if wait and rec.get("status") == "aborting":
             self._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], timeout)
         return rec
+
+    def _arm_crash(self, mode: str, instance: Optional[int], point: str, after_records) -> dict:
+        if mode not in ("process", "disk-loss"):
+            raise StatekitError(f"unknown crash mode {mode!r}; use 'process' or 'disk-loss'")
+        instance = self._default_crash_instance() if instance is None else int(instance)
+        rec = {"mode": mode, "instance": instance, "point": point, "after_records": after_records,
+               "requested_at": time.time(), "generation": self._generation, "status": "pending",
+               "deleted": [], "tasks": self.assignment.active_tasks(instance) if self.assignment else []}
+        d = crash_mod.write_directive(self.layout.control_dir, instance, point,
+                                      0 if after_records is None else after_records, mode)
+        rec["id"] = d["id"]
+        self.crashes.append(rec)
+        self._crash = rec
+        return rec
+
+    @property
+    def pending_crash(self) -> Optional[dict]:
+        """The crash directive written but not fired yet (None otherwise)."""
+        rec = self._crash
+        return rec if rec is not None and rec.get("status") == "pending" else None
+
+    def cancel_crash(self) -> Optional[dict]:
+        """Withdraw a crash directive that has not fired yet; returns it (None if there was none)."""
+        with self._lock:
+            rec = self._crash
+            if rec is None or rec.get("status") != "pending":
+                return None
+            crash_mod.clear(self.layout.control_dir)
+            if rec.get("id") and crash_mod.claimed(self.layout.control_dir, rec["id"]) is not None:
+                return None  # it fired meanwhile
+            rec["status"] = "withdrawn"
+            self._crash = None
+            return rec
 
     def _default_crash_instance(self) -> int:
         if self.assignment is None:
@@ -622,7 +724,9 @@ class App:
         except Exception:
             st = None
         if st:
-            return not st.get("isTriggerActive", False) and not st.get("isDataAvailable", False)
+            # Spark probes its sources in short triggers even when there is nothing to do: the query
+            # is idle when no data is waiting (a running batch has isDataAvailable=True)
+            return not st.get("isDataAvailable", False)
         return True
 
     def _abort_query(self, q) -> None:
@@ -643,17 +747,21 @@ class App:
             self._standbys.stop_instance(inst)
         self._close_router()
         if rec["mode"] == "disk-loss":
+            self.layout.wait_unlocked(inst, timeout=15)  # no live process still holds a task
             rec["deleted"] = self.layout.wipe_instance(inst)
         self._publish({"type": "crash", "app": self.name, "instance": inst, "mode": rec["mode"],
                        "point": rec["point"], "task": (rec.get("claim") or {}).get("task"),
                        "deleted": len(rec["deleted"]), "ts": time.time()})
 
     # ------------------------------------------------------------------ restart
-    def restart(self, timeout: float = 120, wait: bool = False) -> dict:
+    def restart(self, timeout: float = 120, wait: bool = False, crash_during: Optional[dict] = None) -> dict:
         """Reassign tasks, promote standbys whose task moves to them, start a new query from the same
         engine checkpoint. Tasks restore when they open (checkpoint, scratch, or a standby's lag).
         Returns the restart record (moves, promotions); ``restore_summary()`` fills in as tasks
-        report. With ``wait``, block until RUNNING (or ERROR)."""
+        report. With ``wait``, block until RUNNING (or ERROR).
+
+        ``crash_during={"mode": ..., "instance": ..., "point": "mid_restore"}`` arms a crash
+        directive for the new query before it starts (a crash during the restore itself)."""
         with self._lock:
             if self.state in (AppState.RESTORING, AppState.RUNNING):
                 # restart of a live app: the hard way (as if the process was killed while idle)
@@ -677,8 +785,7 @@ class App:
             self._crash = None
             old = self.assignment
             self.layout.ensure(self.instances)
-            if not self._event_thread:
-                self._start_events()
+            self._start_events()
             new, mv = self._reassign()
             promotions = []
             if self._standbys is not None:
@@ -696,7 +803,13 @@ class App:
                            "promotions": [{"task": p.get("task"), "instance": p.get("instance"),
                                            "lag": p.get("lag")} for p in promotions],
                            "ts": time.time()})
+            if crash_during:
+                cd = dict(crash_during)
+                self._arm_crash(cd.get("mode", "process"), cd.get("instance"),
+                                cd.get("point", "mid_restore"), cd.get("after_records", 0))
             self._launch(kind="restart")
+            if self._crash is not None:
+                self._crash["generation"] = self._generation
         if wait:
             self._life.wait_for([AppState.RUNNING, AppState.ERROR], timeout)
         return rec
@@ -757,33 +870,39 @@ class App:
         q = self._query
         if q is not None:
             self._poll_progress(q)
-        last = None
-        if self._progress:
-            last = self._progress[max(self._progress)]
-        dur = (last or {}).get("durationMs") or {}
+        last = self._progress[max(self._progress)] if self._progress else {}
         return {
             "state": str(self.state),
             "generation": self._generation,
             "records_processed": self._records_processed,
             "batches": len(self._progress),
-            "last_batch_id": (last or {}).get("batchId"),
-            "last_batch_records": (last or {}).get("numInputRows"),
-            "input_rate": (last or {}).get("inputRowsPerSecond"),
-            "processed_rate": (last or {}).get("processedRowsPerSecond"),
-            "last_batch_latency_ms": dur.get("triggerExecution") if isinstance(dur, dict) else None,
+            "last_batch_id": last.get("batch_id"),
+            "last_batch_records": last.get("num_input_rows"),
+            "input_rate": last.get("input_rows_per_second"),
+            "processed_rate": last.get("processed_rows_per_second"),
+            "last_batch_latency_ms": last.get("batch_duration_ms"),
         }
 
     def output(self):
-        """The memory sink's rows so far (pandas), when ``sink="memory"``."""
+        """The memory sink's rows so far (pandas: topic, key, value decoded with the sink serdes),
+        when started with ``sink="memory"``."""
+        import pandas as pd
+
         q = self._query
         fn = getattr(q, "output", None) if q is not None else None
         if callable(fn):
             return fn()
-        eng = self._get_engine()
-        fn = getattr(eng, "memory_output", None) or getattr(eng, "output", None)
-        if callable(fn) and self._run is not None:
-            return fn(self._run)
-        raise StatekitError("no memory sink output: start(sink='memory') first")
+        run = self._run
+        if q is None or run is None or run.sink != "memory" or not hasattr(q, "spark"):
+            raise StatekitError("no memory sink output: start(sink='memory') and keep the app running")
+        name = run.memory_table or f"{self.name}_output".replace("-", "_")
+        pdf = q.spark.table(name).toPandas()
+        rows = []
+        for topic, kb, vb in zip(pdf["topic"], pdf["key"], pdf["value"]):
+            ks, vs = self.plan.sink_serdes(topic)
+            rows.append((topic, None if kb is None else ks.from_bytes(bytes(kb)),
+                         None if vb is None else vs.from_bytes(bytes(vb))))
+        return pd.DataFrame(rows, columns=["topic", "key", "value"])
 
     # ------------------------------------------------------------------ standbys & lag
     def _start_standbys(self, promote: bool = False) -> None:
@@ -847,59 +966,39 @@ class App:
 
     # ------------------------------------------------------------------ events
     def _start_events(self) -> None:
-        if self._event_thread is not None:
+        if self._event_reader is not None:
             return
-        from statekit.runtime import events as ev_mod
+        from statekit.runtime.events import EventReader
 
-        self._event_stop = threading.Event()
-        try:
-            self._event_reader = ev_mod.EventReader(self.bootstrap, self.name)
-        except StatekitError:
-            raise
-        t = threading.Thread(target=self._event_loop, name=f"statekit-events-{self.name}", daemon=True)
-        self._event_thread = t
-        t.start()
+        self._event_reader = EventReader(self.bootstrap, self.name, start="end")
+        self._event_reader.subscribe(self._handle_event)
 
     def _stop_events(self) -> None:
-        self._event_stop.set()
-        t, self._event_thread = self._event_thread, None
         r, self._event_reader = self._event_reader, None
-        if r is not None and hasattr(r, "stop"):
-            try:
-                r.stop()
-            except Exception:
-                pass
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=10)
-        if r is not None and hasattr(r, "close"):
+        if r is not None:
             try:
                 r.close()
             except Exception:
                 pass
         p, self._publisher = self._publisher, None
-        if p is not None and hasattr(p, "close"):
+        if p is not None:
             try:
                 p.close()
             except Exception:
                 pass
 
-    def _event_loop(self) -> None:
-        from statekit.runtime.events_glue import iterate
-
-        for ev in iterate(self._event_reader, self._event_stop):
-            self._handle_event(ev)
-
     def _handle_event(self, ev: dict) -> None:
-        from statekit.runtime.events_glue import restore_record
-
+        """Called by the EventReader's thread for every event of the app's events topic."""
+        typ = ev.get("type")
+        gen = ev.get("generation")
+        if typ == "task_opened" and gen == self._generation and ev.get("task") is not None:
+            self._restored_tasks.add(int(ev["task"]))
+        if typ in ("task_opened", "restore_end") and ev.get("task") is not None:
+            self._restores.append(ev)
+        if typ == "state_change" and ev.get("new") == "ERROR" and ev.get("task") is not None:
+            self._task_errors.append(ev)
         with self._event_cond:
-            self._events.append(ev)
             self._event_cond.notify_all()
-        rec = restore_record(ev)
-        if rec is not None:
-            self._restores.append(rec)
-            if rec.get("generation") in (None, self._generation) or rec.get("ts", 0) >= self._started_at - 1:
-                self._restored_tasks.add(rec["task"])
         for cb in list(self._callbacks):
             try:
                 cb(ev)
@@ -919,16 +1018,13 @@ class App:
         except Exception as exc:
             log.info("could not publish an event: %s", exc)
 
-    def events(self, since: Optional[float] = None, types=None):
-        """The events seen so far (list of dicts; newest last), optionally from ``since`` (a time)
-        and of some ``types``."""
-        out = list(self._events)
-        if since is not None:
-            out = [e for e in out if e.get("ts", 0) >= since]
-        if types is not None:
-            types = {types} if isinstance(types, str) else set(types)
-            out = [e for e in out if e.get("type") in types]
-        return out
+    def events(self, since: Optional[float] = None, types=None) -> list:
+        """The events read so far from ``<app>-events`` since start() (dicts, oldest first),
+        optionally from time ``since`` on and of some ``types``."""
+        r = self._event_reader
+        if r is None:
+            return []
+        return r.events(since_ts=since, types=types)
 
     def events_frame(self, **kw):
         import pandas as pd
@@ -936,19 +1032,11 @@ class App:
         return pd.DataFrame(self.events(**kw))
 
     def wait_for_event(self, predicate: Callable[[dict], bool], timeout: float = 30) -> Optional[dict]:
-        deadline = time.monotonic() + timeout
-        seen = 0
-        with self._event_cond:
-            while True:
-                evs = list(self._events)
-                for e in evs[seen:]:
-                    if predicate(e):
-                        return e
-                seen = len(evs)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._event_cond.wait(min(left, 0.5))
+        """The first event (already read or new) matching ``predicate``, or None after ``timeout``."""
+        r = self._event_reader
+        if r is None:
+            return None
+        return r.wait_for(predicate, timeout)
 
     def on_event(self, callback: Callable[[dict], None]) -> Callable[[dict], None]:
         """Call ``callback(event)`` for every event from now on (from the reader thread)."""
@@ -956,14 +1044,42 @@ class App:
         return callback
 
     def restore_summary(self, generation: Optional[int] = None):
-        """One row per task restore: task, instance, source (checkpoint / scratch / standby),
-        records replayed, seconds, ... from the restore events (default: the latest generation)."""
+        """Restores seen in the events, one row per (task, store) that replayed changelog records:
+        generation, task, instance, store, source (checkpoint / scratch / meta / standby), records
+        (changelog records read, data + markers), applied, seconds, start/end offsets. Default: the
+        latest generation (the last start or restart)."""
         import pandas as pd
 
-        rows = list(self._restores)
-        if generation is not None:
-            rows = [r for r in rows if r.get("generation") == generation]
-        return pd.DataFrame(rows)
+        gen = self._generation if generation is None else generation
+        promoted = {}
+        for r in self.restarts:
+            if r.get("generation") == gen:
+                promoted = {(p["task"], p["instance"]): p for p in r.get("promotions", ())}
+        rows = []
+        for ev in list(self._restores):
+            if ev.get("type") != "restore_end" or ev.get("generation") != gen:
+                continue
+            t, i = ev.get("task"), ev.get("instance")
+            src = ev.get("from")
+            if (t, i) in promoted:
+                src = "standby"
+            rows.append({"generation": gen, "task": t, "instance": i, "store": ev.get("store"),
+                         "source": src, "records": ev.get("restored"), "applied": ev.get("applied"),
+                         "seconds": ev.get("duration_s"), "start_offset": ev.get("start_offset"),
+                         "end_offset": ev.get("end_offset"), "batch": ev.get("batch")})
+        cols = ["generation", "task", "instance", "store", "source", "records", "applied", "seconds",
+                "start_offset", "end_offset", "batch"]
+        return pd.DataFrame(rows, columns=cols)
+
+    def task_opens(self, generation: Optional[int] = None):
+        """``task_opened`` events of a generation: how each task found its state."""
+        import pandas as pd
+
+        gen = self._generation if generation is None else generation
+        rows = [{"task": e.get("task"), "instance": e.get("instance"), "batch": e.get("batch"),
+                 "replayed_from": e.get("replayed_from"), "open_ms": e.get("open_ms")}
+                for e in list(self._restores) if e.get("type") == "task_opened" and e.get("generation") == gen]
+        return pd.DataFrame(rows, columns=["task", "instance", "batch", "replayed_from", "open_ms"])
 
     def __repr__(self) -> str:
         return (f"App({self.name!r}, state={self.state}, partitions={self.partitions}, "

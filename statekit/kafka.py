@@ -30,7 +30,8 @@ from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.protocol.producer import ProduceRequest
-from kafka.protocol.admin import CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest
+from kafka.protocol.admin import (CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
+                                  DescribeConfigsRequest)
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 from kafka.record.default_records import DefaultRecordBatch
 from kafka import codec as kcodec
@@ -85,6 +86,27 @@ def _varint_slow(buf, pos):
         shift += 7
 
 
+_HCACHE: dict = {}
+
+
+def _headers(raw: bytes, count: int) -> tuple:
+    """Decode a record's header section: ``((str, bytes|None), ...)``."""
+    out = []
+    pos = 0
+    for _ in range(count):
+        n, pos = _varint_slow(raw, pos)
+        hk = raw[pos:pos + n].decode("utf-8")
+        pos += n
+        n, pos = _varint_slow(raw, pos)
+        if n >= 0:
+            hv = raw[pos:pos + n]
+            pos += n
+        else:
+            hv = None
+        out.append((hk, hv))
+    return tuple(out)
+
+
 def _decompress(codec: int, data: bytes) -> bytes:
     if codec == 1:
         return kcodec.gzip_decode(data)
@@ -110,30 +132,39 @@ def decode_batch(raw, out: list, min_offset: int = 0) -> None:
         buf = _decompress(codec, bytes(raw[_HDR_LEN:]))
         pos = 0
     else:
-        buf = raw
+        buf = raw if type(raw) is bytes else bytes(raw)
         pos = _HDR_LEN
     log_append = attrs & _LOG_APPEND
     append = out.append
+    hcache = _HCACHE
     slow = _varint_slow
     for _ in range(count):
-        b = buf[pos]  # record length
-        if b < 0x80:
-            pos += 1
+        # record length: not needed, skip its bytes; then the attributes byte
+        if buf[pos] < 0x80:
+            pos += 2
+        elif buf[pos + 1] < 0x80:
+            pos += 3
         else:
             _, pos = slow(buf, pos)
-        pos += 1  # attributes
+            pos += 1
         b = buf[pos]  # timestamp delta
         if b < 0x80:
             tsd = (b >> 1) ^ -(b & 1)
             pos += 1
         else:
             tsd, pos = slow(buf, pos)
-        b = buf[pos]  # offset delta
+        b = buf[pos]  # offset delta: one or two bytes for batches up to 8k records
         if b < 0x80:
             od = (b >> 1) ^ -(b & 1)
             pos += 1
         else:
-            od, pos = slow(buf, pos)
+            b2 = buf[pos + 1]
+            if b2 < 0x80:
+                od = (b & 0x7F) | (b2 << 7)
+                od = (od >> 1) ^ -(od & 1)
+                pos += 2
+            else:
+                od, pos = slow(buf, pos)
         b = buf[pos]
         if b < 0x80:
             n = (b >> 1) ^ -(b & 1)
@@ -163,29 +194,30 @@ def decode_batch(raw, out: list, min_offset: int = 0) -> None:
         else:
             hc, pos = slow(buf, pos)
         if hc:
-            hl = []
+            # the header bytes repeat from record to record (same batch id): cache the decoded
+            # tuple by its raw bytes instead of building it again
+            hstart = pos
             for _h in range(hc):
                 b = buf[pos]
                 if b < 0x80:
-                    n = (b >> 1) ^ -(b & 1)
-                    pos += 1
+                    pos += 1 + (b >> 1)
                 else:
                     n, pos = slow(buf, pos)
-                hk = buf[pos:pos + n].decode("utf-8")
-                pos += n
+                    pos += n
                 b = buf[pos]
                 if b < 0x80:
                     n = (b >> 1) ^ -(b & 1)
                     pos += 1
                 else:
                     n, pos = slow(buf, pos)
-                if n >= 0:
-                    hv = buf[pos:pos + n]
+                if n > 0:
                     pos += n
-                else:
-                    hv = None
-                hl.append((hk, hv))
-            headers = tuple(hl)
+            hraw = buf[hstart:pos]
+            headers = hcache.get(hraw)
+            if headers is None:
+                headers = _headers(hraw, hc)
+                if len(hcache) < 4096:
+                    hcache[hraw] = headers
         else:
             headers = ()
         offset = base_offset + od
@@ -242,7 +274,7 @@ class _Conn:
         except OSError:
             pass
         self.proto = KafkaProtocol(client_id=client_id, receive_message_max_bytes=256 << 20)
-        self.ready: list = []  # decoded responses not yet claimed, in order
+        self.ready: dict = {}  # correlation id -> decoded response not yet claimed
         self.versions: dict[int, tuple[int, int]] = {}
         self._negotiate()
 
@@ -266,18 +298,21 @@ class _Conn:
                              f"v{rng[0]}-{rng[1]}; statekit needs v{lo}-{hi}")
         return v
 
-    def send(self, req) -> None:
-        self.proto.send_request(req)
+    def send(self, req) -> int:
+        """Queue and write one request; returns its correlation id (for :meth:`recv`)."""
+        cid = self.proto.send_request(req)
         data = self.proto.send_bytes()
         try:
             self.sock.sendall(data)
         except OSError as e:
             self.close()
             raise BrokerUnreachable(f"lost the connection to Kafka at {self.addr}: {e}; {_HINT}")
+        return cid
 
-    def recv(self):
-        """The next response, in request order."""
-        while not self.ready:
+    def recv(self, cid: int):
+        """The response to request ``cid`` (others that arrive first are kept for their callers,
+        so a pipelined Fetch and an interleaved ListOffsets on one connection do not mix up)."""
+        while cid not in self.ready:
             try:
                 data = self.sock.recv(4 << 20)
             except socket.timeout:
@@ -290,13 +325,12 @@ class _Conn:
             if not data:
                 self.close()
                 raise BrokerUnreachable(f"Kafka at {self.addr} closed the connection; {_HINT}")
-            for _cid, resp in self.proto.receive_bytes(data):
-                self.ready.append(resp)
-        return self.ready.pop(0)
+            for rcid, resp in self.proto.receive_bytes(data):
+                self.ready[rcid] = resp
+        return self.ready.pop(cid)
 
     def request(self, req):
-        self.send(req)
-        return self.recv()
+        return self.recv(self.send(req))
 
     def close(self):
         try:
@@ -424,7 +458,7 @@ class Kafka:
         """Create the topic unless it exists. Returns True when it was created."""
         with self._lock:
             conn = self._any()
-            v = conn.version(CreateTopicsRequest, 2, 7)
+            v = conn.version(CreateTopicsRequest, 2, 4)  # v5+ echo configs back; we need none
             T = CreateTopicsRequest.CreatableTopic
             req = CreateTopicsRequest(
                 version=v,
@@ -487,6 +521,23 @@ class Kafka:
                 for c in r.configs:
                     out[c.name] = c.value
             return out
+
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
+        """Move the log start of one partition to ``before_offset`` (Kafka's DeleteRecords).
+        Returns the new log start offset."""
+        with self._lock:
+            conn = self._leader(topic, partition)
+            v = conn.version(DeleteRecordsRequest, 0, 2)
+            T = DeleteRecordsRequest.DeleteRecordsTopic
+            resp = conn.request(DeleteRecordsRequest(
+                version=v, topics=[T(name=topic, partitions=[T.DeleteRecordsPartition(
+                    partition_index=partition, offset=before_offset)])],
+                timeout_ms=int(self.timeout * 1000)))
+            for t in resp.topics:
+                for p in t.partitions:
+                    _raise_for(p.error_code, f"cannot delete records of {topic}[{partition}]", topic)
+                    return p.low_watermark
+            raise KafkaError(f"empty DeleteRecords response for {topic}[{partition}]")
 
     # -- offsets -----------------------------------------------------------------------------
     def _list_offsets(self, topic: str, timestamp: int, partitions=None) -> dict[int, int]:
@@ -585,15 +636,16 @@ class Kafka:
         T = ProduceRequest.TopicProduceData
         last = -1
         # pipeline: every batch in flight at once, then collect the acks in order
+        cids = []
         for data, _n in payloads:
-            conn.send(ProduceRequest(
+            cids.append(conn.send(ProduceRequest(
                 version=v, transactional_id=None, acks=-1, timeout_ms=int(self.timeout * 1000),
                 topic_data=[T(name=topic, partition_data=[
-                    T.PartitionProduceData(index=partition, records=data)])]))
+                    T.PartitionProduceData(index=partition, records=data)])])))
         retry = False
         first_error = None
-        for data, n in payloads:
-            resp = conn.recv()
+        for cid, (data, n) in zip(cids, payloads):
+            resp = conn.recv(cid)
             for t in resp.responses:
                 for p in t.partition_responses:
                     if p.error_code in _RETRIABLE:
@@ -638,8 +690,9 @@ class Kafka:
         with self._lock:
             for _attempt in range(10):
                 conn = self._leader(topic, partition)
-                conn.send(self._fetch_request(conn, topic, partition, offset, max_wait_ms, max_bytes))
-                p = self._partition_data(conn.recv(), topic)
+                cid = conn.send(self._fetch_request(conn, topic, partition, offset, max_wait_ms,
+                                                    max_bytes))
+                p = self._partition_data(conn.recv(cid), topic)
                 if p.error_code == 1:  # OFFSET_OUT_OF_RANGE: the log start moved (or offset > end)
                     lso = self.begin_offsets(topic, [partition])[partition]
                     if offset < lso:
@@ -675,14 +728,14 @@ class Kafka:
         pos = start
         if pos >= end:
             return
-        state = {"conn": None, "inflight": False}
+        state = {"conn": None, "inflight": None}
         try:
             yield from self._read_loop(topic, partition, pos, end, max_bytes, pipeline, state)
         finally:
-            if state["inflight"]:  # abandoned mid-read: drain the answer nobody wants
+            if state["inflight"] is not None:  # abandoned mid-read: drain the answer nobody wants
                 with self._lock:
                     try:
-                        state["conn"].recv()
+                        state["conn"].recv(state["inflight"])
                     except StatekitError:
                         pass
 
@@ -691,13 +744,14 @@ class Kafka:
         conn = None
         while pos < end:
             with self._lock:
-                if not state["inflight"]:
+                if state["inflight"] is None:
                     conn = self._leader(topic, partition)
-                    conn.send(self._fetch_request(conn, topic, partition, pos, 0, max_bytes))
-                    state["conn"], state["inflight"] = conn, True
+                    state["conn"] = conn
+                    state["inflight"] = conn.send(self._fetch_request(conn, topic, partition, pos,
+                                                                      0, max_bytes))
                 conn = state["conn"]
-                resp = conn.recv()
-                state["inflight"] = False
+                resp = conn.recv(state["inflight"])
+                state["inflight"] = None
                 p = self._partition_data(resp, topic)
                 if p.error_code:
                     if p.error_code == 1:  # OFFSET_OUT_OF_RANGE
@@ -733,8 +787,8 @@ class Kafka:
                 pos = nxt
                 if pipeline and pos < end and pos < hwm:
                     # the next Fetch goes out before we decode this one: the broker works while we do
-                    conn.send(self._fetch_request(conn, topic, partition, pos, 0, max_bytes))
-                    state["inflight"] = True
+                    state["inflight"] = conn.send(self._fetch_request(conn, topic, partition,
+                                                                      pos, 0, max_bytes))
             out: list = []
             for raw in batches:
                 decode_batch(raw, out, start_pos)

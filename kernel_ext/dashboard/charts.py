@@ -54,6 +54,9 @@ def lag_figure(series: dict, standby: dict | None = None, width: float = 5.2, he
     ax.set_xlabel("seconds", fontsize=8, color="#444")
     ax.set_ylabel("records behind", fontsize=8, color="#444")
     ax.set_ylim(bottom=0)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
     if any_line:
         ax.legend(fontsize=7, frameon=False, ncol=4, loc="upper right")
     else:
@@ -94,38 +97,47 @@ def graph_from_describe(d) -> tuple[list[dict], list[tuple[str, str]]]:
             nodes[nid] = {"id": nid, "kind": kind, "label": label or nid}
         return nid
 
-    for n in topo.get("nodes", []) or []:
+    raw = [n for n in topo.get("nodes", []) or []]
+    for n in raw:
         if isinstance(n, str):
             add(n, "processor")
             continue
         nid = n.get("id") or n.get("name")
-        kind = str(n.get("kind") or n.get("type") or "processor").lower()
+        kind = str(n.get("type") or n.get("kind") or "processor").lower()
         kind = ("source" if "source" in kind else "sink" if "sink" in kind else
                 "store" if "store" in kind else "changelog" if "changelog" in kind else "processor")
         label = n.get("label") or n.get("name") or nid
-        if kind == "source" and n.get("topic"):
-            label = f"{n['topic']}"
+        if kind in ("source", "sink") and n.get("topic"):
+            label = str(n["topic"])
         add(nid, kind, label)
+    for n in raw:
+        if isinstance(n, str):
+            continue
+        nid = str(n.get("id") or n.get("name"))
         for s in n.get("stores", []) or []:
-            sid = add(f"store:{s}", "store", s)
-            edges.append((str(nid), sid))
+            sid = str(s) if str(s) in nodes else add(f"store:{s}", "store", s)
+            edges.append((nid, sid))
         for c in n.get("children", []) or n.get("successors", []) or []:
-            edges.append((str(nid), str(c)))
-        if n.get("topic") and kind == "sink":
-            nodes[str(nid)]["label"] = f"{n['topic']}"
+            edges.append((nid, str(c)))
+    kinds_of_edges = {}
     for e in topo.get("edges", []) or []:
         if isinstance(e, dict):
             a, b = e.get("from", e.get("source")), e.get("to", e.get("target"))
+            if e.get("kind"):
+                kinds_of_edges[(str(a), str(b))] = str(e["kind"])
         else:
             a, b = e[0], e[1]
         edges.append((str(a), str(b)))
     app = d.get("app") or d.get("name") or d.get("application")
+    if app:
+        for n in nodes.values():
+            if n["kind"] == "changelog" and not str(n["label"]).startswith(f"{app}-"):
+                n["label"] = f"{app}-{n['label']}"
     for s in topo.get("stores", []) or d.get("stores", []) or []:
         name = s if isinstance(s, str) else (s.get("name") if isinstance(s, dict) else getattr(s, "name", None))
         if not name:
             continue
-        sid = f"store:{name}" if f"store:{name}" in nodes or name not in nodes else name
-        sid = add(sid, "store", name)
+        sid = name if nodes.get(name, {}).get("kind") == "store" else add(f"store:{name}", "store", name)
         changelog = (s.get("changelog") if isinstance(s, dict) else None) or (
             f"{app}-{name}-changelog" if app else f"{name}-changelog")
         cid = add(f"changelog:{changelog}", "changelog", changelog)
@@ -141,7 +153,8 @@ def graph_from_describe(d) -> tuple[list[dict], list[tuple[str, str]]]:
     for a, b in edges:
         if a in nodes and b in nodes and (a, b) not in seen:
             seen.add((a, b))
-            uniq.append((a, b))
+            kind = kinds_of_edges.get((a, b))
+            uniq.append((a, b, kind) if kind else (a, b))
     return list(nodes.values()), uniq
 
 
@@ -189,7 +202,8 @@ def topology_figure(nodes: Iterable[dict], edges: Iterable[tuple], title: str = 
     if title:
         fig.text(0.01, 0.97, title, fontsize=9.5, va="top", color="#222")
     bw, bh = 0.82, min(0.16, 0.6 / max(rows, 1) + 0.05)
-    for a, b in edges:
+    for e in edges:
+        a, b = e[0], e[1]
         if a in pos and b in pos:
             (x0, y0), (x1, y1) = pos[a], pos[b]
             skip = x1 - x0 > 1.5  # jumps over columns: arc above them
@@ -201,6 +215,9 @@ def topology_figure(nodes: Iterable[dict], edges: Iterable[tuple], title: str = 
                                     linewidth=1.0, connectionstyle=f"arc3,rad={rad}",
                                     shrinkA=1, shrinkB=1, linestyle="--" if skip else "-")
             ax.add_patch(arrow)
+            if len(e) > 2 and e[2] == "shuffle" and not skip:
+                ax.text((x0 + x1) / 2, (y0 + y1) / 2 - 0.05, "shuffle", ha="center", va="bottom",
+                        fontsize=6.5, color="#C44E52", style="italic")
     kinds = {n["id"]: n for n in nodes}
     for nid, (x, y) in pos.items():
         n = kinds[nid]

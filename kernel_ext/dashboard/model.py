@@ -214,8 +214,10 @@ class RestoreTask:
 
     @property
     def rate(self) -> float | None:
-        if self.done and self.started is not None and self.finished > self.started:
-            return self.restored / (self.finished - self.started)
+        if self.done:
+            if self.started is not None and self.finished - self.started >= 0.01:
+                return self.restored / (self.finished - self.started)
+            return None
         return self.estimator.rate
 
     @property
@@ -235,6 +237,7 @@ class RestoreSummary:
     tasks: int
     from_checkpoint: int
     from_scratch: int
+    from_standby: int = 0
 
     @property
     def saved_by_compaction(self) -> int:
@@ -247,6 +250,8 @@ class RestoreSummary:
             src.append(f"{self.from_checkpoint} from checkpoint")
         if self.from_scratch:
             src.append(f"{self.from_scratch} from scratch")
+        if self.from_standby:
+            src.append(f"{self.from_standby} from a standby")
         return (f"restored {self.tasks} task(s) in {self.seconds:.1f} s: {self.records_replayed:,} "
                 f"records replayed ({', '.join(src) or 'no source reported'}); compaction saved "
                 f"{self.saved_by_compaction:,} records")
@@ -281,7 +286,7 @@ def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, 
     several columns by their longest path from a source. Returns id -> (x, y), x = column index,
     y in [0, 1] (top to bottom)."""
     nodes = list(nodes)
-    edges = [(a, b) for a, b in edges]
+    edges = [(e[0], e[1]) for e in edges]
     kinds = {n["id"]: (n.get("kind") or "processor") for n in nodes}
     succ: dict[str, list[str]] = {n: [] for n in kinds}
     pred: dict[str, list[str]] = {n: [] for n in kinds}
@@ -369,6 +374,7 @@ class DashboardModel:
         self.restore_summary: RestoreSummary | None = None
         self._restore_round_started: float | None = None
         self.events: deque = deque(maxlen=200)
+        self.task_info: dict[tuple, dict] = {}  # (task, store) -> rows, dirty from commit events
         self.state_changes: list[tuple[float, str]] = []
         self.t0: float | None = None
 
@@ -409,32 +415,52 @@ class DashboardModel:
                 dq[-1] = (snap.t, dq[-1][1] + lag)  # several stores: sum per task
             else:
                 dq.append((snap.t, lag))
-        # events: restoration
+        # events: restoration, rows and cache figures of the last commit
         for e in snap.events:
             self.events.append(e)
             self._on_event(e, snap.t)
+        for r in snap.tasks:
+            info = self.task_info.get((r["task"], r["store"]))
+            if info and r["role"] == "active":
+                if r["rows"] is None:
+                    r["rows"] = info["rows"]
+                if r["dirty"] is None:
+                    r["dirty"] = info["dirty"]
         self._restore_from_tasks(snap)
         self._maybe_summarize(snap.t)
         return self
+
+    def _new_round(self, t: float) -> None:
+        """A restore after the previous one finished: start a fresh set of progress bars."""
+        self.restore = {}
+        self.restore_summary = None
+        self._restore_round_started = t
 
     def _on_event(self, e: dict, now: float) -> None:
         kind = _event_kind(e)
         task = _num(e.get("task"))
         t = _event_time(e, now)
-        if kind == "state":
+        if kind == "commit" and task is not None:
+            rows = e.get("rows") or {}
+            cache = e.get("cache") or {}
+            for store in set(rows) | set(cache):
+                c = cache.get(store) or {}
+                c = c.get("cache", c) if isinstance(c, dict) else {}
+                self.task_info[(task, store)] = {"rows": _num(rows.get(store)),
+                                                 "dirty": _num(c.get("dirty")) if isinstance(c, dict) else None}
             return
-        if task is None or not kind.startswith("restore"):
+        if task is None or not kind.startswith("restore") or str(e.get("role", "")) == "standby":
             return
-        rt = self.restore.get(task)
-        if kind == "restore_start" or rt is None or (rt.done and kind != "restore_end"):
-            if self._restore_round_started is None or (rt is not None and rt.done):
-                if all(x.done for x in self.restore.values()):
-                    self.restore = {}
-                    self.restore_summary = None
-                    self._restore_round_started = t
-            rt = RestoreTask(task=task, started=t)
-            self.restore[task] = rt
-        rt.store = e.get("store", rt.store)
+        key = (task, e.get("store"))
+        rt = self.restore.get(key)
+        round_done = bool(self.restore) and all(x.done for x in self.restore.values())
+        if kind == "restore_start" or rt is None or rt.done:
+            if round_done or (rt is not None and rt.done):
+                self._new_round(t)
+            if self._restore_round_started is None:
+                self._restore_round_started = t
+            rt = RestoreTask(task=task, store=e.get("store"), started=t)
+            self.restore[key] = rt
         start, end = _num(e.get("start_offset")), _num(e.get("end_offset"))
         if start is not None:
             rt.start_offset = start
@@ -443,19 +469,23 @@ class DashboardModel:
         total = _num(e.get("total"))
         if total is None and rt.start_offset is not None and rt.end_offset is not None:
             total = max(0, rt.end_offset - rt.start_offset)
+        if total is None and kind == "restore_batch" and e.get("remaining") is not None:
+            total = (_num(e.get("restored")) or 0) + _num(e.get("remaining"))
         if total is not None:
             rt.total = total
-        restored = _num(e.get("restored", e.get("records_restored", e.get("records"))))
+        restored = _num(e.get("restored", e.get("records_restored")))
         if restored is not None:
-            rt.restored = restored if kind != "restore_batch" or "restored" in e or "records_restored" in e \
-                else rt.restored + restored
-        src = e.get("source") or e.get("from")
+            rt.restored = restored
+        src = e.get("from") or e.get("source") or e.get("replayed_from")
         if src:
             rt.source = str(src)
         elif rt.source is None and rt.start_offset is not None:
             rt.source = "scratch" if rt.start_offset == 0 else "checkpoint"
         if kind == "restore_end":
             rt.finished = t
+            dur = _num(e.get("duration_s"))
+            if dur is not None:
+                rt.started = min(rt.started if rt.started is not None else t, t - dur)
             if rt.total is None:
                 rt.total = rt.restored
         rt.estimator.add(t, rt.restored)
@@ -466,12 +496,15 @@ class DashboardModel:
             if r["role"] != "active" or r["task"] is None:
                 continue
             st = str(r.get("state") or "").upper()
-            rt = self.restore.get(r["task"])
+            key = (r["task"], r["store"])
+            rt = self.restore.get(key)
             if st == "RESTORING":
                 if rt is None or rt.done:
+                    if rt is not None and all(x.done for x in self.restore.values()):
+                        self._new_round(snap.t)
                     rt = RestoreTask(task=r["task"], started=snap.t, store=r["store"],
                                      total=r["lag"] or 0, source="checkpoint" if r["checkpoint"] else "scratch")
-                    self.restore[r["task"]] = rt
+                    self.restore[key] = rt
                     if self._restore_round_started is None:
                         self._restore_round_started = snap.t
                 if rt.total is not None and r["lag"] is not None:
@@ -496,6 +529,7 @@ class DashboardModel:
             tasks=len(self.restore),
             from_checkpoint=sum(1 for r in self.restore.values() if (r.source or "").startswith("checkpoint")),
             from_scratch=sum(1 for r in self.restore.values() if (r.source or "") in ("scratch", "log_start", "beginning")),
+            from_standby=sum(1 for r in self.restore.values() if (r.source or "").startswith("standby")),
         )
         self._restore_round_started = None
 
@@ -520,8 +554,8 @@ class DashboardModel:
             "input_rate": pick("input_rate", "inputRowsPerSecond", "input_rows_per_second"),
             "processed_rate": pick("processed_rate", "processedRowsPerSecond", "processed_rows_per_second"),
             "records": pick("records_processed", "records", "processed", "numInputRows_total"),
-            "batch_ms": pick("last_batch_ms", "batch_duration_ms", "batchDuration", "latency_ms"),
-            "batch_id": pick("batch_id", "last_batch_id", "batchId"),
+            "batch_ms": pick("last_batch_latency_ms", "last_batch_ms", "batch_duration_ms", "latency_ms"),
+            "batch_id": pick("last_batch_id", "batch_id", "batchId"),
             "rows": sum(r["rows"] or 0 for r in s.tasks if r["role"] == "active"),
             "lag": sum(r["lag"] or 0 for r in s.tasks if r["role"] == "active"),
             "error": s.error,
@@ -574,7 +608,7 @@ class DashboardModel:
         return {t: ([p[0] - t0 for p in dq], [p[1] for p in dq]) for t, dq in sorted(hist.items())}
 
     def restore_rows(self) -> list[RestoreTask]:
-        return [self.restore[t] for t in sorted(self.restore)]
+        return [self.restore[k] for k in sorted(self.restore, key=lambda k: (k[0], str(k[1])))]
 
     def changelog_rows(self) -> list[dict]:
         """Per changelog partition: records in the log, live keys, dirty ratio, cleaner runs."""
@@ -629,28 +663,34 @@ def _records(obj) -> list[dict]:
 
 
 class EventCursor:
-    """Reads an app's events incrementally (non-blocking), whatever `app.events()` returns."""
+    """Reads an app's new events since the last poll (non-blocking)."""
 
     def __init__(self, app):
         self.app = app
-        self._it = None
+        self._offset = None  # events carry their offset in the events topic
         self._seen = 0
 
-    def poll(self, limit: int = 2000) -> list[dict]:
+    def poll(self, limit: int = 5000) -> list[dict]:
         ev = getattr(self.app, "events", None)
         if ev is None:
             return []
-        try:
-            res = ev(timeout=0) if _accepts(ev, "timeout") else ev()
-        except TypeError:
+        if _accepts(ev, "since_offset"):
+            res = ev(since_offset=self._offset) if self._offset is not None else ev()
+        else:
             res = ev()
-        if hasattr(res, "poll"):  # a reader object with poll()
-            self._it = res
-            return list(res.poll())[:limit]
         recs = _records(res)
-        new = recs[self._seen:]
-        self._seen = len(recs)
-        return new[:limit]
+        offs = [e.get("offset") for e in recs]
+        if recs and all(isinstance(o, int) for o in offs):
+            new = recs if self._offset is None else [e for e in recs if e["offset"] > self._offset]
+            # app-level events (published by the kernel) and worker events share the topic
+            if new:
+                self._offset = max(self._offset or -1, max(e["offset"] for e in new))
+        else:
+            if len(recs) < self._seen:  # a bounded buffer wrapped around
+                self._seen = 0
+            new = recs[self._seen:]
+            self._seen = len(recs)
+        return new[-limit:]
 
 
 def _accepts(fn, name: str) -> bool:
@@ -695,8 +735,13 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
 
 
 def _store_names(app) -> list[str]:
+    plan = getattr(app, "plan", None)
+    if plan is not None and getattr(plan, "stores", None):
+        return [s.name for s in plan.stores]
     d = app.describe()
     stores = d.get("stores") if isinstance(d, dict) else getattr(d, "stores", None)
+    if not stores and isinstance(d, dict):
+        stores = [n.get("id") for n in d.get("nodes", []) if n.get("type") == "store"]
     names = []
     for s in stores or []:
         names.append(s if isinstance(s, str) else (s.get("name") if isinstance(s, dict) else getattr(s, "name")))

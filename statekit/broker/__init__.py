@@ -3,7 +3,9 @@
 It speaks the Kafka protocol (kafka-python's `kafka.protocol` schemas), so kafka-python,
 confluent-kafka/librdkafka and kcat work against it, and keeps file-backed partition logs with
 segments, an offset index, retention and a log cleaner for compacted topics. See
-docs/ARCHITECTURE.md for the contract and docs/broker.md for the internals.
+docs/ARCHITECTURE.md for the contract; each module's docstring says how its part works
+(server.py: connections; handlers.py: the APIs; log.py: files and durability; cleaner.py:
+compaction; process.py: the child process and `DIR/broker.json`).
 """
 from __future__ import annotations
 

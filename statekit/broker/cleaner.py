@@ -1,20 +1,449 @@
-"""Log cleaner (placeholder while the broker basics come up)."""
+"""The log cleaner: compaction of `cleanup.policy=compact` topics, never changing an offset.
+
+A pass over one partition:
+1. snapshot the closed segments (the active one is never rewritten) and build a key -> latest offset
+   map over the whole log, active segment included, so a key's older values in closed segments go
+   as soon as a newer one exists anywhere;
+2. rewrite each closed segment keeping only records that are the latest for their key (a batch
+   whose records all survive is copied byte for byte; one that loses some is rebuilt with the same
+   base offset and offset deltas; one that loses all is dropped). Tombstones that are the latest
+   for their key survive until `delete.retention.ms` past their timestamp. Consecutive cleaned
+   segments merge while they fit in `segment.bytes`;
+3. swap: the new files are written as `*.cleaned`, listed in `cleaner-swap.json`, then renamed over
+   the first segment of each group while the others are deleted. A crash mid-swap is rolled
+   forward on the next start (see `recover_swap`).
+
+Steps 1-2 run in a worker thread (they only read immutable closed segments and the active one up
+to its snapshot size); the swap runs on the event loop between requests.
+A pass runs every `log.cleaner.backoff.ms` for partitions whose dirty ratio (bytes of closed
+segments not cleaned yet / bytes of all closed segments) is at least `min.cleanable.dirty.ratio`,
+and at once, for every compacted partition, when `request_clean` drops `DIR/clean-request`.
+"""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
+import time
+
+from . import records as R
+from .log import Segment, seg_name, write_json_atomic
+
+log = logging.getLogger("statekit.broker.cleaner")
+
+SWAP_FILE = "cleaner-swap.json"
+
+
+def recover_swap(directory: str) -> None:
+    """Finish a swap interrupted by a crash (called before a partition's segments are loaded)."""
+    path = os.path.join(directory, SWAP_FILE)
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except FileNotFoundError:
+        return
+    except ValueError:
+        # the plan is written atomically: unreadable means it never completed; nothing was swapped
+        os.unlink(path)
+        return
+    for g in plan.get("groups", []):
+        tmp = os.path.join(directory, g["tmp"])
+        first = os.path.join(directory, seg_name(g["first"], ".log"))
+        if os.path.exists(tmp):
+            os.replace(tmp, first)
+        for suffix_base in [g["first"]] + list(g["others"]):
+            idx = os.path.join(directory, seg_name(suffix_base, ".index"))
+            if os.path.exists(idx):
+                os.unlink(idx)
+        for b in g["others"]:
+            p = os.path.join(directory, seg_name(b, ".log"))
+            if os.path.exists(p):
+                os.unlink(p)
+    os.unlink(path)
+    log.warning("%s: finished a cleaner swap interrupted by a crash", directory)
 
 
 class LogCleaner:
     def __init__(self, broker):
         self.broker = broker
-        self.done_token = None
+        self.done_token: str | None = None
+        self._wake = asyncio.Event()
+        self.request_path = os.path.join(broker.dir, "clean-request")
+        self._closing = False
 
-    def wake(self):
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def close(self) -> None:
+        self._closing = True
+
+    def _read_request(self) -> str | None:
+        try:
+            with open(self.request_path) as f:
+                return f.read().strip() or "request"
+        except FileNotFoundError:
+            return None
+
+    async def run(self) -> None:
+        cfg = self.broker.config
+        backoff = cfg.get("log.cleaner.backoff.ms") / 1000.0
+        enabled = cfg.get("log.cleaner.enable")
+        last = time.monotonic()
+        while not self._closing:
+            token = self._read_request()
+            due = enabled and (time.monotonic() - last >= backoff or self._wake.is_set())
+            if token is not None or due:
+                self._wake.clear()
+                try:
+                    await self.clean_pass(forced=token is not None)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - one bad pass must not stop the cleaner
+                    log.exception("log cleaner pass failed")
+                last = time.monotonic()
+                if token is not None:
+                    self.done_token = token
+                    try:
+                        if self._read_request() == token:
+                            os.unlink(self.request_path)
+                    except FileNotFoundError:
+                        pass
+                self.broker._write_stats()
+            await asyncio.sleep(0.05)
+
+    async def clean_pass(self, forced: bool) -> None:
+        for plog in list(self.broker.topics.all_partitions()):
+            if plog.deleted or not plog.config.compact or len(plog.segments) < 2:
+                continue
+            closed = plog.segments[:-1]
+            clean_offset = plog.cleaner_state.get("clean_offset", 0)
+            total = sum(s.size for s in closed)
+            dirty = sum(s.size for s in closed if s.base >= clean_offset)
+            if not forced:
+                if not total or not dirty or dirty / total < plog.config.get("min.cleanable.dirty.ratio"):
+                    continue
+            await self.clean_partition(plog)
+
+    async def clean_partition(self, plog) -> None:
+        closed = list(plog.segments[:-1])
+        active = plog.active
+        job = {
+            "dir": plog.dir,
+            "closed": [(s.base, s.log_path, s.size) for s in closed],
+            "active": (active.log_path, active.size),
+            "active_base": active.base,
+            "clean_offset": plog.cleaner_state.get("clean_offset", 0),
+            "log_start": plog.log_start_offset,
+            "segment_bytes": plog.config.get("segment.bytes"),
+            "delete_retention_ms": plog.config.get("delete.retention.ms"),
+            "now_ms": int(time.time() * 1000),
+        }
+        result = await asyncio.to_thread(build_cleaned, job)
+        # the world may have moved while the thread ran: only swap what is still there
+        if plog.deleted or plog.segments[:len(closed)] != closed or any(s.size != sz for s, (_, _, sz) in zip(closed, job["closed"])):
+            for g in result["groups"]:
+                _unlink(os.path.join(plog.dir, g["tmp"]))
+            return
+        self._swap(plog, closed, result)
+        st = plog.cleaner_state
+        st["clean_offset"] = active.base
+        st["cleaner_runs"] = st.get("cleaner_runs", 0) + 1
+        st["records_removed"] = st.get("records_removed", 0) + result["removed"]
+        st["last_cleaned_at"] = time.time()
+        plog.save_cleaner_state()
+        log.info("cleaned %s-%d: %d records removed, %d segments -> %d", plog.topic, plog.partition,
+                 result["removed"], len(closed), len(result["groups"]) + result["untouched"])
+
+    def _swap(self, plog, closed, result) -> None:
+        groups = result["groups"]
+        if not groups:
+            return
+        write_json_atomic(os.path.join(plog.dir, SWAP_FILE), {"groups": groups})
+        by_base = {s.base: s for s in closed}
+        replaced = {}
+        for g in groups:
+            first = by_base[g["first"]]
+            first.close()
+            os.replace(os.path.join(plog.dir, g["tmp"]), first.log_path)
+            _unlink(first.index_path)
+            for b in g["others"]:
+                by_base[b].delete_files()
+            seg = Segment(plog.dir, g["first"])
+            seg.open(recover=False, index_interval=plog.config.get("index.interval.bytes"))
+            replaced[g["first"]] = seg
+            for b in g["others"]:
+                replaced[b] = None
+        os.unlink(os.path.join(plog.dir, SWAP_FILE))
+        new = []
+        for s in plog.segments:
+            if s.base in replaced and s is not plog.active:
+                if replaced[s.base] is not None:
+                    new.append(replaced[s.base])
+            else:
+                new.append(s)
+        plog.segments = new
+
+
+def _is_dirty(job, base: int) -> bool:
+    """A closed segment holding any offset at or past the clean offset."""
+    bases = [b for b, _, _ in job["closed"]]
+    i = bases.index(base)
+    end = bases[i + 1] if i + 1 < len(bases) else job["active_base"]
+    return end > job["clean_offset"]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
         pass
 
-    async def run(self):
-        while True:
-            await asyncio.sleep(1)
 
-    async def close(self):
-        pass
+def _iter_file_batches(path: str, size: int):
+    with open(path, "rb") as f:
+        data = f.read(size)
+    for pos, h in R.scan(data, 0, len(data)):
+        yield h, memoryview(data)[pos:pos + h.size]
+
+
+def _varint(buf, p):
+    """A zigzag varint at p: (value, next position)."""
+    shift = v = 0
+    while True:
+        b = buf[p]
+        p += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (v >> 1) ^ -(v & 1), p
+        shift += 7
+
+
+class Parsed:
+    """The records of one batch as parallel lists: what compaction needs, nothing more.
+
+    For an uncompressed batch `ends[i]` is where record i's bytes end in the batch (record i
+    starts where i-1 ends): kept records are copied as they are, since a rebuilt batch keeps
+    the base offset and first timestamp their deltas are relative to. A compressed batch is
+    decoded by kafka.record and `objs` holds its records for re-encoding.
+    """
+
+    __slots__ = ("offsets", "keys", "tombs", "ends", "objs")
+
+    def __init__(self, offsets, keys, tombs, ends=None, objs=None):
+        self.offsets, self.keys, self.tombs, self.ends, self.objs = offsets, keys, tombs, ends, objs
+
+
+def _parse(h, raw) -> Parsed:
+    if h.attributes & R.ATTR_COMPRESSION_MASK == 0:
+        return _parse_uncompressed(raw, h.count, h.base_offset)
+    from kafka.record.default_records import DefaultRecordBatch
+
+    objs = list(DefaultRecordBatch(bytes(raw)))
+    return Parsed([r.offset for r in objs], [r.key for r in objs], [r.value is None for r in objs], objs=objs)
+
+
+def _parse_uncompressed(buf, count: int, base: int) -> Parsed:
+    """Record lengths, offset deltas, keys and whether the value is null; one-byte varints inline
+    (this loop is the cleaner's cost: about 3x faster than decoding full records)."""
+    offs, keys, tombs, ends = [], [], [], []
+    add_o, add_k, add_t, add_e = offs.append, keys.append, tombs.append, ends.append
+    end_all = len(buf)
+    p = R.HEADER_SIZE
+    for _ in range(count):
+        b0 = buf[p]
+        if b0 < 0x80:
+            length = (b0 >> 1) ^ -(b0 & 1)
+            p += 1
+        else:
+            length, p = _varint(buf, p)
+        end = p + length
+        if length <= 0 or end > end_all:
+            raise ValueError("bad record length")
+        q = p + 1  # attributes
+        while buf[q] >= 0x80:  # timestamp delta: skipped (read again only for tombstones)
+            q += 1
+        q += 1
+        b0 = buf[q]
+        if b0 < 0x80:
+            od = (b0 >> 1) ^ -(b0 & 1)
+            q += 1
+        else:
+            od, q = _varint(buf, q)
+        b0 = buf[q]
+        if b0 < 0x80:
+            klen = (b0 >> 1) ^ -(b0 & 1)
+            q += 1
+        else:
+            klen, q = _varint(buf, q)
+        if klen >= 0:
+            add_k(bytes(buf[q:q + klen]))
+            q += klen
+        else:
+            add_k(None)
+        add_t(buf[q] == 1)  # value length -1 is the one-byte zigzag varint 0x01
+        add_o(base + od)
+        add_e(end)
+        p = end
+    return Parsed(offs, keys, tombs, ends=ends)
+
+
+def _timestamp(h, raw, parsed: Parsed, i: int) -> int:
+    if h.attributes & R.ATTR_TIMESTAMP_TYPE:
+        return h.max_timestamp
+    if parsed.objs is not None:
+        return parsed.objs[i].timestamp
+    start = parsed.ends[i - 1] if i else R.HEADER_SIZE
+    _, p = _varint(raw, start)
+    delta, _ = _varint(raw, p + 1)
+    return h.first_timestamp + delta
+
+
+CACHE_BYTES = 256 << 20  # parsed dirty segments kept between the two passes, at most
+
+
+def build_cleaned(job: dict) -> dict:
+    """Runs in a worker thread: writes `<base>.log.cleaned` files, returns the swap plan."""
+    # pass 1: key -> latest offset over the dirty part and the active segment. The clean part
+    # already holds one record per key, and each of them loses to any newer one in the map.
+    latest: dict = {}
+    clean_offset = job["clean_offset"]
+    cache: dict[int, list] = {}
+    cached = 0
+    dirty = [(b, p, sz) for b, p, sz in job["closed"] if _is_dirty(job, b)]
+    ab, (apath, asize) = job["active_base"], job["active"]
+    for base, path, size in dirty + [(ab, apath, asize)]:
+        keep_it = base != ab and cached + size <= CACHE_BYTES
+        entries = []
+        for h, raw in _iter_file_batches(path, size):
+            if h.attributes & R.ATTR_CONTROL:
+                entries.append((h, raw, None))
+                continue
+            try:
+                parsed = _parse(h, raw)
+            except Exception:  # noqa: BLE001 - e.g. a codec we lack: leave the batch alone
+                entries.append((h, raw, None))
+                continue
+            if h.last_offset >= clean_offset:
+                latest.update(zip(parsed.keys, parsed.offsets))
+            entries.append((h, raw, parsed))
+        if keep_it:
+            cache[base] = entries
+            cached += size
+    latest.pop(None, None)
+    horizon = job["now_ms"] - job["delete_retention_ms"]
+    log_start = job["log_start"]
+    removed = 0
+    groups = []
+    cur = None  # the output group being filled
+    for base, path, size in job["closed"]:
+        entries = cache.pop(base, None)
+        if entries is None:
+            entries = []
+            for h, raw in _iter_file_batches(path, size):
+                try:
+                    parsed = None if h.attributes & R.ATTR_CONTROL else _parse(h, raw)
+                except Exception:  # noqa: BLE001
+                    parsed = None
+                entries.append((h, raw, parsed))
+        out_chunks = []
+        changed = False
+        last = len(entries) - 1
+        for bi, (h, raw, parsed) in enumerate(entries):
+            if parsed is None:
+                out_chunks.append(bytes(raw))
+                continue
+            keep = []
+            get = latest.get
+            for i, (off, key, tomb) in enumerate(zip(parsed.offsets, parsed.keys, parsed.tombs)):
+                if off < log_start or key is None:
+                    keep.append(i)  # below the log start DeleteRecords/retention decide
+                elif get(key, off) != off:
+                    continue
+                elif tomb and _timestamp(h, raw, parsed, i) < horizon:
+                    continue  # an expired tombstone
+                else:
+                    keep.append(i)
+            n = len(parsed.offsets)
+            removed += n - len(keep)
+            if len(keep) == n:
+                out_chunks.append(bytes(raw))
+                continue
+            changed = True
+            if not keep and bi != last:
+                continue
+            # a segment's last batch stays, even empty, so that its last offset still reaches the
+            # next segment: consumers move past removed records with the batch's last offset
+            out_chunks.append(_rebuild(h, raw, parsed, keep))
+        new_size = sum(len(c) for c in out_chunks)
+        if cur is not None and cur["size"] + new_size <= job["segment_bytes"]:
+            cur["others"].append(base)
+            cur["size"] += new_size
+            _group_write(cur, job, out_chunks)
+            continue
+        if cur is not None:
+            _finish_group(cur, groups)
+        cur = {"tmp": seg_name(base, ".log.cleaned"), "first": base, "others": [], "size": new_size,
+               "file": None, "buffered": out_chunks}
+        if changed:
+            _group_write(cur, job, [])
+    if cur is not None:
+        _finish_group(cur, groups)
+    untouched = len(job["closed"]) - sum(1 + len(g["others"]) for g in groups)
+    return {"groups": groups, "removed": removed, "untouched": untouched}
+
+
+def _group_write(cur, job, chunks) -> None:
+    """Groups are written only once they differ from their source (changed or merged)."""
+    if cur["file"] is None:
+        cur["file"] = open(os.path.join(job["dir"], cur["tmp"]), "wb")
+        cur["file"].write(b"".join(cur.pop("buffered")))
+    if chunks:
+        cur["file"].write(b"".join(chunks))
+
+
+def _rebuild(h, raw, parsed: Parsed, keep: list[int]) -> bytes:
+    """A batch of the kept records with the original base offset, offset span and producer fields."""
+    import struct
+
+    if parsed.ends is not None:
+        ends = parsed.ends
+        out = bytearray(raw[:R.HEADER_SIZE])
+        for i in keep:
+            out += raw[ends[i - 1] if i else R.HEADER_SIZE:ends[i]]
+        struct.pack_into(">i", out, 8, len(out) - R.LOG_OVERHEAD)
+        struct.pack_into(">i", out, 57, len(keep))
+    else:
+        from kafka.record.default_records import DefaultRecordBatchBuilder
+
+        recs = [parsed.objs[i] for i in keep]
+        codec = h.attributes & R.ATTR_COMPRESSION_MASK
+        try:
+            b = DefaultRecordBatchBuilder(2, codec, False, h.producer_id, h.producer_epoch, h.base_sequence, 1 << 31)
+            _fill(b, h, recs)
+            out = b.build()
+        except Exception:  # noqa: BLE001 - no codec to write with: write uncompressed
+            b = DefaultRecordBatchBuilder(2, 0, False, h.producer_id, h.producer_epoch, h.base_sequence, 1 << 31)
+            _fill(b, h, recs)
+            out = b.build()
+        struct.pack_into(">q", out, 0, h.base_offset)
+        struct.pack_into(">i", out, 23, h.last_offset_delta)
+        struct.pack_into(">qq", out, 27, h.first_timestamp, h.max_timestamp)
+    struct.pack_into(">I", out, R.CRC_OFFSET, R.crc32c(memoryview(out)[R.ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
+def _fill(builder, h, recs) -> None:
+    for r in recs:
+        headers = [(k if isinstance(k, str) else k.decode("utf-8", "replace"), v) for k, v in r.headers]
+        builder.append(r.offset - h.base_offset, r.timestamp, r.key, r.value, headers)
+
+
+def _finish_group(cur, groups) -> None:
+    f = cur.pop("file")
+    if f is None:
+        return  # unchanged and alone: the segment stays as it is
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+    groups.append({"tmp": cur["tmp"], "first": cur["first"], "others": cur["others"]})

@@ -91,6 +91,7 @@ UNKNOWN_MEMBER_ID = 25
 INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
 UNSUPPORTED_VERSION = 35
+INVALID_REQUEST = 42
 NON_EMPTY_GROUP = 68
 GROUP_ID_NOT_FOUND = 69
 MEMBER_ID_REQUIRED = 79
@@ -114,6 +115,34 @@ def _env_int(name: str, default: int) -> int:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def illegal_null(container, version: int) -> str | None:
+    """The path of a field that decoded as null although the schema says it cannot be (kafka-python
+    decodes a length of -1 as None for any string, bytes or array), else None."""
+    struct_ = container._struct
+    for field in struct_._fields:
+        if not field.for_version_q(version) or field.tagged_field_q(version):
+            continue
+        value = getattr(container, field.name)
+        if value is None:
+            if not field.nullable_for_version_q(version) and (
+                    field.is_array() or field.is_struct() or field.type_str in ("string", "bytes", "records")):
+                return field.name
+            continue
+        if field.is_struct_array():
+            for item in value:
+                bad = illegal_null(item, version)
+                if bad:
+                    return f"{field.name}.{bad}"
+        elif field.is_array():
+            if any(item is None for item in value):
+                return f"{field.name}[]"
+        elif field.is_struct():
+            bad = illegal_null(value, version)
+            if bad:
+                return f"{field.name}.{bad}"
+    return None
 
 
 def _client_id_of(request) -> str:
@@ -298,6 +327,11 @@ class GroupCoordinator:
         if client_id is None:
             client_id = _client_id_of(request)
         v = api_version
+        if api_key in GROUP_API_KEYS:
+            bad = illegal_null(request, v)
+            if bad is not None:
+                log.info("api %d v%d: %s is null; answering INVALID_REQUEST", api_key, v, bad)
+                return self.error_response(api_key, v, request, INVALID_REQUEST, minimal=True)
         if api_key == JOIN_GROUP:
             return await self._join_group(v, request, client_id, client_host)
         if api_key == SYNC_GROUP:
@@ -320,12 +354,27 @@ class GroupCoordinator:
             return self._offset_delete(v, request)
         raise ValueError(f"the group coordinator does not handle API key {api_key}")
 
-    def error_response(self, api_key: int, api_version: int, request, error_code: int):
+    def error_response(self, api_key: int, api_version: int, request, error_code: int,
+                       minimal: bool = False):
         """A response of the request's version carrying ``error_code`` (for the server, e.g. when
-        a handler raised)."""
+        a handler raised). ``minimal``: echo nothing of a request that may hold illegal nulls."""
         v = api_version
+        if minimal:
+            if api_key == OFFSET_COMMIT:
+                return OffsetCommitResponse(version=v, topics=[])
+            if api_key == OFFSET_FETCH:
+                if v >= 8:
+                    return OffsetFetchResponse(version=v, groups=[])
+                return OffsetFetchResponse(version=v, topics=[], error_code=error_code)
+            if api_key == DESCRIBE_GROUPS:
+                return DescribeGroupsResponse(version=v, groups=[])
+            if api_key == DELETE_GROUPS:
+                return DeleteGroupsResponse(version=v, results=[])
         if api_key == JOIN_GROUP:
-            return JoinGroupResponse(version=v, error_code=error_code, member_id=request.member_id)
+            return JoinGroupResponse(version=v, error_code=error_code, generation_id=-1,
+                                     protocol_type=None, protocol_name=None if v >= 7 else "",
+                                     leader="", member_id=(request.member_id or "") if not minimal else "",
+                                     members=[])
         if api_key == SYNC_GROUP:
             return SyncGroupResponse(version=v, error_code=error_code, assignment=b"")
         if api_key == HEARTBEAT:
@@ -593,6 +642,8 @@ class GroupCoordinator:
 
         member.session_timeout_ms = session
         member.rebalance_timeout_ms = rebalance
+        if len(group.members) == 1:
+            group.protocol_type = req.protocol_type  # the only member may switch protocol type
         if group.state == PREPARING_REBALANCE:
             self._update_member(member, req.protocol_type, protocols, client_id, client_host)
             return await self._wait_join(v, group, member)

@@ -162,13 +162,19 @@ async def find_coordinator(broker, req, version):
 # --------------------------------------------------------------------------------------------
 # Topics
 # --------------------------------------------------------------------------------------------
+def _mk(cls, **kw):
+    """Build a nested response struct from the fields it has (they differ between APIs)."""
+    fields = cls._struct.fields
+    return cls(**{k: v for k, v in kw.items() if k in fields})
+
+
 def _config_entries(topic_cfg, cls, version, keys=None, include_synonyms=False, doc=False):
     out = []
     for name, d in sorted(TOPIC_CONFIGS.items()):
         if keys is not None and name not in keys:
             continue
         overridden = name in topic_cfg.overrides
-        e = cls(name=name, value=topic_cfg.raw(name), read_only=False,
+        e = _mk(cls, name=name, value=topic_cfg.raw(name), read_only=False,
                 config_source=SOURCE_TOPIC if overridden else SOURCE_DEFAULT,
                 is_default=not overridden, is_sensitive=False)
         if hasattr(cls, "DescribeConfigsSynonym"):
@@ -226,9 +232,7 @@ async def create_topics(broker, req, version):
             cfg = topic.config
             res.topic_id = topic.id
         res.num_partitions, res.replication_factor = n, 1
-        res.configs = [C(name=e.name, value=e.value, read_only=False, config_source=e.config_source,
-                         is_sensitive=False)
-                       for e in _config_entries(cfg, C, version)]
+        res.configs = _config_entries(cfg, C, version)
     return CreateTopicsResponse(version=version, throttle_time_ms=0, topics=results)
 
 
@@ -290,8 +294,8 @@ async def describe_configs(broker, req, version):
                 results.append(Res(error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message="unknown topic",
                                    resource_type=r.resource_type, resource_name=r.resource_name, configs=[]))
                 continue
-            entries = _config_entries(topic.config, E, version, keys, r.include_synonyms,
-                                      r.include_documentation)
+            entries = _config_entries(topic.config, E, version, keys, req.include_synonyms,
+                                      req.include_documentation)
         elif r.resource_type == BROKER_RESOURCE:
             entries = []
             for name, d in sorted(BROKER_CONFIGS.items()):
@@ -301,7 +305,7 @@ async def describe_configs(broker, req, version):
                 e = E(name=name, value=broker.config.raw(name), read_only=True,
                       config_source=SOURCE_STATIC_BROKER if overridden else SOURCE_DEFAULT,
                       is_default=not overridden, is_sensitive=False, synonyms=[], config_type=0,
-                      documentation=d.doc if r.include_documentation else None)
+                      documentation=d.doc if req.include_documentation else None)
                 entries.append(e)
         else:
             results.append(Res(error_code=INVALID_REQUEST, error_message=f"resource type {r.resource_type} is not supported",

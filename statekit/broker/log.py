@@ -171,8 +171,8 @@ class Segment:
         pos = self.size
         view = memoryview(data)
         n = 0
-        while n < len(view):
-            n += os.write(self.fd, view[n:])
+        while n < len(view):  # at our own idea of the end: a torn tail was truncated at open
+            n += os.pwrite(self.fd, view[n:], pos + n)
         if self.last_index_pos < 0 or pos - self.last_index_pos >= index_interval:
             self.idx_off.append(first.base_offset)
             self.idx_pos.append(pos)
@@ -302,6 +302,9 @@ class PartitionLog:
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
+        from .cleaner import recover_swap
+
+        recover_swap(self.dir)
         for name in os.listdir(self.dir):
             if name.endswith((".cleaned", ".tmp", ".swap")):
                 os.unlink(os.path.join(self.dir, name))

@@ -114,10 +114,14 @@ def _invalid(pos: int, why: str) -> InvalidBatch:
 
 
 def validate_produce(buf) -> list[tuple[int, BatchHeader]]:
-    """All batches of a produce payload; every byte must belong to a whole, CRC-valid batch."""
+    """All batches of a produce payload; every byte must belong to a whole, CRC-valid batch.
+
+    The CRC is checked only with the C crc32c (~40 us per MB); the pure-Python one would cost
+    seconds per MB on the hot path.
+    """
     out = []
     end = 0
-    for pos, h in scan(buf, check_crc=True):
+    for pos, h in scan(buf, check_crc=FAST_CRC):
         out.append((pos, h))
         end = pos + h.size
     if end != len(buf):

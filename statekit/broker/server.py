@@ -31,6 +31,7 @@ from .topics import TopicManager
 log = logging.getLogger("statekit.broker")
 
 _HDR = struct.Struct(">hhi")
+MAX_IN_FLIGHT = 128  # requests read ahead of their responses, per connection
 
 
 def _request_classes() -> dict[int, type]:
@@ -140,7 +141,8 @@ class Broker:
             return None
         coord = GroupCoordinator(self.dir)
         await coord.start()
-        declared = getattr(coord, "SUPPORTED_VERSIONS", None) or getattr(GroupCoordinator, "SUPPORTED_VERSIONS", None)
+        declared = coord.supported_versions() if hasattr(coord, "supported_versions") else \
+            getattr(coord, "SUPPORTED_VERSIONS", None)
         self._group_versions = dict(declared) if declared else {}
         return coord
 
@@ -253,7 +255,14 @@ class Broker:
 
     # -- connections -------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read requests and start each at once; a writer sends the responses in request order.
+
+        Handlers start in arrival order and run without suspending until they have changed the
+        log, so produce requests of one connection are appended in order; only waiting requests
+        (a Fetch long poll, a JoinGroup parked for a rebalance) overlap later ones.
+        """
         peer = writer.get_extra_info("peername")
+        client_host = "/" + (peer[0] if isinstance(peer, tuple) else "127.0.0.1")
         self._conns.add(writer)
         sock = writer.get_extra_info("socket")
         if sock is not None:
@@ -263,8 +272,10 @@ class Broker:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        pending: asyncio.Queue = asyncio.Queue(maxsize=MAX_IN_FLIGHT)
+        out_task = asyncio.create_task(self._write_responses(pending, writer, peer))
         try:
-            while not self.stopping:
+            while not self.stopping and not out_task.done():
                 try:
                     head = await reader.readexactly(4)
                 except (asyncio.IncompleteReadError, ConnectionError):
@@ -277,8 +288,34 @@ class Broker:
                     frame = await reader.readexactly(size)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
+                await pending.put(asyncio.create_task(self._dispatch(frame, client_host)))
+        except asyncio.CancelledError:
+            pass
+        finally:
+            # let the answers to what was read go out, then close
+            if not out_task.done():
                 try:
-                    out = await self._dispatch(frame)
+                    pending.put_nowait(None)
+                except asyncio.QueueFull:
+                    out_task.cancel()
+            try:
+                await out_task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+            self._conns.discard(writer)
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def _write_responses(self, pending: asyncio.Queue, writer: asyncio.StreamWriter, peer) -> None:
+        try:
+            while True:
+                task = await pending.get()
+                if task is None:
+                    break
+                try:
+                    out = await task
                 except Malformed as e:
                     log.warning("closing connection from %s: malformed request (%s)", peer, e)
                     break
@@ -289,22 +326,21 @@ class Broker:
                     writer.write(out)
                     if writer.transport.get_write_buffer_size() > (4 << 20):
                         await writer.drain()
-            try:
-                await writer.drain()
-            except ConnectionError:
-                pass
-        except asyncio.CancelledError:
-            pass
-        except ConnectionError:
+            await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
-            self._conns.discard(writer)
+            # whatever is still queued will never be answered
+            while not pending.empty():
+                t = pending.get_nowait()
+                if t is not None:
+                    t.cancel()
             try:
                 writer.close()
             except Exception:  # noqa: BLE001
                 pass
 
-    async def _dispatch(self, frame: bytes):
+    async def _dispatch(self, frame: bytes, client_host: str = "/127.0.0.1"):
         api_key, api_version, corr = _HDR.unpack_from(frame, 0)
         entry = H.API_TABLE.get(api_key)
         supported = self.supported_versions().get(api_key)
@@ -313,18 +349,31 @@ class Broker:
         req_cls = entry[0] if entry else REQUEST_CLASSES.get(api_key)
         try:
             bio = io.BytesIO(frame)
-            req_cls.parse_header(bio, version=api_version)
+            hdr = req_cls.parse_header(bio, version=api_version)
             req = req_cls.decode(memoryview(frame)[bio.tell():], version=api_version)
         except Exception as e:  # noqa: BLE001 - any decode failure is the client's
             raise Malformed(f"cannot decode {req_cls.__name__} v{api_version}: {type(e).__name__}: {e}") from None
         if entry is not None:
             resp = await entry[4](self, req, api_version)
         else:
-            resp = await self.coordinator.handle(api_key, api_version, req)
+            try:
+                resp = await self.coordinator.handle(api_key, api_version, req,
+                                                     client_id=getattr(hdr, "client_id", None) or "",
+                                                     client_host=client_host)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - answer with an error of the right shape, keep serving
+                log.exception("group coordinator failed on api %d v%d", api_key, api_version)
+                make = getattr(self.coordinator, "error_response", None)
+                if make is None:
+                    raise
+                resp = make(api_key, api_version, req, H.COORDINATOR_NOT_AVAILABLE)
         if resp is None:
             return None
+        if resp.API_VERSION != api_version:
+            resp.API_VERSION = api_version  # before with_header: the setter touches a request header
         resp.with_header(correlation_id=corr)
-        return resp.encode(version=api_version, header=True, framed=True)
+        return resp.encode(header=True, framed=True)
 
     def _unsupported(self, api_key: int, api_version: int, corr: int):
         """UNSUPPORTED_VERSION in the best shape the client can read."""
@@ -334,7 +383,7 @@ class Broker:
                 ApiVersionsResponse.ApiVersion(api_key=k, min_version=lo, max_version=hi)
                 for k, (lo, hi) in sorted(self.supported_versions().items())])
             resp.with_header(correlation_id=corr)
-            return resp.encode(version=0, header=True, framed=True)
+            return resp.encode(header=True, framed=True)
         code = H.UNSUPPORTED_VERSION
         if api_key in H.GROUP_API_KEYS and self.coordinator is None:
             code = H.COORDINATOR_NOT_AVAILABLE
@@ -346,7 +395,7 @@ class Broker:
                 if "error_code" in resp_cls._struct.fields:
                     resp.error_code = code
                 resp.with_header(correlation_id=corr)
-                return resp.encode(version=api_version, header=True, framed=True)
+                return resp.encode(header=True, framed=True)
             except Exception:  # noqa: BLE001 - fall back to the minimal answer
                 pass
         body = struct.pack(">ih", corr, code)

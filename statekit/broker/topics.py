@@ -99,6 +99,7 @@ class TopicManager:
         self.by_id.pop(topic.id, None)
         self.save()
         for plog in topic.partitions:
+            plog.deleted = True  # a cleaner pass in flight drops its result
             plog.close()
             shutil.rmtree(plog.dir, ignore_errors=True)
 

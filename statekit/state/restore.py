@@ -183,6 +183,8 @@ class RestoreMetrics:
     records_remaining: int = 0
     duration_s: float = 0.0
     dropped_uncommitted: int = 0
+    # keys of the dropped records (uncommitted tail, or a batch another store did not commit)
+    dropped_keys: set = field(default_factory=set, repr=False)
 
     @property
     def rate(self) -> float:
@@ -194,6 +196,7 @@ class RestoreMetrics:
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
+        d.pop("dropped_keys", None)
         d["rate"] = self.rate
         d["lag"] = self.lag
         return d
@@ -204,9 +207,10 @@ class _Crash(Protocol):
 
 
 def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, crash=None,
-                   max_bytes: int | None = None) -> tuple[dict, int]:
+                   max_bytes: int | None = None, exclude=()) -> tuple[dict, int]:
     """Replay every store of ``plan`` (``{store: (topic, start_offset, end_offset, base_batch,
-    replayed_from)}``) into ``db``. Returns ``({store: RestoreMetrics}, task_batch)``."""
+    replayed_from)}``) into ``db``. Returns ``({store: RestoreMetrics}, task_batch)``. Stores in
+    ``exclude`` (changelogs created just now, empty) do not take part in settling the batch."""
     replays: dict[str, StoreReplay] = {}
     metrics: dict[str, RestoreMetrics] = {}
     writes = 0
@@ -219,28 +223,36 @@ def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, cras
         if listener is not None:
             listener.on_restore_start(store, partition, start, end)
         if end > start:
-            for chunk in kafka.read(topic, partition, start, end, max_bytes=max_bytes):
-                items = rp.feed(chunk.records, chunk.next_offset)
-                db.write_batch_raw(store, items, {meta_key(store): rp.meta()})
-                writes += 1
-                m.records_restored = rp.records_read
-                m.records_remaining = max(0, end - rp.position)
-                if listener is not None:
-                    listener.on_batch_restored(store, partition, chunk.next_offset, len(chunk.records))
-                if crash is not None:
-                    crash.hit("mid_restore", writes)
+            reader = kafka.read(topic, partition, start, end, max_bytes=max_bytes)
+            try:
+                for chunk in reader:
+                    items = rp.feed(chunk.records, chunk.next_offset)
+                    db.write_batch_raw(store, items, {meta_key(store): rp.meta()})
+                    writes += 1
+                    m.records_restored = rp.records_read
+                    m.records_remaining = max(0, end - rp.position)
+                    if listener is not None:
+                        listener.on_batch_restored(store, partition, chunk.next_offset,
+                                                   len(chunk.records))
+                    if crash is not None:
+                        crash.hit("mid_restore", writes)
+            finally:
+                reader.close()  # an abandoned read drains its in-flight Fetch now, not at GC
         m.records_restored = rp.records_read
         m.records_remaining = 0
         m.duration_s = time.perf_counter() - t0
     # every store read: settle the latest batch
-    task_batch = min((rp.batch for rp in replays.values()), default=NO_BATCH)
+    voters = [rp.batch for name, rp in replays.items() if name not in exclude]
+    task_batch = min(voters, default=NO_BATCH)
     for store, rp in replays.items():
         m = metrics[store]
         m.dropped_uncommitted = len(rp.pending)
+        m.dropped_keys.update(r[2] for r in rp.pending)
         rp.pending = []
-        if rp.batch <= task_batch:
+        if rp.batch <= task_batch or store in exclude:
             items = rp.release_held()
         else:
+            m.dropped_keys.update(k for k, _v in rp.held)
             m.dropped_uncommitted += rp.drop_held()
             rp.applied_batch = min(rp.applied_batch, task_batch)
             items = []

@@ -198,10 +198,13 @@ class TaskState:
             raise
 
     # -- notices -------------------------------------------------------------------------------
-    def _warn(self, msg: str) -> None:
+    def _warn(self, msg: str, level: int = logging.WARNING) -> None:
         msg = " ".join(str(msg).split())
         self.notices.append(msg)
-        (self._warn_fn or log.warning)(msg)
+        if self._warn_fn is not None:
+            self._warn_fn(msg)
+        else:
+            log.log(level, msg)
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -230,6 +233,7 @@ class TaskState:
         self.stores, self.db = self._open_db()
         meta = self.db.read_meta()
         names = [s.name for s in self.logged_specs]
+        had_local = cp is not None or bool(meta) or had_rocks
         if cp is not None and not meta:
             self._warn(f"task {self.application}/{self.task_id}: a checkpoint exists but the local "
                        f"RocksDB {'is empty' if had_rocks else 'directory is missing'}; restoring "
@@ -297,12 +301,16 @@ class TaskState:
             if meta:
                 self.db.wipe()
             meta = {}
+        fresh = [n for n in missing if n not in reseed]
+        if fresh:
+            self._warn(f"task {self.application}/{self.task_id}: changelog topic(s) "
+                       f"{', '.join(self.topic(n) for n in fresh)} do not exist and there is no "
+                       f"local state for {', '.join(repr(n) for n in fresh)}: nothing to restore, "
+                       f"starting empty (topics created)",
+                       logging.INFO if not had_local and len(fresh) == len(names)
+                       else logging.WARNING)  # a brand-new task is no cause for alarm
         for name in missing:
             spec = next(s for s in self.logged_specs if s.name == name)
-            if name not in reseed:
-                self._warn(f"task {self.application}/{self.task_id}: changelog topic "
-                           f"{self.topic(name)} does not exist and there is no local state for "
-                           f"store {name!r}: nothing to restore, starting empty (topic created)")
             self._create_topic(spec)
             ends[name] = begins[name] = 0
         for name in reseed:
@@ -335,7 +343,7 @@ class TaskState:
             ckpt.remove(self.task_dir)  # from now on RocksDB's meta is the record of progress
             self.restore_metrics, task_batch = restore_stores(
                 self.db, self.kafka, self.partition, plan, listener=self.listener, crash=self.crash,
-                max_bytes=self.fetch_max_bytes)
+                max_bytes=self.fetch_max_bytes, exclude=fresh)
             self.db.sync_wal()
         else:
             self.restore_metrics = {}
@@ -345,12 +353,45 @@ class TaskState:
                     self.listener.on_restore_start(name, self.partition, s, e)
                     self.listener.on_restore_end(name, self.partition, 0)
             task_batch = base_batch
+        self._seal_dropped(task_batch)
+        if fresh and task_batch != NO_BATCH:
+            # a store that starts empty beside restored ones: its new changelog gets a marker at the
+            # task's batch, so a later restore does not read it as "never committed anything"
+            for name in fresh:
+                last = self._send_store(name, [], task_batch)
+                self.db.write_batch_raw(name, [], {meta_key(name): {"offset": last + 1,
+                                                                    "batch": task_batch}})
         self.replayed_from = ("scratch" if origins == {"scratch"} else
                               "checkpoint" if "scratch" not in origins else "mixed") if plan else "none"
         meta = self.db.read_meta()
         self.last_batch = int(meta.get("batch", task_batch)) if meta else task_batch
         if meta and any(meta_key(n) in meta for n in names):
             self._write_checkpoint(meta)
+
+    def _seal_dropped(self, task_batch: int) -> None:
+        """Re-commit the keys of dropped changelog records. Log compaction keeps the *latest*
+        record per key, and a dropped record (an uncommitted tail, or a batch another store did
+        not commit) is later than the committed value it shadows: once the cleaner runs, that
+        committed value would be gone from the log. So after a restore that dropped records, each
+        such key gets its restored value (or a tombstone) again, closed by a marker at the task's
+        batch. (Window stores are not sealed: their changelog keys carry the window and their
+        values expire with retention anyway.)"""
+        for spec in self.logged_specs:
+            m = self.restore_metrics.get(spec.name)
+            if m is None or not m.dropped_keys or getattr(spec, "kind", "kv") != "kv":
+                continue
+            repairs = []
+            for key in sorted(m.dropped_keys):
+                if key is None or key == MARKER_KEY:
+                    continue
+                hit = next(iter(self.db.items(spec.name, key, key + b"\x00")), None)
+                repairs.append((key, hit[1] if hit is not None and hit[0] == key else None))
+            last = self._send_store(spec.name, repairs, task_batch)
+            self.db.write_batch_raw(spec.name, [], {meta_key(spec.name): {"offset": last + 1,
+                                                                          "batch": task_batch}})
+            m.sealed = len(repairs)
+        if any(getattr(m, "sealed", 0) for m in self.restore_metrics.values()):
+            self.db.sync_wal()
 
     def _create_topic(self, spec) -> None:
         cfg = changelog_configs(spec)

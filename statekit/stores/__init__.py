@@ -44,11 +44,25 @@ The commit protocol, as the task state manager drives it (`db` is a `TaskDB`)::
 - `db.wipe()`: delete every store's data and the meta (the local state is untrusted); store objects
   stay usable; `TaskDB.destroy(path_or_task_dir)` removes a task's RocksDB directory from disk.
 - `db.close()`; `db.path` (the RocksDB dir or None when every store is in memory); `db.store_names`;
-  `db.persistent(name) -> bool` (False for memory stores: they always restore from the log start).
-- `db.stats() -> {store: metrics dict}`.
+  `db.persistent(name) -> bool` (False for memory stores: they always restore from the log start);
+  `db.logged_stores() -> [name]`; `db.store(name)` (outermost layer; `.spec` is its StoreSpec).
+- `db.flush() -> int` (entries forwarded); `db.commit(...)` returns {"records", "bytes", "ms"}.
+- `db.stats() -> {store: metrics dict}`; `db.items(name)` / `db.to_pandas(name)`: committed data
+  as RocksDB holds it; `db.changelog_items(name)`: committed data in changelog form (window keys
+  without their segment prefix) — what re-seeding a lost changelog sends.
+- Meta keys are str not starting with "__" (reserved); values are anything JSON can hold.
+- Iterators returned by range/prefix_scan/all read RocksDB lazily; `close()` ends the ones still
+  open (they stop early) so the RocksDB lock is released.
 
-Opening a DB that cannot be opened raises `statekit.errors.CorruptState` (one line, says what to do);
-a DB held by another live writer raises `statekit.errors.StateLocked`.
+- `db.verify() -> int` reads every committed record with checksums on (CorruptState on damage
+  that opening cannot see). `db.sync_wal()` fsyncs restore batches (written without fsync; commits
+  are fsynced unless `build_stores(..., sync=False)`).
+- Window stores keep their stream time in the meta (reserved key), written by every commit and
+  restore batch, so retention means the same after a restart.
+
+Opening a DB that cannot be opened raises `statekit.errors.CorruptState` (one line, says what to
+do); a DB held by another live writer (or an unclosed TaskDB in this process) raises
+`statekit.errors.StateLocked`.
 
 Inspection while another process writes (RocksDB secondary instance, read only)::
 
@@ -57,6 +71,11 @@ Inspection while another process writes (RocksDB secondary instance, read only):
         ro.read_meta(); ro.store_names; ro.refresh()   # catch up with the writer
         ro.items("counts")                    # raw (key_bytes, value_bytes) of the last commit
         ro.to_pandas("counts")                # decoded with the serdes recorded at commit
+
+Typed window store (`MeteredWindowStore`): put(key, value, window_start), get(key, window_start),
+delete(key, window_start), fetch(key, t_from, t_to) -> (window_start, value) ascending (inclusive
+bounds), fetch_all(t_from, t_to) / all() -> (key, window_start, value). Changelog keys of window
+stores are `key_bytes + 8-byte big-endian window_start`.
 
 Bytes-level layers (every one implements `KeyValueStore`, see api.py):
 `MeteredStore(inner, key_serde, value_serde)` -> `CachingStore(inner, cache)` ->

@@ -63,7 +63,7 @@ class WindowStore(Protocol):
         """(window_start, value) for t_from <= window_start <= t_to, ascending."""
 
     def fetch_all(self, t_from: int, t_to: int) -> Iterator[tuple]:
-        """(key, window_start, value) ordered by key bytes, then window_start."""
+        """(key, window_start, value) in (key_bytes + window_start) byte order."""
 
     def flush(self) -> None: ...
 

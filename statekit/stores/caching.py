@@ -48,7 +48,6 @@ class CachingStore(StoreBase):
         self._entries: OrderedDict = OrderedDict()
         self._keys = SortedKeys(self._entries)
         self._dirty: dict = {}
-        self._bytes = 0
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -71,7 +70,6 @@ class CachingStore(StoreBase):
             e[key] = v
             self._keys.added(key)
             size = len(key) + len(v) + ENTRY_OVERHEAD
-            self._bytes += size
             c = self.cache
             c.used += size
             if c.used > c.max_bytes:
@@ -103,7 +101,6 @@ class CachingStore(StoreBase):
         else:
             e.move_to_end(key)
             delta = (0 if value is None else len(value)) - (0 if old is None else len(old))
-        self._bytes += delta
         c = self.cache
         c.used += delta
         if c.used > c.max_bytes:
@@ -121,9 +118,7 @@ class CachingStore(StoreBase):
         while c.used > c.max_bytes and e:
             k, v = e.popitem(last=False)
             self._keys.removed()
-            size = len(k) + ENTRY_OVERHEAD + (0 if v is None else len(v))
-            self._bytes -= size
-            c.used -= size
+            c.used -= len(k) + ENTRY_OVERHEAD + (0 if v is None else len(v))
             self.evictions += 1
             if k in dirty:
                 del dirty[k]
@@ -148,16 +143,13 @@ class CachingStore(StoreBase):
             for k in tomb:
                 del e[k]
                 self._keys.removed()
-                size = len(k) + ENTRY_OVERHEAD
-                self._bytes -= size
-                self.cache.used -= size
+                self.cache.used -= len(k) + ENTRY_OVERHEAD
         self.flushes += 1
         self.inner.flush()
 
     def clear(self) -> None:
         """Drop every entry, dirty ones too (rollback to the last commit)."""
-        self.cache.used -= self._bytes
-        self._bytes = 0
+        self.cache.used -= self.bytes
         self._entries.clear()
         self._dirty.clear()
         self._keys.reset()
@@ -167,11 +159,18 @@ class CachingStore(StoreBase):
 
     # -- observation -----------------------------------------------------------------------
     @property
+    def bytes(self) -> int:
+        """Bytes this store's entries count against the task budget (computed: not on the hot
+        path)."""
+        return sum(len(k) + ENTRY_OVERHEAD + (0 if v is None else len(v))
+                   for k, v in self._entries.items())
+
+    @property
     def dirty_count(self) -> int:
         return len(self._dirty)
 
     def stats(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                "dirty": len(self._dirty), "entries": len(self._entries), "bytes": self._bytes,
+                "dirty": len(self._dirty), "entries": len(self._entries), "bytes": self.bytes,
                 "forwarded": self.forwarded, "flushes": self.flushes,
                 "task_cache_bytes": self.cache.used, "task_cache_max_bytes": self.cache.max_bytes}

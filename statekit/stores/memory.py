@@ -24,8 +24,8 @@ class MemoryStore(OverlayStore):
         return self._data.get(key)
 
     def _committed_scan(self, lo: Optional[bytes], hi: Optional[bytes]) -> Iterator[KV]:
-        data = self._data
-        return ((k, data[k]) for k in self._keys.keys_in(lo, hi))
+        get = self._data.get
+        return ((k, v) for k in self._keys.keys_in(lo, hi) if (v := get(k)) is not None)
 
     def _committed_count(self) -> int:
         return len(self._data)

@@ -99,6 +99,14 @@ class MeteredStore(Meter):
         self._n_range += 1
         return self._decode(it)
 
+    def scan(self, lo: Any = None, hi: Any = None) -> Iterator[tuple]:
+        """Half-open [lo, hi) in key byte order (counted as a range)."""
+        t = _now()
+        it = self.inner.scan(None if lo is None else self._kb(lo), None if hi is None else self._kb(hi))
+        self._ns_range += _now() - t
+        self._n_range += 1
+        return self._decode(it)
+
     def prefix_scan(self, prefix: Any, raw: bool = False) -> Iterator[tuple]:
         """Keys whose bytes start with the prefix's bytes (`raw=True`: prefix is given as bytes;
         note a JSON-encoded string prefix ends with a quote, so raw prefixes are usually meant)."""

@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from typing import Any, Iterable, Iterator, Optional
 
 import rocksdict as rd
@@ -27,22 +28,27 @@ from statekit.stores.overlay import OverlayStore
 
 META_CF = "__meta__"
 SPECS_KEY = "__stores__"  # meta key (reserved: keys starting "__" are not returned by read_meta)
+STREAM_TIME_KEY = "__stream_time."  # + window store name
 DB_SUBDIR = "rocksdb"
 
 _block_cache = None
+_write_buffers = None
 
 
 def _options() -> rd.Options:
     """Options for the DB and every column family: small and quick, WAL kept (it makes the commit
-    batch atomic and crash-safe), lz4, bloom filters for point lookups, one shared block cache."""
-    global _block_cache
+    batch atomic and crash-safe), lz4, bloom filters for point lookups; one block cache and one
+    memtable budget shared by every task db of the process (a Spark worker hosts several tasks)."""
+    global _block_cache, _write_buffers
     if _block_cache is None:
         _block_cache = rd.Cache(32 << 20)
+        _write_buffers = rd.WriteBufferManager(128 << 20, False)
     o = rd.Options(raw_mode=True)
+    o.set_write_buffer_manager(_write_buffers)
     o.create_if_missing(True)
     o.create_missing_column_families(True)
     o.set_compression_type(rd.DBCompressionType.lz4())
-    o.set_write_buffer_size(16 << 20)
+    o.set_write_buffer_size(8 << 20)
     o.set_max_write_buffer_number(3)
     o.set_max_total_wal_size(64 << 20)
     o.set_max_background_jobs(2)
@@ -64,7 +70,7 @@ def _one_line(err: BaseException, limit: int = 200) -> str:
 
 def _open_error(path: str, err: BaseException) -> StatekitError:
     msg = _one_line(err)
-    if "lock" in msg.lower():
+    if not msg.startswith("Corruption") and ("/LOCK" in msg or "lock hold" in msg):
         return StateLocked(f"RocksDB state in {path} is in use by another store or process ({msg}); "
                            f"close it there first")
     return CorruptState(f"RocksDB state in {path} cannot be opened ({msg}); wipe it "
@@ -77,6 +83,19 @@ def resolve_db_dir(path: str) -> str:
     if os.path.isdir(sub) or not os.path.exists(os.path.join(path, "CURRENT")):
         return sub
     return path
+
+
+def _cf_items(cf: rd.Rdict, lo: Optional[bytes], hi: Optional[bytes]) -> Iterator[KV]:
+    """Ascending items of [lo, hi). The ReadOptions holding the upper bound must outlive the
+    RocksDB iterator (the bound is not copied), so this generator keeps it referenced."""
+    ro = rd.ReadOptions()
+    if hi is not None:
+        ro.set_iterate_upper_bound(hi)
+    it = cf.items(from_key=lo, read_opt=ro)
+    try:
+        yield from it
+    finally:
+        del it, ro
 
 
 class RocksDBStore(OverlayStore):
@@ -94,14 +113,24 @@ class RocksDBStore(OverlayStore):
         self._handle = self._taskdb._cf_handle(self.name)
         self._cf_get = self._cf.get
 
+    def _unbind(self) -> None:
+        """Drop every reference into RocksDB (a live handle keeps the DB, and its lock, open)."""
+        self._cf = None
+        self._handle = None
+        self._cf_get = self._closed
+
+    def _closed(self, *a):
+        raise StatekitError(f"store {self.name!r}: its task db is closed")
+
     def _committed_get(self, key: bytes) -> Optional[bytes]:
         return self._cf_get(key)
 
     def _committed_scan(self, lo: Optional[bytes], hi: Optional[bytes]) -> Iterator[KV]:
-        ro = rd.ReadOptions()
-        if hi is not None:
-            ro.set_iterate_upper_bound(hi)
-        return self._cf.items(from_key=lo, read_opt=ro)
+        if self._cf is None:
+            self._closed()
+        it = _cf_items(self._cf, lo, hi)
+        self._taskdb._iters.add(it)  # closed with the db: a live RocksDB iterator holds its lock
+        return it
 
     def _committed_count(self) -> int:
         return self._cf.property_int_value("rocksdb.estimate-num-keys") or 0
@@ -120,9 +149,11 @@ class RocksDBStore(OverlayStore):
             n += 1
         put = wb.put
         delete = wb.delete
+        get = self._cf_get
         for k, v in items:
             if v is None:
-                delete(k, h)
+                if get(k) is not None:  # no tombstone for a key RocksDB never had
+                    delete(k, h)
             else:
                 put(k, v, h)
             n += 1
@@ -170,6 +201,8 @@ class TaskDB:
         self._tops: dict = {}        # name -> outermost layer
         self._caches: dict = {}      # name -> CachingStore
         self._reloads: list = []     # callables run after discard / wipe / restore (window state)
+        self._windows: dict = {}     # name -> SegmentedStore (its stream time goes into the meta)
+        self._iters = weakref.WeakSet()  # open RocksDB iterators, ended on close
         self._specs: dict = {}
         self._specs_written = False
         self._mem_meta: dict = {}
@@ -254,6 +287,8 @@ class TaskDB:
             self._caches[name] = cache
         if restore_target is not None:
             self._targets[name] = restore_target
+            if getattr(restore_target, "segment_ms", None) is not None:
+                self._windows[name] = restore_target
         if reload is not None:
             self._reloads.append(reload)
         if spec is not None:
@@ -272,10 +307,19 @@ class TaskDB:
         return bool(self._stores[name].persistent)
 
     # -- the commit protocol -----------------------------------------------------------------
-    def flush(self) -> None:
-        """Step 1 of a commit: every cache forwards its dirty entries (to the sink and overlays)."""
+    def flush(self) -> int:
+        """Step 1 of a commit: every cache forwards its dirty entries (to the sink and overlays).
+        Returns how many entries were forwarded."""
+        n = 0
         for c in self._caches.values():
+            n += c.dirty_count
             c.flush()
+        return n
+
+    def logged_stores(self) -> list:
+        """Names of the stores that write a changelog (the ones restoration reads)."""
+        return [n for n, t in self._tops.items()
+                if getattr(getattr(t, "spec", None), "logging", False)]
 
     def dirty_count(self) -> int:
         return sum(c.dirty_count for c in self._caches.values())
@@ -294,16 +338,16 @@ class TaskDB:
         records = 0
         nbytes = 0
         rocks = [s for s in self._stores.values() if isinstance(s, RocksDBStore)]
-        if self._db is not None:
+        if self.path is not None:
+            self._require_db()
             wb = rd.WriteBatch(raw_mode=True)
             for s in rocks:
                 records += s._fill(wb)
-            self._put_meta(wb, meta)
+            self._put_meta(wb, meta, self._windows)
             nbytes = wb.size_in_bytes()
             self._db.write(wb, self._wopts)
-            self._specs_written = True
         else:
-            self._mem_meta.update(meta or {})
+            self._put_meta(None, meta, self._windows)
         for s in rocks:
             s.discard()
         for s in self._stores.values():
@@ -315,21 +359,43 @@ class TaskDB:
                             "ms": (time.perf_counter() - t0) * 1000.0}
         return self.last_commit
 
-    def _put_meta(self, wb: rd.WriteBatch, meta: Optional[dict]) -> None:
-        h = self._cf_handle(META_CF)
+    def _put_meta(self, wb: Optional[rd.WriteBatch], meta: Optional[dict], windows: dict) -> None:
+        """User meta, plus reserved entries: window stream times, the store specs (once)."""
+        entries = {}
         for k, v in (meta or {}).items():
             if not isinstance(k, str) or k.startswith("__"):
                 raise ValueError(f"meta key {k!r}: use a str not starting with '__'")
-            wb.put(k.encode("utf-8"), json.dumps(v, separators=(",", ":"), sort_keys=True).encode(), h)
+            entries[k] = v
+        for name, seg in windows.items():
+            entries[STREAM_TIME_KEY + name] = seg.stream_time
         if not self._specs_written and self._specs:
-            wb.put(SPECS_KEY.encode(), json.dumps(self._specs, sort_keys=True).encode(), h)
+            entries[SPECS_KEY] = self._specs
+        if wb is None:
+            self._mem_meta.update(json.loads(json.dumps(entries)))
+        else:
+            h = self._cf_handle(META_CF)
+            for k, v in entries.items():
+                wb.put(k.encode("utf-8"),
+                       json.dumps(v, separators=(",", ":"), sort_keys=True).encode(), h)
+        self._specs_written = True
 
     def read_meta(self) -> dict:
         """The meta of the last commit (or restore batch); {} for a fresh task."""
         if self.path is None:
-            return json.loads(json.dumps(self._mem_meta))
+            return {k: v for k, v in json.loads(json.dumps(self._mem_meta)).items()
+                    if not k.startswith("__")}
         self._require_db()
         return _read_meta(self._cf_dict(META_CF))
+
+    def _reserved_meta(self, key: str, default: Any = None) -> Any:
+        if self.path is None:
+            return self._mem_meta.get(key, default)
+        raw = self._cf_dict(META_CF).get(key.encode("utf-8"))
+        return default if raw is None else json.loads(raw)
+
+    def committed_stream_time(self, name: str) -> int:
+        """A window store's stream time as of the last commit (-1: none)."""
+        return int(self._reserved_meta(STREAM_TIME_KEY + name, -1))
 
     def read_specs(self) -> dict:
         return dict(self._specs)
@@ -356,15 +422,16 @@ class TaskDB:
         if cache is not None:
             cache.clear()  # clean entries could hide restored values
         target = self._targets[store_name]
-        if self._db is not None:
+        windows = {store_name: self._windows[store_name]} if store_name in self._windows else {}
+        if self.path is not None:
+            self._require_db()
             wb = rd.WriteBatch(raw_mode=True)
             n = target._restore_into(wb, items)
-            self._put_meta(wb, meta)
+            self._put_meta(wb, meta, windows)
             self._db.write(wb, self._restore_wopts)
-            self._specs_written = True
         else:
             n = target._restore_into(None, items)
-            self._mem_meta.update(meta or {})
+            self._put_meta(None, meta, windows)
         return n
 
     def wipe(self) -> None:
@@ -385,6 +452,25 @@ class TaskDB:
         for r in self._reloads:
             r()
 
+    def verify(self) -> int:
+        """Read every committed record with checksums on; CorruptState if RocksDB finds damage
+        (opening checks only the metadata). Returns the number of records read."""
+        if self.path is None:
+            return 0
+        self._require_db()
+        n = 0
+        for name in [META_CF] + [k for k, s in self._stores.items() if isinstance(s, RocksDBStore)]:
+            ro = rd.ReadOptions()
+            ro.set_verify_checksums(True)
+            try:
+                for _ in self._cf_dict(name).items(read_opt=ro):
+                    n += 1
+            except Exception as e:
+                raise CorruptState(f"RocksDB state in {self.path} is damaged (store {name!r}: "
+                                   f"{_one_line(e)}); wipe it and restore the task from its "
+                                   f"changelog") from None
+        return n
+
     def sync_wal(self) -> None:
         """Make the restore batches written so far durable (they are written without fsync)."""
         if self._db is not None:
@@ -404,6 +490,12 @@ class TaskDB:
         TaskDB._destroy_dir(resolve_db_dir(path))
 
     def _close_db(self) -> None:
+        for it in list(self._iters):
+            it.close()
+        self._iters = weakref.WeakSet()
+        for s in self._stores.values():
+            if isinstance(s, RocksDBStore):
+                s._unbind()
         for cf in self._cfs.values():
             try:
                 cf.close()
@@ -445,6 +537,14 @@ class TaskDB:
         """Committed raw (key, value) pairs of a store, as RocksDB holds them."""
         s = self._stores[store_name]
         return s._committed_scan(lo, hi)
+
+    def changelog_items(self, store_name: str) -> Iterator[KV]:
+        """Committed records in changelog form, i.e. as the sink received them (window stores:
+        without the segment prefix): what re-seeding a lost changelog must send."""
+        it = self.items(store_name)
+        if getattr(self._targets.get(store_name), "segment_ms", None) is None:
+            return it
+        return ((k[8:], v) for k, v in it)
 
     def to_pandas(self, store_name: str, key_serde: Any = None, value_serde: Any = None,
                   limit: Optional[int] = None):
@@ -522,10 +622,7 @@ class ReadOnlyTaskDB:
 
     def items(self, store_name: str, lo: Optional[bytes] = None,
               hi: Optional[bytes] = None) -> Iterator[KV]:
-        ro = rd.ReadOptions()
-        if hi is not None:
-            ro.set_iterate_upper_bound(hi)
-        return self._cf(store_name).items(from_key=lo, read_opt=ro)
+        return _cf_items(self._cf(store_name), lo, hi)
 
     def to_pandas(self, store_name: str, key_serde: Any = None, value_serde: Any = None,
                   limit: Optional[int] = None):

@@ -37,7 +37,12 @@ class JsonSerde:
             return b"%d" % obj
         return self._encode(obj).encode("ascii")
 
-    def from_bytes(self, data: bytes) -> Any:
+    def from_bytes(self, data: bytes, _num: bytes = b"-0123456789") -> Any:
+        if data[:1] in _num:  # hot path: an integer (int() reads what to_bytes wrote for ints)
+            try:
+                return int(data)
+            except ValueError:  # a float, -Infinity, ...
+                pass
         return self._decode(data.decode("utf-8"))
 
 
@@ -46,11 +51,10 @@ class StrSerde:
 
     name = "str"
 
-    def to_bytes(self, obj: str) -> bytes:
-        return obj.encode("utf-8")
-
-    def from_bytes(self, data: bytes) -> str:
-        return data.decode("utf-8")
+    def __init__(self) -> None:
+        # the C methods themselves: no Python frame on the hot path (both default to UTF-8)
+        self.to_bytes = str.encode
+        self.from_bytes = bytes.decode
 
 
 class Int64Serde:
@@ -96,9 +100,12 @@ _REGISTRY: dict[str, Serde] = {
 
 def register_serde(name: str, serde: Serde) -> None:
     """Make `serde` available by name (for StoreSpec and inspection)."""
-    if not (callable(getattr(serde, "to_bytes", None)) and callable(getattr(serde, "from_bytes", None))):
-        raise TypeError(f"serde {name!r} needs to_bytes(obj) and from_bytes(data) methods")
-    _REGISTRY[name] = serde
+    if isinstance(serde, str):
+        raise TypeError(f"serde {name!r}: register an object, not a name")
+    try:
+        _REGISTRY[name] = get_serde(serde)
+    except TypeError:
+        raise TypeError(f"serde {name!r} needs to_bytes(obj) and from_bytes(data) methods") from None
 
 
 def get_serde(spec: Any = "json") -> Serde:
@@ -111,8 +118,9 @@ def get_serde(spec: Any = "json") -> Serde:
         except KeyError:
             raise ValueError(f"unknown serde {spec!r}; known: {', '.join(sorted(_REGISTRY))} "
                              f"(or pass an object with to_bytes/from_bytes)") from None
-    if callable(getattr(spec, "to_bytes", None)) and callable(getattr(spec, "from_bytes", None)):
-        return spec
+    if (not isinstance(spec, (int, type)) and callable(getattr(spec, "to_bytes", None))
+            and callable(getattr(spec, "from_bytes", None))):
+        return spec  # (ints have to_bytes/from_bytes too, with other meanings)
     raise TypeError(f"not a serde: {spec!r} (needs to_bytes/from_bytes, or a registered name)")
 
 

@@ -55,7 +55,8 @@ def default_segment_ms(retention_ms: Optional[int]) -> int:
 class SegmentedStore(StoreBase):
     """KV store on composite keys that files every record under its time segment (see module doc)."""
 
-    def __init__(self, inner, segment_ms: int, retention_ms: Optional[int] = None) -> None:
+    def __init__(self, inner, segment_ms: int, retention_ms: Optional[int] = None,
+                 stream_time_source=None) -> None:
         if segment_ms <= 0:
             raise ValueError("segment_ms must be > 0")
         self.name = inner.name
@@ -67,6 +68,9 @@ class SegmentedStore(StoreBase):
         self._segments: list = []   # sorted ids of segments that may hold data
         self.segments_dropped = 0
         self.expired_dropped = 0
+        # the committed stream time (the task meta): data alone can under-state it, e.g. when the
+        # latest window was deleted, and then expired windows would come back after a restart
+        self.stream_time_source = stream_time_source
         self.reload()
 
     # -- time and segments -------------------------------------------------------------------
@@ -123,13 +127,16 @@ class SegmentedStore(StoreBase):
         self._segments = segs
         self.stream_time = -1
         self.min_live = 0
+        top = -1
+        if self.stream_time_source is not None:
+            top = self.stream_time_source()
         if segs:
             last = segs[-1]
-            top = -1
             for k, _ in scan(_pack(last), _pack(last + 1)):
                 ts = _unpack_from(k, len(k) - 8)[0]
                 if ts > top:
                     top = ts
+        if top >= 0:
             self._advance(top)
             if self._drop_expired():
                 self.inner.delete_range(b"", _pack(self.min_live))
@@ -283,7 +290,9 @@ class MeteredWindowStore(Meter):
                 yield _unpack_from(k, n - 8)[0], vd(v)
 
     def fetch_all(self, t_from: int, t_to: int) -> Iterator[tuple]:
-        """(key, window_start, value) with t_from <= window_start <= t_to, by key bytes then time."""
+        """(key, window_start, value) with t_from <= window_start <= t_to, in composite-key byte
+        order: by key bytes then time, except that a key which is a byte prefix of another
+        interleaves with it (as in Kafka Streams)."""
         t = _now()
         floor = self.segmented.expiry_floor()
         if floor is not None and t_from < floor:

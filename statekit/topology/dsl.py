@@ -298,6 +298,9 @@ class TimeWindowedKStream:
                                 f"windows are {self.windows.size_ms} ms")
         if decl.retention_ms is None or store is None or isinstance(store, str):
             decl.retention_ms = int(retention_ms)
+        elif decl.retention_ms < self.windows.size_ms + self.grace_ms:
+            raise TopologyError(f"store {decl.name!r}: retention_ms {decl.retention_ms} is shorter "
+                                f"than window size + grace ({self.windows.size_ms + self.grace_ms} ms)")
         b._declare(decl, node, hint)
         return KTable(b, node, windowed=True)
 

@@ -86,8 +86,8 @@ class StoreDecl:
 
     name: Optional[str]
     kind: str = "kv"                     # "kv" | "window"
-    key_serde: Any = "json"
-    value_serde: Any = "json"
+    key_serde: Any = None                # None: the step's serde (aggregations), else json
+    value_serde: Any = None
     backend: str = "rocksdb"
     caching: bool = True
     logging: bool = True
@@ -100,7 +100,9 @@ class StoreDecl:
     def to_spec(self):
         from statekit.stores import StoreSpec
 
-        kw = dict(kind=self.kind, key_serde=self.key_serde, value_serde=self.value_serde,
+        kw = dict(kind=self.kind,
+                  key_serde="json" if self.key_serde is None else self.key_serde,
+                  value_serde="json" if self.value_serde is None else self.value_serde,
                   backend=self.backend, caching=self.caching, logging=self.logging)
         if self.kind == "window":
             kw.update(retention_ms=self.retention_ms, window_size_ms=self.window_size_ms,
@@ -108,14 +110,15 @@ class StoreDecl:
         return StoreSpec(self.name, **kw)
 
 
-def kv_store(name: str, key_serde: Any = "json", value_serde: Any = "json", *, backend: str = "rocksdb",
+def kv_store(name: str, key_serde: Any = None, value_serde: Any = None, *, backend: str = "rocksdb",
              caching: bool = True, logging: bool = True) -> StoreDecl:
-    """A key-value store for `KStream.process(..., stores=[kv_store("x")])` or `store=` arguments."""
+    """A key-value store for `KStream.process(..., stores=[kv_store("x")])` or `store=` arguments.
+    Serdes left None: an aggregation's own (its key's serde, e.g. int64 counts), json elsewhere."""
     return StoreDecl(check_name("store", name), "kv", key_serde, value_serde, backend, caching, logging)
 
 
-def window_store(name: str, size_ms: int, retention_ms: Optional[int] = None, key_serde: Any = "json",
-                 value_serde: Any = "json", *, backend: str = "rocksdb", caching: bool = True,
+def window_store(name: str, size_ms: int, retention_ms: Optional[int] = None, key_serde: Any = None,
+                 value_serde: Any = None, *, backend: str = "rocksdb", caching: bool = True,
                  logging: bool = True, segment_ms: Optional[int] = None) -> StoreDecl:
     """A window store (a value per (key, window_start)); retention defaults to one day or the size."""
     size_ms = int(size_ms)
@@ -143,7 +146,11 @@ def as_decl(store: Any, **defaults) -> StoreDecl:
     if isinstance(store, str):
         return StoreDecl(check_name("store", store), **defaults)
     if isinstance(store, StoreDecl):
-        return store
+        import dataclasses
+
+        fill = {k: v for k, v in defaults.items()
+                if k in ("key_serde", "value_serde") and getattr(store, k) is None}
+        return dataclasses.replace(store, **fill) if fill else store
     if hasattr(store, "name") and hasattr(store, "kind"):  # a stores.StoreSpec
         return StoreDecl(check_name("store", store.name), store.kind,
                          getattr(store, "key_serde", "json"), getattr(store, "value_serde", "json"),

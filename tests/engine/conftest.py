@@ -14,3 +14,20 @@ def spark():
         yield session
     finally:
         stop_session()
+
+
+@pytest.fixture(scope="module")
+def kafka_broker(tmp_path_factory):
+    """One embedded broker per test module (+ a statekit.kafka client on it)."""
+    from statekit import broker as broker_mod
+    from statekit.kafka import Kafka
+
+    handle = broker_mod.start(dir=str(tmp_path_factory.mktemp("broker")), port=0)
+    client = None
+    try:
+        client = Kafka(handle.bootstrap)
+        yield handle, client
+    finally:
+        if client is not None:
+            client.close()
+        handle.stop()

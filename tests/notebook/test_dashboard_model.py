@@ -106,17 +106,17 @@ def test_restore_progress_from_events_and_summary():
     r0, r1 = m.restore_rows()
     assert (r0.total, r0.source, r1.total, r1.source) == (1000, "scratch", 200, "checkpoint")
     m.update(Snapshot(t=102.0, state="RESTORING", events=[
-        {"type": "restore_batch", "task": 0, "restored": 400, "t": 102.0},
-        {"type": "restore_batch", "task": 1, "restored": 200, "t": 102.0},
+        {"type": "restore_batch", "task": 0, "store": "counts", "restored": 400, "remaining": 600, "t": 102.0},
+        {"type": "restore_batch", "task": 1, "store": "counts", "restored": 200, "t": 102.0},
     ]))
-    r0 = m.restore[0]
+    r0 = m.restore[(0, "counts")]
     assert r0.fraction == pytest.approx(0.4)
     assert r0.rate == pytest.approx(200.0)
     assert r0.eta == pytest.approx(3.0)
     assert m.restore_summary is None
     m.update(Snapshot(t=105.0, state="RUNNING", events=[
-        {"type": "restore_end", "task": 0, "restored": 700, "t": 104.0},
-        {"type": "restore_end", "task": 1, "restored": 200, "t": 102.5},
+        {"type": "restore_end", "task": 0, "store": "counts", "restored": 700, "t": 104.0, "from": "scratch"},
+        {"type": "restore_end", "task": 1, "store": "counts", "restored": 200, "t": 102.5},
     ]))
     assert not m.restoring
     s = m.restore_summary
@@ -132,10 +132,10 @@ def test_restore_progress_from_task_table_without_events():
     m = DashboardModel()
     m.update(Snapshot(t=0, tasks=[task(0, 100, state="RESTORING", ckpt=0)]))
     m.update(Snapshot(t=1, tasks=[task(0, 60, state="RESTORING", ckpt=40)]))
-    r = m.restore[0]
+    r = m.restore[(0, "counts")]
     assert r.restored == 40 and r.eta == pytest.approx(1.5)
     m.update(Snapshot(t=2, tasks=[task(0, 0, state="RUNNING")]))
-    assert m.restore[0].done and m.restore_summary.records_replayed == 100
+    assert m.restore[(0, "counts")].done and m.restore_summary.records_replayed == 100
 
 
 def test_normalize_task_aliases():
@@ -166,3 +166,27 @@ def test_layout_topology_columns():
     assert pos["counts"][0] == 3 and pos["cl"][0] == 4 and pos["out"][0] == 5
     assert pos["src"][1] != pos["src2"][1]
     assert all(0 <= y <= 1 for _, y in pos.values())
+
+
+def test_restore_events_as_the_task_runner_sends_them():
+    """restore_end alone (a fast restore between two refreshes) still gives a summary, and a
+    second restore later starts a new round; commit events fill rows and dirty entries."""
+    m = DashboardModel()
+    m.update(Snapshot(t=50.0, tasks=[task(0, 0, rows=None)], events=[
+        {"type": "commit", "task": 0, "rows": {"counts": 24},
+         "cache": {"counts": {"cache": {"dirty": 7, "entries": 24}}}, "ts": 49.0}]))
+    (row,) = m.tasks()
+    assert row["rows"] == 24 and row["dirty"] == 7
+    m.update(Snapshot(t=60.0, events=[
+        {"type": "restore_end", "task": 2, "store": "counts", "restored": 30, "duration_s": 0.5,
+         "from": "checkpoint", "start_offset": 10, "end_offset": 50, "ts": 59.0}]))
+    s = m.restore_summary
+    assert s is not None and s.records_replayed == 30 and s.saved_by_compaction == 10
+    assert s.seconds == pytest.approx(0.5) and s.from_checkpoint == 1
+    m.update(Snapshot(t=70.0, events=[
+        {"type": "restore_start", "task": 1, "store": "counts", "start_offset": 0, "end_offset": 5, "ts": 69.0}]))
+    assert list(m.restore) == [(1, "counts")] and m.restore_summary is None and m.restoring
+    m.update(Snapshot(t=71.0, events=[
+        {"type": "restore_end", "task": 1, "store": "counts", "restored": 5, "duration_s": 0.1,
+         "from": "standby", "start_offset": 0, "end_offset": 5, "ts": 70.5}]))
+    assert m.restore_summary.from_standby == 1 and "from a standby" in m.restore_summary.line()

@@ -8,6 +8,7 @@ from kernel_ext.parser import SUBCOMMANDS, Command, Help, ParseError, parse, par
 GOOD = {
     "up": ("up", {"bootstrap": None, "no_spark": False}),
     "up --bootstrap 127.0.0.1:9092": ("up", {"bootstrap": "127.0.0.1:9092"}),
+    "up --fresh --no-spark": ("up", {"fresh": True, "no_spark": True}),
     "down": ("down", {}),
     "status": ("status", {}),
     "topics": ("topics", {"pattern": None, "internal": False}),
@@ -20,7 +21,9 @@ GOOD = {
         ("produce", {"rate": 1500.0, "seed": 7, "wait": True}),
     "apps": ("apps", {}),
     "start wc": ("start", {"name": "wc", "watch": False}),
-    "start wc --watch": ("start", {"name": "wc", "watch": True}),
+    "start wc --watch": ("start", {"name": "wc", "watch": True, "trigger": None, "sink": None}),
+    "start wc --trigger availableNow --max-records 100": ("start", {"trigger": "availableNow", "max_records": 100}),
+    "start wc --trigger 2s --sink kafka": ("start", {"trigger": "2 seconds", "sink": "kafka"}),
     "stop wc": ("stop", {"name": "wc"}),
     "watch wc": ("watch", {"name": "wc", "interval": 1.0, "top": 15}),
     "watch wc --interval 0.5 --top 5": ("watch", {"interval": 0.5, "top": 5}),
@@ -44,15 +47,15 @@ def test_good_lines(line):
     name, expected = GOOD[line]
     cmd = parse(line)
     assert isinstance(cmd, Command)
-    assert cmd.name == name
+    assert cmd.command == name
     for k, v in expected.items():
         assert cmd.args[k] == v, (k, cmd.args)
 
 
 def test_cell_app():
     cmd = parse("app wc --partitions 4 --instances 2 --standby 1", "app.stream('words')\n")
-    assert cmd.name == "app" and cmd.body.startswith("app.stream")
-    assert (cmd.name, cmd.partitions, cmd.instances, cmd.standby) == ("app", 4, 2, 1)
+    assert cmd.command == "app" and cmd.body.startswith("app.stream")
+    assert (cmd.command, cmd.name, cmd.partitions, cmd.instances, cmd.standby) == ("app", "wc", 4, 2, 1)
     cmd = parse("app wc", "pass")
     assert cmd.partitions is None and cmd.instances is None and cmd.standby is None
 
@@ -91,6 +94,9 @@ BAD = {
     "app wc": "needs a cell body",
     "start": "required: NAME",
     "start wc now": "unrecognized arguments",
+    "start wc --trigger sometimes": "--trigger must be",
+    "start wc --trigger 0": "must be > 0",
+    "start wc --sink disk": "invalid choice",
     "watch wc --interval 0": "between 0.1 and 60",
     "crash wc --mode explode": "invalid choice",
     "crash wc --instance -1": ">= 0",
@@ -120,7 +126,7 @@ def test_bad_lines_are_one_line_errors(line):
 def test_line_command_rejects_a_cell_body():
     with pytest.raises(ParseError, match="only `app` takes a cell body"):
         parse("status", "print(1)")
-    assert parse("status", "  \n").name == "status"  # an empty cell is fine
+    assert parse("status", "  \n").command == "status"  # an empty cell is fine
 
 
 def test_subcommand_errors_point_at_their_help():
@@ -134,4 +140,4 @@ def test_parse_rate(text, value):
 
 
 def test_comments_are_ignored():
-    assert parse("lag wc  # how far behind?").name == "lag"
+    assert parse("lag wc  # how far behind?").command == "lag"

@@ -1,16 +1,18 @@
 """`SparkEngine`: run a topology `Plan` as one Spark Structured Streaming query.
 
     source(s)  statekit-kafka, every topic of plan.sources in one reader
-    stage 1    mapInPandas: plan.pre_shuffle per record -> (task, salt, key, value, source_index,
-               timestamp, src_partition, offset, seq); task = partition_for(key, N)
+    stage 1    mapInPandas: plan.shuffle per record (decode, pre_shuffle, task = partition_for(key
+               bytes, N)) -> (task, salt, route, source_index, src_partition, offset, timestamp,
+               seq, key, value)
     shuffle    repartition(N, "salt"): salt = salts(N)[task], so Spark partition p holds task p only
     stage 2    mapInPandas: the records of task p, sorted by (timestamp, source_index, src_partition,
                offset, seq), go to task_fn(spec, p, batch_id, records) (the runtime's
                run_task_batch); batch_id is the micro-batch id Spark replays after a failure
     sink       (topic, key, value) rows -> Kafka (statekit-kafka writer) | memory table | nothing
 
-`records` handed to the task function: a list of `(source_index, key_bytes, value_bytes,
-timestamp_ms, offset)` tuples; it returns `[(sink_topic, key_bytes, value_bytes), ...]`.
+`records` handed to the task function: the `(route, source_partition, offset, timestamp_ms,
+key_pickle, value_pickle)` tuples `Plan.shuffle` made, in that order; it returns
+`[(sink_topic, key_bytes, value_bytes), ...]`.
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ from statekit.engine.spark.session import SparkFailure, get_session, one_line
 from statekit.engine.spec import RunSpec
 from statekit.errors import StatekitError
 
-STAGE1_SCHEMA = ("task int, salt int, key binary, value binary, source_index int, timestamp long, "
-                 "src_partition int, offset long, seq int")
+STAGE1_SCHEMA = ("task int, salt int, route int, source_index int, src_partition int, offset long, "
+                 "timestamp long, seq int, key binary, value binary")
 OUTPUT_SCHEMA = "topic string, key binary, value binary"
 
 
@@ -51,20 +53,8 @@ def sink_topics(plan) -> list:
     return [_topic_of(s) for s in getattr(plan, "sinks", ()) or ()]
 
 
-def _pre_shuffle_fn(plan):
-    """A function (source_index, key_bytes, value_bytes, ts_ms) -> iterable of (key_bytes, value_bytes)."""
-    fn = getattr(plan, "pre_shuffle_bytes", None)
-    if fn is not None:
-        return fn
-    return plan.pre_shuffle
-
-
-# --- the two stages (run in Python workers) --------------------------------------------------------
-
-
 def make_stage1(plan, partitions: int):
-    from statekit.partition import partition_for
-
+    """Stage 1 (runs where records are read): `plan.shuffle` per source record."""
     topics = source_topics(plan)
     by_topic: dict = {}
     for i, t in enumerate(topics):
@@ -75,31 +65,26 @@ def make_stage1(plan, partitions: int):
     def stage1(frames):
         import pandas as pd
 
-        pre = _pre_shuffle_fn(plan)
-        memo: dict = {}
+        shuffle = plan.shuffle
         for pdf in frames:
             if len(pdf) == 0:
                 continue
-            o_task, o_key, o_val, o_src, o_ts, o_part, o_off, o_seq = [], [], [], [], [], [], [], []
+            cols = ([], [], [], [], [], [], [], [], [])
+            (o_task, o_route, o_src, o_part, o_off, o_ts, o_seq, o_key, o_val) = cols
             for key, value, topic, part, off, ts in zip(
                     pdf["key"].tolist(), pdf["value"].tolist(), pdf["topic"].tolist(),
                     pdf["partition"].tolist(), pdf["offset"].tolist(), pdf["ts"].tolist()):
                 for si in by_topic.get(topic, ()):
                     seq = 0
-                    for k, v in pre(si, key, value, ts):
-                        if k is None:
-                            task = part % n
-                        else:
-                            task = memo.get(k)
-                            if task is None:
-                                task = memo[k] = partition_for(k, n)
+                    for task, rec in shuffle(si, key, value, ts, part, off, n):
                         o_task.append(task)
-                        o_key.append(k)
-                        o_val.append(v)
+                        o_route.append(rec[0])
                         o_src.append(si)
-                        o_ts.append(ts)
-                        o_part.append(part)
-                        o_off.append(off)
+                        o_part.append(rec[1])
+                        o_off.append(rec[2])
+                        o_ts.append(rec[3])
+                        o_key.append(rec[4])
+                        o_val.append(rec[5])
                         o_seq.append(seq)
                         seq += 1
             if not o_task:
@@ -107,18 +92,21 @@ def make_stage1(plan, partitions: int):
             yield pd.DataFrame({
                 "task": pd.array(o_task, dtype="int32"),
                 "salt": pd.array([salt_of[t] for t in o_task], dtype="int32"),
-                "key": o_key, "value": o_val,
+                "route": pd.array(o_route, dtype="int32"),
                 "source_index": pd.array(o_src, dtype="int32"),
-                "timestamp": pd.array(o_ts, dtype="int64"),
                 "src_partition": pd.array(o_part, dtype="int32"),
                 "offset": pd.array(o_off, dtype="int64"),
+                "timestamp": pd.array(o_ts, dtype="int64"),
                 "seq": pd.array(o_seq, dtype="int32"),
+                "key": o_key, "value": o_val,
             })
 
     return stage1
 
 
 def make_stage2(run: RunSpec):
+    """Stage 2 (one Spark partition = one task): the task function over the sorted records."""
+
     def stage2(frames):
         import pandas as pd
         from pyspark import TaskContext
@@ -136,8 +124,9 @@ def make_stage2(run: RunSpec):
                               f"the salt mapping does not match this Spark version")
         pdf = pdf.sort_values(["timestamp", "source_index", "src_partition", "offset", "seq"],
                               kind="stable")
-        records = list(zip(pdf["source_index"].tolist(), pdf["key"].tolist(), pdf["value"].tolist(),
-                           pdf["timestamp"].tolist(), pdf["offset"].tolist()))
+        records = list(zip(pdf["route"].tolist(), pdf["src_partition"].tolist(),
+                           pdf["offset"].tolist(), pdf["timestamp"].tolist(),
+                           pdf["key"].tolist(), pdf["value"].tolist()))
         fn = run.resolve_task_fn()
         spec = run.task_spec if run.task_spec is not None else run
         out = fn(spec, pid, batch_id, records)
@@ -334,7 +323,7 @@ class RunningQuery:
         self._stop()
 
     def _stop(self) -> None:
-        _Listener.unsubscribe(self.spark, self.id)
+        # the listener forgets the query on its QueryTerminated event, after the last progress
         try:
             self.query.stop()
         except Exception:
@@ -392,6 +381,16 @@ class SparkEngine:
         shuffled = staged.repartition(run.partitions, "salt")
         return shuffled.mapInPandas(make_stage2(run), OUTPUT_SCHEMA)
 
+    @staticmethod
+    def memory_table_name(run: RunSpec) -> str:
+        return run.memory_table or f"{run.app}_output".replace("-", "_")
+
+    def output(self, run: RunSpec):
+        """The memory sink's rows so far (pandas: topic, key, value, batch)."""
+        from statekit.engine.spark.sink import memory_table
+
+        return memory_table(self.memory_table_name(run))
+
     def _check_topics(self, run: RunSpec) -> None:
         from statekit.kafka import Kafka
 
@@ -413,14 +412,20 @@ class SparkEngine:
         name = run.query_name or run.app
         w = out.writeStream.queryName(name).option("checkpointLocation", run.checkpoint_dir)
         if run.sink == "kafka":
-            w = w.format("statekit-kafka").option("bootstrap", run.bootstrap)
+            w = w.format("statekit-kafka").option("bootstrap", run.bootstrap).outputMode("append")
         elif run.sink == "memory":
-            w = w.format("memory").queryName(run.memory_table or f"{run.app}_output".replace("-", "_"))
+            from statekit.engine.spark.sink import memory_table_obj
+
+            table = memory_table_obj(self.memory_table_name(run))
+
+            def write(batch_df, batch_id):
+                table.put(batch_id, batch_df.toPandas())
+
+            w = w.foreachBatch(write).outputMode("append")
         elif run.sink in ("none", "noop", None):
-            w = w.format("noop")
+            w = w.format("noop").outputMode("append")
         else:
             raise EngineError(f"unknown sink {run.sink!r}: use 'kafka', 'memory' or 'none'")
-        w = w.outputMode("append")
         w = _apply_trigger(w, run.trigger)
         try:
             q = w.start()

@@ -50,6 +50,8 @@ logger.nativeio.name = org.apache.hadoop.util.NativeCodeLoader
 logger.nativeio.level = error
 logger.py.name = org.apache.spark.api.python
 logger.py.level = error
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = warn
 """
 
 
@@ -93,6 +95,7 @@ def check_java() -> str:
 def _prepare_env() -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must import statekit from the same place as this process.
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     pp = os.environ.get("PYTHONPATH", "")
@@ -136,7 +139,7 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                 spark = b.getOrCreate()
             except Exception as exc:  # the JVM did not come up
                 raise one_line(exc, "Spark did not start") from None
-            spark.sparkContext.setLogLevel("ERROR")
+            pass  # levels come from our log4j2 file (setLogLevel would print to the console)
         elif shuffle_partitions:
             spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
         from statekit.engine.spark.source import register

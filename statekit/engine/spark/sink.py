@@ -49,6 +49,7 @@ def write_batches(options: dict, batches) -> int:
     groups: dict = {}
     counts: dict = {}
     rr: dict = {}
+    memo: dict = {}
     sent = 0
     try:
         for batch in batches:
@@ -74,7 +75,9 @@ def write_batches(options: dict, batches) -> int:
                     if key is None:
                         p = rr[topic] = (rr.get(topic, -1) + 1) % n
                     else:
-                        p = partition_for(key, n)
+                        p = memo.get((key, n))
+                        if p is None:
+                            p = memo[(key, n)] = partition_for(key, n)
                 groups.setdefault((topic, p), []).append((key, _as_bytes(values[i])))
         for (topic, p), recs in sorted(groups.items()):
             client.send(topic, p, recs)
@@ -107,19 +110,80 @@ class KafkaBatchWriter(DataSourceArrowWriter):
         return SentMessage(write_batches(self.options, iterator))
 
 
-# --- Spark's memory sink ---------------------------------------------------------------------------
+# --- memory sinks --------------------------------------------------------------------------------
+#
+# Spark's own memory sink cannot restart from a checkpoint in append mode ("This query does not
+# support recovering from checkpoint location"), and statekit restarts queries after crashes. So the
+# engine's "memory" sink is a foreachBatch that keeps each micro-batch's rows in the driver, keyed by
+# batch id: a batch Spark replays after a failure replaces its first attempt instead of adding to it.
+
+import threading as _threading
+
+_TABLES: dict = {}
+_TABLES_LOCK = _threading.Lock()
 
 
-def memory_sink(df, table: str, checkpoint: str | None = None, output_mode: str = "append"):
-    """A DataStreamWriter that appends `df` to the in-memory table `table` (query name = table)."""
-    w = df.writeStream.format("memory").queryName(table).outputMode(output_mode)
+class MemoryTable:
+    """Rows of a statekit memory sink, by micro-batch id (in this Python process)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.batches: dict = {}
+        self.lock = _threading.Lock()
+
+    def put(self, batch_id: int, pdf) -> None:
+        with self.lock:
+            self.batches[int(batch_id)] = pdf
+
+    def frame(self):
+        """All rows as one pandas DataFrame with a `batch` column, in batch order."""
+        import pandas as pd
+
+        with self.lock:
+            items = sorted(self.batches.items())
+        parts = [p.assign(batch=b) for b, p in items if len(p)]
+        if not parts:
+            return pd.DataFrame(columns=["topic", "key", "value", "batch"])
+        return pd.concat(parts, ignore_index=True)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.batches.clear()
+
+    def __len__(self):
+        with self.lock:
+            return sum(len(p) for p in self.batches.values())
+
+
+def memory_table_obj(name: str) -> MemoryTable:
+    with _TABLES_LOCK:
+        t = _TABLES.get(name)
+        if t is None:
+            t = _TABLES[name] = MemoryTable(name)
+        return t
+
+
+def memory_sink(df, table: str, checkpoint: str | None = None):
+    """A DataStreamWriter appending `df`'s rows to the statekit memory table `table` (restartable
+    from `checkpoint`; read it with `memory_table(table)`)."""
+    t = memory_table_obj(table)
+
+    def write(batch_df, batch_id):
+        t.put(batch_id, batch_df.toPandas())
+
+    w = df.writeStream.foreachBatch(write).outputMode("append")
     if checkpoint:
         w = w.option("checkpointLocation", checkpoint)
     return w
 
 
-def memory_table(spark, table: str):
-    """The rows of a memory-sink table as a pandas DataFrame (empty if the table is not there yet)."""
+def memory_table(table: str):
+    """The rows of a statekit memory table as a pandas DataFrame (empty if it does not exist)."""
+    return memory_table_obj(table).frame()
+
+
+def spark_memory_table(spark, table: str):
+    """The rows of one of Spark's own memory-sink tables (format("memory")) as pandas."""
     import pandas as pd
 
     if not spark.catalog.tableExists(table):

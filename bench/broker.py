@@ -1,0 +1,578 @@
+"""Embedded broker throughput, against baselines measured in the same run.
+
+    .venv/bin/python bench/broker.py [--records-in N] [--client-records N] [--compact-records N]
+
+Starts its own broker (temp dir, port 0), stops it at the end, prints its figures and one line per
+measurement:
+
+    RESULT name=... value=... unit=... baseline=... ratio=...
+
+* broker_in / broker_out: a raw-socket load generator. One ~1 MB record batch of 100-byte records is
+  encoded once (kafka.record); every Produce request re-sends those bytes with only the correlation
+  id patched (producer id -1: the broker assigns base offsets, no sequence to refresh), several
+  requests in flight over several connections. Fetch requests read the records back; responses are
+  not decoded, only the batch headers are walked to find the next offset. Baseline: writing the same
+  bytes to a plain file (1 MB os.write calls, no fsync: the broker does not fsync per request either)
+  and reading them back (8 MB preads). ratio = broker rate / file rate.
+* client_produce / client_consume: kafka-python's KafkaProducer and KafkaConsumer through the broker,
+  beside kafka-python's own no-network ceiling for the same records (encode with
+  kafka.record's MemoryRecordsBuilder as the producer uses it, decode with MemoryRecords).
+  ratio = client / ceiling.
+* compact_1m: compacting N records over 10k keys (value in seconds). Baseline: one pass that reads
+  the partition's segment files and decodes every record's key with kafka.record (the work any
+  Python cleaner must at least do once). ratio = compaction time / that pass.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from kafka.protocol.consumer.fetch import FetchRequest  # noqa: E402
+from kafka.protocol.producer import ProduceRequest, ProduceResponse  # noqa: E402
+from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
+from kafka.record.memory_records import MemoryRecords  # noqa: E402
+
+VALUE_SIZE = 100
+PRODUCE_V = 7
+FETCH_V = 4
+RESULTS: list[str] = []
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def result(name: str, value: float, unit: str, baseline: float, note: str = "") -> None:
+    ratio = value / baseline if baseline else float("nan")
+    RESULTS.append(f"RESULT name={name} value={value:.6g} unit={unit} baseline={baseline:.6g} "
+                   f"ratio={ratio:.4g}")
+    log(f"{name}: {value:.6g} {unit} vs baseline {baseline:.6g} (ratio {ratio:.4g}){'; ' + note if note else ''}")
+
+
+# ------------------------------------------------------------------------------ raw protocol
+class Conn:
+    def __init__(self, bootstrap: str):
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+
+    def send(self, data) -> None:
+        self.sock.sendall(data)
+
+    def read_frame(self) -> bytearray:
+        head = self._exact(4)
+        (size,) = struct.unpack(">i", head)
+        return self._exact(size)
+
+    def _exact(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise ConnectionError("broker closed the connection")
+            got += k
+        return buf
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def framed(req, corr: int) -> bytearray:
+    req.with_header(correlation_id=corr, client_id="bench")
+    return bytearray(req.encode(header=True, framed=True))
+
+
+def build_batch(n_records: int, value: bytes, keys=None) -> bytearray:
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                  batch_size=1 << 30)
+    ts = int(time.time() * 1000)
+    for i in range(n_records):
+        b.append(i, timestamp=ts, key=None if keys is None else keys[i], value=value, headers=[])
+    return bytearray(b.build())
+
+
+def records_per_mb(value: bytes) -> int:
+    """How many 100-byte records fit in one batch of at most 1,000,000 bytes."""
+    probe = build_batch(1000, value)
+    per = (len(probe) - 61) / 1000
+    return int((1_000_000 - 61) // per)
+
+
+def produce_frame(topic: str, partition: int, batch) -> bytearray:
+    req = ProduceRequest(version=PRODUCE_V, transactional_id=None, acks=-1, timeout_ms=30000,
+                         topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[
+                             ProduceRequest.TopicProduceData.PartitionProduceData(index=partition,
+                                                                                  records=bytes(batch))])])
+    return framed(req, 0)
+
+
+def check_produce_response(frame: bytearray) -> None:
+    resp = ProduceResponse.decode(memoryview(frame)[4:], version=PRODUCE_V)
+    for t in resp.responses:
+        for p in t.partition_responses:
+            if p.error_code != 0:
+                raise RuntimeError(f"produce to {t.name}-{p.index} failed: error {p.error_code}")
+
+
+def fetch_frame(topic: str, partition: int, offset: int, max_bytes: int, corr: int) -> bytearray:
+    req = FetchRequest(version=FETCH_V, replica_id=-1, max_wait_ms=500, min_bytes=1,
+                       max_bytes=max_bytes, isolation_level=0, topics=[
+                           FetchRequest.FetchTopic(topic=topic, partitions=[
+                               FetchRequest.FetchTopic.FetchPartition(
+                                   partition=partition, fetch_offset=offset,
+                                   partition_max_bytes=max_bytes)])])
+    return framed(req, corr)
+
+
+def parse_fetch_v4(frame: bytearray):
+    """(error, high_watermark, records memoryview) of a one-partition Fetch v4 response, without
+    decoding the records."""
+    pos = 4 + 4  # correlation id, throttle
+    (ntopics,) = struct.unpack_from(">i", frame, pos)
+    pos += 4
+    assert ntopics == 1, ntopics
+    (tlen,) = struct.unpack_from(">h", frame, pos)
+    pos += 2 + tlen
+    (nparts,) = struct.unpack_from(">i", frame, pos)
+    pos += 4
+    assert nparts == 1, nparts
+    _, err, hw, _lso = struct.unpack_from(">ihqq", frame, pos)
+    pos += 4 + 2 + 8 + 8
+    (naborted,) = struct.unpack_from(">i", frame, pos)
+    pos += 4 + 16 * max(naborted, 0)
+    (rlen,) = struct.unpack_from(">i", frame, pos)
+    pos += 4
+    if rlen < 0:
+        rlen = 0
+    return err, hw, memoryview(frame)[pos:pos + rlen]
+
+
+def walk_batches(records) -> tuple[int, int]:
+    """(records in whole batches, next offset) from batch headers only."""
+    pos, n, nxt = 0, 0, -1
+    end = len(records)
+    while pos + 61 <= end:
+        base, length = struct.unpack_from(">qi", records, pos)
+        if pos + 12 + length > end:
+            break  # a partial batch at the end of the response
+        (last_delta,) = struct.unpack_from(">i", records, pos + 23)
+        (count,) = struct.unpack_from(">i", records, pos + 57)
+        n += count
+        nxt = base + last_delta + 1
+        pos += 12 + length
+    return n, nxt
+
+
+# ------------------------------------------------------------------------------ broker_in / out
+def bench_raw(bootstrap: str, admin, tmp: str, total_records: int, partitions: int = 4,
+              conns: int = 2, inflight: int = 4) -> None:
+    from kafka.admin import NewTopic
+
+    topic = "bench-raw"
+    admin.create_topics([NewTopic(topic, partitions, 1)])
+    value = bytes((i % 94) + 33 for i in range(VALUE_SIZE))
+    per_batch = records_per_mb(value)
+    batch = build_batch(per_batch, value)
+    n_batches = max(partitions, -(-total_records // per_batch))
+    n_batches += (-n_batches) % partitions  # the same number of batches in every partition
+    total = n_batches * per_batch
+    log(f"raw load: {n_batches} batches x {per_batch} records ({len(batch)} bytes), "
+        f"{partitions} partitions, {conns} connections x {inflight} in flight")
+    templates = [produce_frame(topic, p, batch) for p in range(partitions)]
+
+    # -- in
+    sockets = [Conn(bootstrap) for _ in range(conns)]
+    # warm-up: one batch per partition (not counted; these records are read back below)
+    for p in range(partitions):
+        sockets[0].send(templates[p])
+        check_produce_response(sockets[0].read_frame())
+    sent = [0] * conns
+    acked = [0] * conns
+    corr = 1
+    plan = [(i % partitions) for i in range(n_batches - partitions)]
+    per_conn = [plan[c::conns] for c in range(conns)]
+    t0 = time.perf_counter()
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for c, s in enumerate(sockets):
+        sel.register(s.sock, selectors.EVENT_READ, c)
+
+    def send_next(c: int) -> None:
+        nonlocal corr
+        frame = templates[per_conn[c][sent[c]]]
+        struct.pack_into(">i", frame, 8, corr)  # correlation id: size(4) key(2) version(2) corr
+        corr += 1
+        sockets[c].send(frame)
+        sent[c] += 1
+
+    for c in range(conns):
+        while sent[c] < min(inflight, len(per_conn[c])):
+            send_next(c)
+    remaining = sum(len(x) for x in per_conn)
+    while remaining:
+        for key, _ in sel.select():
+            c = key.data
+            check_produce_response(sockets[c].read_frame())
+            acked[c] += 1
+            remaining -= 1
+            if sent[c] < len(per_conn[c]):
+                send_next(c)
+    dt_in = time.perf_counter() - t0
+    sel.close()
+    rate_in = (n_batches - partitions) * per_batch / dt_in
+    mb_in = (n_batches - partitions) * len(batch) / dt_in / 1e6
+    log(f"broker in : {rate_in:,.0f} records/s ({mb_in:,.0f} MB/s) in {dt_in:.2f} s")
+
+    # -- out: one fetch in flight per partition, spread over the connections
+    max_bytes = 8 * len(batch) + 1024
+    end_offset = n_batches // partitions * per_batch
+    next_off = [0] * partitions
+    got = [0] * partitions
+    t0 = time.perf_counter()
+    sel = selectors.DefaultSelector()
+    owner = {}
+    pending: dict[int, list[int]] = {c: [] for c in range(conns)}
+    for c, s in enumerate(sockets):
+        sel.register(s.sock, selectors.EVENT_READ, c)
+
+    def fetch_next(p: int) -> None:
+        nonlocal corr
+        c = p % conns
+        sockets[c].send(fetch_frame(topic, p, next_off[p], max_bytes, corr))
+        corr += 1
+        pending[c].append(p)
+
+    for p in range(partitions):
+        fetch_next(p)
+    active = partitions
+    while active:
+        for key, _ in sel.select():
+            c = key.data
+            frame = sockets[c].read_frame()
+            p = pending[c].pop(0)
+            err, _hw, recs = parse_fetch_v4(frame)
+            if err:
+                raise RuntimeError(f"fetch {topic}-{p} failed: error {err}")
+            n, nxt = walk_batches(recs)
+            if n == 0:
+                raise RuntimeError(f"fetch {topic}-{p} at {next_off[p]} returned no whole batch")
+            got[p] += n
+            next_off[p] = nxt
+            if next_off[p] < end_offset:
+                fetch_next(p)
+            else:
+                active -= 1
+    dt_out = time.perf_counter() - t0
+    sel.close()
+    total_out = sum(got)
+    if total_out != total:
+        raise RuntimeError(f"read back {total_out} records, produced {total}")
+    rate_out = total_out / dt_out
+    log(f"broker out: {rate_out:,.0f} records/s ({total_out * len(batch) / per_batch / dt_out / 1e6:,.0f} MB/s) "
+        f"in {dt_out:.2f} s, every record accounted for")
+    for s in sockets:
+        s.close()
+
+    # -- baseline: the same bytes to and from a plain file
+    path = os.path.join(tmp, "baseline.bin")
+    data = bytes(batch)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    t0 = time.perf_counter()
+    for _ in range(n_batches - partitions):
+        os.write(fd, data)
+    dt_fw = time.perf_counter() - t0
+    os.close(fd)
+    base_in = (n_batches - partitions) * per_batch / dt_fw
+    fd = os.open(path, os.O_RDONLY)
+    t0 = time.perf_counter()
+    off = 0
+    chunk = 8 * len(batch)
+    while True:
+        b = os.pread(fd, chunk, off)
+        if not b:
+            break
+        off += len(b)
+    dt_fr = time.perf_counter() - t0
+    os.close(fd)
+    base_out = (off // len(batch)) * per_batch / dt_fr
+    os.unlink(path)
+    log(f"file      : write {base_in:,.0f} records/s, read {base_out:,.0f} records/s (same bytes)")
+    result("broker_in", rate_in, "records/s", base_in, "target >= 500k records/s")
+    result("broker_out", rate_out, "records/s", base_out, "target >= 1M records/s")
+    admin.delete_topics([topic])
+
+
+# ------------------------------------------------------------------------------ clients
+def bench_clients(bootstrap: str, admin, n: int) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import NewTopic
+
+    topic = "bench-client"
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    value = bytes((i % 94) + 33 for i in range(VALUE_SIZE))
+    batch_size = 1 << 20
+
+    # ceiling: kafka-python's own encoder and decoder, no network. The encoder is used as the
+    # producer uses it (MemoryRecordsBuilder, a wall-clock timestamp per record, 1 MB batches).
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    t0 = time.perf_counter()
+    built = []
+    b = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=batch_size)
+    now_ms = time.time
+    for i in range(n):
+        if b.append(timestamp=int(now_ms() * 1000), key=None, value=value) is None:
+            b.close()
+            built.append(b.buffer())
+            b = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=batch_size)
+            b.append(timestamp=int(now_ms() * 1000), key=None, value=value)
+    b.close()
+    built.append(b.buffer())
+    encode_rate = n / (time.perf_counter() - t0)
+    blob = b"".join(bytes(x) for x in built)
+    t0 = time.perf_counter()
+    count = 0
+    mr = MemoryRecords(blob)
+    while mr.has_next():
+        for rec in mr.next_batch():
+            rec.value  # noqa: B018 - what a consumer touches
+            count += 1
+    decode_rate = count / (time.perf_counter() - t0)
+    assert count == n
+    log(f"kafka-python ceiling: encode {encode_rate:,.0f} records/s, decode {decode_rate:,.0f} records/s")
+    del built, blob
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=50,
+                             batch_size=batch_size, max_request_size=4 << 20,
+                             compression_type=None)
+    try:
+        t0 = time.perf_counter()
+        send = producer.send
+        for _ in range(n):
+            send(topic, value=value, partition=0)
+        t1 = time.perf_counter()
+        producer.flush()
+        t2 = time.perf_counter()
+        produce_rate = n / (t2 - t0)
+    finally:
+        producer.close()
+    log(f"KafkaProducer: {produce_rate:,.0f} records/s (send() loop {t1 - t0:.2f} s, then flush "
+        f"{t2 - t1:.2f} s: the time after the last send() is what the broker still owed)")
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", fetch_max_bytes=64 << 20,
+                             max_partition_fetch_bytes=16 << 20, max_poll_records=100_000,
+                             fetch_max_wait_ms=100)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        t0 = time.perf_counter()
+        got = 0
+        last = -1
+        deadline = time.monotonic() + 300
+        while got < n and time.monotonic() < deadline:
+            for recs in consumer.poll(timeout_ms=1000).values():
+                got += len(recs)
+                last = recs[-1].offset
+        consume_rate = got / (time.perf_counter() - t0)
+    finally:
+        consumer.close()
+    if got != n or last != n - 1:
+        raise RuntimeError(f"KafkaConsumer read {got} records (last offset {last}), expected {n}")
+    log(f"KafkaConsumer: {consume_rate:,.0f} records/s")
+    result("client_produce", produce_rate, "records/s", encode_rate,
+           "baseline = kafka-python encode ceiling; target ratio >= 0.5")
+    result("client_consume", consume_rate, "records/s", decode_rate,
+           "baseline = kafka-python decode ceiling; target >= 50k records/s")
+    admin.delete_topics([topic])
+
+
+# ------------------------------------------------------------------------------ compaction
+def bench_compact(bootstrap: str, admin, broker_dir: str, n: int, keys: int = 10_000) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+    from statekit import broker as broker_mod
+
+    try:  # crc32c is a dependency of the broker; kafka.record's pure-Python one is slow
+        from crc32c import crc32c
+    except ImportError:  # pragma: no cover
+        from kafka.record.util import calc_crc32c as crc32c
+
+    topic = "bench-compact"
+    admin.create_topics([NewTopic(topic, 1, 1, topic_configs={
+        "cleanup.policy": "delete", "segment.bytes": str(8 << 20)})])
+    per_batch = keys // 2
+    key_list = [b"key-%06d" % k for k in range(keys)]
+    marker = b"ROUND=000000|"
+    value = marker + bytes(VALUE_SIZE - len(marker))
+    templates = [build_batch(per_batch, value, key_list[h * per_batch:(h + 1) * per_batch])
+                 for h in range(2)]
+    spots = []
+    for t in templates:
+        pos, found = 0, []
+        while True:
+            pos = t.find(b"ROUND=", pos)
+            if pos < 0:
+                break
+            found.append(pos + 6)
+            pos += 6
+        assert len(found) == per_batch
+        spots.append(found)
+    rounds = max(1, n // keys)
+    total = rounds * keys
+    conn = Conn(bootstrap)
+    frames = [produce_frame(topic, 0, t) for t in templates]
+    # the batch sits at the end of the Produce frame: patch the values and the CRC there
+    t0 = time.perf_counter()
+    corr = 1
+    inflight = 0
+    for r in range(rounds):
+        digits = b"%06d" % r
+        for h in range(2):
+            frame = frames[h]
+            start = len(frame) - len(templates[h])
+            for s in spots[h]:
+                frame[start + s:start + s + 6] = digits
+            struct.pack_into(">I", frame, start + 17, crc32c(memoryview(frame)[start + 21:]))
+            struct.pack_into(">i", frame, 8, corr)
+            corr += 1
+            conn.send(frame)
+            inflight += 1
+            if inflight >= 4:
+                check_produce_response(conn.read_frame())
+                inflight -= 1
+    while inflight:
+        check_produce_response(conn.read_frame())
+        inflight -= 1
+    log(f"compaction input: {total:,} records over {keys:,} keys in {time.perf_counter() - t0:.1f} s")
+    conn.close()
+
+    pdir = None
+    for cand in glob.glob(os.path.join(broker_dir, "**", f"{topic}-0"), recursive=True):
+        if os.path.isdir(cand):
+            pdir = cand
+    segs = sorted(glob.glob(os.path.join(pdir, "*.log"))) if pdir else []
+
+    # baseline: read the segments and decode every key once
+    t0 = time.perf_counter()
+    seen = 0
+    for path in segs:
+        with open(path, "rb") as f:
+            mr = MemoryRecords(f.read())
+        while mr.has_next():
+            batch = mr.next_batch()
+            if batch is None:
+                break
+            for rec in batch:
+                rec.key  # noqa: B018
+                seen += 1
+    base = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    nbytes = 0
+    for path in segs:
+        with open(path, "rb") as f:
+            nbytes += len(f.read())
+    raw_read = time.perf_counter() - t0
+    log(f"segments: {len(segs)} files, {nbytes / 1e6:.0f} MB; read once {raw_read:.3f} s; "
+        f"read + decode keys once {base:.2f} s ({seen:,} records)")
+
+    before = broker_mod.log_stats(broker_dir, topic)[0]
+    log(f"before cleaning: records={before['records']:,} segments={before['segments']} "
+        f"bytes={before['bytes']:,} cleaner_runs={before['cleaner_runs']}")
+    t0 = time.perf_counter()
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={
+        "cleanup.policy": "compact", "segment.bytes": str(8 << 20)})])
+    stats = broker_mod.request_clean(broker_dir, timeout=300)  # returns once a full pass is done
+    dt = time.perf_counter() - t0
+    st = next(p for p in stats if p["topic"] == topic)
+    log(f"after cleaning: records={st['records']:,} segments={st['segments']} bytes={st['bytes']:,} "
+        f"cleaner_runs={st['cleaner_runs']} records_removed={st['records_removed']:,}")
+    if st["records"] >= total:
+        raise RuntimeError("the cleaner removed nothing")
+
+    # check: every key survives, with the value of the last round
+    from kafka import KafkaConsumer, TopicPartition
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", fetch_max_wait_ms=100,
+                             max_partition_fetch_bytes=16 << 20)
+    latest = {}
+    count = 0
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = time.monotonic() + 120
+        while count < st["records"] and time.monotonic() < end:
+            for recs in consumer.poll(timeout_ms=500).values():
+                for r in recs:
+                    latest[r.key] = r.value[6:12]
+                    count += 1
+    finally:
+        consumer.close()
+    want = b"%06d" % (rounds - 1)
+    if len(latest) != keys or any(v != want for v in latest.values()):
+        raise RuntimeError(f"compaction lost data: {len(latest)} keys, "
+                           f"{sum(v != want for v in latest.values())} with an old value")
+    log(f"compaction of {total:,} records: {dt:.2f} s, {st['records']:,} records left "
+        f"(every key present with its latest value)")
+    result("compact_1m", dt, "s", base,
+           "baseline = one pass reading the segments and decoding every key (kafka.record); target < 10 s")
+
+
+# ------------------------------------------------------------------------------ main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records-in", type=int, default=3_000_000)
+    ap.add_argument("--client-records", type=int, default=1_000_000)
+    ap.add_argument("--compact-records", type=int, default=1_000_000)
+    ap.add_argument("--only", choices=["raw", "clients", "compact"], action="append")
+    args = ap.parse_args()
+    only = set(args.only or ["raw", "clients", "compact"])
+
+    from kafka.admin import KafkaAdminClient
+    from statekit import broker as broker_mod
+
+    tmp = tempfile.mkdtemp(prefix="statekit-bench-")
+    handle = None
+    admin = None
+    try:
+        handle = broker_mod.start(dir=os.path.join(tmp, "broker"), port=0)
+        log(f"broker pid {handle.pid} at {handle.bootstrap}, data in {handle.dir}; "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+        admin = KafkaAdminClient(bootstrap_servers=handle.bootstrap)
+        if "raw" in only:
+            bench_raw(handle.bootstrap, admin, tmp, args.records_in)
+        if "clients" in only:
+            bench_clients(handle.bootstrap, admin, args.client_records)
+        if "compact" in only:
+            bench_compact(handle.bootstrap, admin, handle.dir, args.compact_records)
+    finally:
+        if admin is not None:
+            admin.close()
+        if handle is not None:
+            handle.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"load average at the end {os.getloadavg()[0]:.2f} (2 shared cores: figures may be noisy)")
+    print("\n".join(RESULTS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Dashboard overhead: pipeline throughput with the live dashboard (model + view, refreshing at
+1 Hz from its background thread) against the same pipeline without it, in the same run.
+
+    .venv/bin/python bench/dashboard.py [--records N] [--rounds R] [--partitions P]
+
+Starts its own broker (temp dir, port 0) and a local Spark session, runs one word-count app on the
+Spark engine, and alternates phases without and with the dashboard (A B A B ...; the order flips
+every round so neither side always runs first). Each phase produces N fresh records (not timed),
+then times `process_all_available()`. Throughput = records / seconds; the overhead compares the
+median throughput with the dashboard to the median without. The dashboard does everything it does
+in a notebook: snapshots (metrics, lag table, the whole store through interactive queries, events,
+changelog figures), model update, HTML rendering and the lag chart PNG.
+
+Last line: ``RESULT name=dashboard_overhead value=<percent> unit=% baseline=<records/s without>
+ratio=<with/without>``; the goal is an overhead below 5%.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records", type=int, default=20_000, help="records per phase")
+    ap.add_argument("--rounds", type=int, default=3, help="phases of each kind")
+    ap.add_argument("--partitions", type=int, default=2)
+    a = ap.parse_args(argv)
+
+    home = tempfile.mkdtemp(prefix="statekit-bench-dashboard-")
+    os.environ["STATEKIT_HOME"] = home
+    from statekit import broker as broker_mod
+    from statekit import datagen
+
+    handle = broker_mod.start(dir=os.path.join(home, "broker"), port=0)
+    os.environ["STATEKIT_BOOTSTRAP"] = handle.bootstrap
+    app = None
+    dash = None
+    try:
+        import statekit
+        from kernel_ext.dashboard.view import LiveDashboard
+
+        seed = iter(range(1000, 10_000))
+
+        def feed(n):
+            datagen.produce("words", datagen.generate("words", seed=next(seed), limit=n), handle.bootstrap,
+                            partitions=a.partitions)
+
+        feed(2000)
+        app = statekit.App("benchdash", partitions=a.partitions)
+        app.stream("words", value_serde="json").group_by_key().count(store="counts")
+        t0 = time.monotonic()
+        app.start()
+        app.process_all_available()  # warm-up: JVM, Python workers, first restore
+        feed(a.records // 4)
+        app.process_all_available()
+        print(f"warm-up done in {time.monotonic() - t0:.1f} s", flush=True)
+
+        def changelog_stats():
+            return [s for s in broker_mod.log_stats(handle.dir) if s["topic"].startswith("benchdash-")
+                    and s["topic"].endswith("-changelog")]
+
+        rates = {"without": [], "with": []}
+        refreshes = []
+        order = []
+        for r in range(a.rounds):
+            order += (["without", "with"] if r % 2 == 0 else ["with", "without"])
+        for kind in order:
+            feed(a.records)
+            if kind == "with":
+                dash = LiveDashboard(app, interval=1.0, changelog_fn=changelog_stats)
+                dash.start()
+            t = time.perf_counter()
+            app.process_all_available()
+            dt = time.perf_counter() - t
+            if kind == "with":
+                dash.stop()
+                refreshes.append((dash.refreshes, dash.last_refresh_s))
+                dash = None
+            rate = a.records / dt
+            rates[kind].append(rate)
+            print(f"  {kind:>7} dashboard: {a.records} records in {dt:6.2f} s = {rate:9.0f} records/s", flush=True)
+
+        without = statistics.median(rates["without"])
+        with_ = statistics.median(rates["with"])
+        ratio = with_ / without
+        overhead = max(0.0, (1 - ratio) * 100)
+        n_ref = sum(n for n, _ in refreshes)
+        print(f"dashboard refreshes: {n_ref} in {len(refreshes)} phases "
+              f"(last refresh {refreshes[-1][1] * 1000:.0f} ms)" if refreshes else "")
+        print(f"median without: {without:.0f} records/s; with: {with_:.0f} records/s; "
+              f"overhead {overhead:.1f}% (goal < 5%)")
+        print(f"RESULT name=dashboard_overhead value={overhead:.2f} unit=% baseline={without:.0f} "
+              f"ratio={ratio:.3f}")
+        return 0
+    finally:
+        if dash is not None:
+            dash.stop()
+        if app is not None:
+            try:
+                app.stop()
+            except Exception as err:
+                print(f"stopping the app: {err}", file=sys.stderr)
+        try:
+            from statekit.engine.spark.session import stop_session
+
+            stop_session()
+        except Exception:
+            pass
+        handle.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

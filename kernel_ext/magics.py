@@ -1,0 +1,69 @@
+"""IPython glue: `%statekit` (line) and `%%statekit` (cell) parse with `kernel_ext.parser` and run
+with `kernel_ext.session.Session`. A user mistake prints one red line on stderr, never a stack trace."""
+from __future__ import annotations
+
+import sys
+import traceback
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from kernel_ext.parser import Help, ParseError, parse, subcommand_names
+from kernel_ext.session import Session
+
+RED, RESET = "\x1b[31m", "\x1b[0m"
+
+
+def error_line(message: str) -> None:
+    sys.stderr.write(f"{RED}{' '.join(str(message).split())}{RESET}\n")
+    sys.stderr.flush()
+
+
+@magics_class
+class StatekitMagics(Magics):
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.session = Session(shell)
+
+    def _run(self, line: str, cell: str | None):
+        from statekit.errors import StatekitError
+
+        try:
+            cmd = parse(line, cell)
+        except ParseError as err:
+            error_line(err)
+            return None
+        if isinstance(cmd, Help):
+            print(cmd.text.rstrip())
+            return None
+        try:
+            return self.session.run(cmd)
+        except (StatekitError, ParseError) as err:
+            error_line(f"%statekit {cmd.command}: {err}")
+        except KeyboardInterrupt:
+            error_line(f"%statekit {cmd.command}: interrupted")
+        except Exception as err:  # a bug, not a user mistake: still one line, details kept
+            self.session.last_traceback = traceback.format_exc()
+            error_line(f"%statekit {cmd.command}: {type(err).__name__}: {err} "
+                       f"(details: kernel_ext.last_traceback())")
+        return None
+
+    @line_magic("statekit")
+    def statekit_line(self, line: str = ""):
+        """%statekit SUBCOMMAND ... — `%statekit --help` lists the subcommands."""
+        return self._run(line, None)
+
+    @cell_magic("statekit")
+    def statekit_cell(self, line: str = "", cell: str = ""):
+        """%%statekit app NAME [--partitions N] [--instances N] [--standby N] — the cell body builds
+        the topology with `app` bound to a new statekit.App."""
+        return self._run(line, cell)
+
+
+def complete(shell, event):
+    """Tab completion for `%statekit`: subcommands, then app names."""
+    parts = event.line.split()
+    magics = shell.magics_manager.registry.get("StatekitMagics")
+    apps = sorted(magics.session.apps) if magics is not None else []
+    if len(parts) <= 1 or (len(parts) == 2 and not event.line.endswith(" ")):
+        return list(subcommand_names())
+    return apps + ["--help"]

@@ -1,0 +1,566 @@
+"""What `%statekit` does: one `Session` per kernel that runs parsed commands against the library.
+
+Thin on purpose: every action is a call into `statekit` (the App, `statekit.kafka`, the datagen
+producer, the Spark session helper); this module only keeps the kernel's registry (broker handle,
+apps by name, producers, dashboards) and turns results into HTML, DataFrames and widgets.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from kernel_ext.parser import Command
+
+INTERNAL_SUFFIXES = ("-events",)
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _card(title: str, rows: list[tuple[str, str]], ok: bool = True) -> str:
+    color = "#2e7d32" if ok else "#c62828"
+    body = "".join(f"<tr><td style='color:#667;padding:1px 12px 1px 0;text-align:left'>{_e(k)}</td>"
+                   f"<td style='text-align:left'>{v}</td></tr>" for k, v in rows)
+    return (f"<div style='font-family:sans-serif;font-size:12.5px;border:1px solid #dde4ee;border-left:4px solid "
+            f"{color};border-radius:6px;padding:6px 12px;background:#f9fbfd;max-width:760px'>"
+            f"<div style='font-weight:600;margin-bottom:4px'>{_e(title)}</div><table>{body}</table></div>")
+
+
+@dataclass
+class ProducerJob:
+    topic: str
+    source: str
+    thread: threading.Thread
+    stop: threading.Event
+    progress: Any = None  # statekit.datagen.ProduceProgress
+    widget: Any = None
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+
+class Session:
+    """The kernel's statekit state. `run(cmd)` executes one parsed command."""
+
+    def __init__(self, shell=None):
+        self.shell = shell
+        self.bootstrap: str | None = None
+        self.broker = None  # BrokerHandle of the embedded broker, when we use one
+        self.spark = None
+        self.apps: dict[str, Any] = {}
+        self.producers: dict[str, ProducerJob] = {}
+        self.dashboards: dict[str, Any] = {}
+        self.last_traceback: str | None = None
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def display(self, obj=None, html_text: str | None = None):
+        from IPython.display import HTML, display
+
+        if html_text is not None:
+            display(HTML(html_text))
+        else:
+            display(obj)
+
+    def run(self, cmd: Command):
+        fn = getattr(self, "cmd_" + cmd.command.replace("-", "_"))
+        return fn(cmd)
+
+    def _kafka(self):
+        from statekit.kafka import Kafka
+
+        self._ensure_up(spark=False)
+        return Kafka(self.bootstrap)
+
+    def _ensure_up(self, spark: bool = False):
+        if self.bootstrap is None:
+            self._up(None, spark=spark)
+        elif spark and self.spark is None:
+            self._start_spark()
+
+    def _embedded_dir(self) -> str:
+        home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
+        return os.path.join(home, "broker")
+
+    def _up(self, bootstrap: str | None, spark: bool = True):
+        from statekit.errors import BrokerUnreachable
+        from statekit.kafka import Kafka
+
+        explicit = bootstrap or os.environ.get("STATEKIT_BOOTSTRAP")
+        if explicit:
+            self.bootstrap, self.broker = explicit, None
+        else:
+            from statekit import broker as broker_mod  # the embedded broker's lifecycle API
+
+            self.broker = broker_mod.start(dir=self._embedded_dir())
+            self.bootstrap = self.broker.bootstrap
+        try:
+            Kafka(self.bootstrap, timeout=10).close()
+        except BrokerUnreachable:
+            b, self.bootstrap = self.bootstrap, None
+            raise
+        # apps created from now on (and Kafka() without arguments) use this broker
+        os.environ["STATEKIT_BOOTSTRAP"] = self.bootstrap
+        if spark:
+            self._start_spark()
+
+    def _start_spark(self):
+        """The local Spark session. The JVM inherits the kernel's stderr at launch, and would print
+        its banner and warnings into whichever cell runs; it gets a log file instead (Spark's own
+        log already goes to a file, errors reach the notebook as one-line StatekitErrors)."""
+        from statekit.engine.spark.session import get_session, log_dir
+
+        path = os.path.join(log_dir(), f"jvm-stderr-{os.getpid()}.log")
+        sys_stderr = None
+        try:
+            import sys
+
+            sys.stderr.flush()
+            sys_stderr = os.dup(2)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 2)
+            os.close(fd)
+        except OSError:
+            sys_stderr = None
+        try:
+            self.spark = get_session()
+        finally:
+            if sys_stderr is not None:
+                os.dup2(sys_stderr, 2)
+                os.close(sys_stderr)
+
+    def app(self, name: str):
+        from statekit.errors import StatekitError
+
+        try:
+            return self.apps[name]
+        except KeyError:
+            known = ", ".join(sorted(self.apps)) or "none yet"
+            raise StatekitError(f"no app named {name!r} (known: {known}); define it with a "
+                                f"`%%statekit app {name}` cell") from None
+
+    # -- broker & Spark -------------------------------------------------------------------------
+
+    def _fresh(self):
+        """Stop the embedded broker and delete its data and every app's local state."""
+        import shutil
+
+        from statekit.errors import StatekitError
+
+        if os.environ.get("STATEKIT_BOOTSTRAP") and self.broker is None:
+            raise StatekitError("--fresh only applies to the embedded broker; unset STATEKIT_BOOTSTRAP "
+                                "(a real cluster's topics are not deleted from a notebook)")
+        for d in list(self.dashboards.values()):
+            d.stop(timeout=3)
+        self.dashboards.clear()
+        for name, app in list(self.apps.items()):
+            try:
+                app.stop()
+            except Exception:
+                pass
+        self.apps.clear()
+        from statekit import broker as broker_mod
+
+        broker_mod.stop(self._embedded_dir())
+        os.environ.pop("STATEKIT_BOOTSTRAP", None)
+        self.broker, self.bootstrap = None, None
+        home = os.path.dirname(self._embedded_dir())
+        for sub in ("broker", "apps"):
+            shutil.rmtree(os.path.join(home, sub), ignore_errors=True)
+
+    def cmd_up(self, cmd: Command):
+        t0 = time.monotonic()
+        if cmd.fresh:
+            self._fresh()
+        self._up(cmd.bootstrap, spark=not cmd.no_spark)
+        self.display(html_text=self._status_card(f"statekit is up ({time.monotonic() - t0:.1f} s)"))
+
+    def _status_card(self, title: str) -> str:
+        rows = []
+        if self.bootstrap:
+            kind = (f"embedded broker, pid {self.broker.pid}, dir <code>{_e(self.broker.dir)}</code>"
+                    if self.broker is not None else "external cluster")
+            rows.append(("broker", f"<code>{_e(self.bootstrap)}</code> · {kind}"))
+        else:
+            rows.append(("broker", "not connected: <code>%statekit up</code>"))
+        if self.spark is not None:
+            try:
+                sc = self.spark.sparkContext
+                rows.append(("spark", f"{_e(sc.version)} · {_e(sc.master)} · app id {_e(sc.applicationId)}"))
+            except Exception:
+                rows.append(("spark", "stopped"))
+        else:
+            rows.append(("spark", "not started"))
+        for name, app in sorted(self.apps.items()):
+            rows.append((f"app {name}", f"<b>{_e(app.state)}</b> · {app.partitions} tasks · "
+                                        f"{app.instances} instance(s) · {app.standby_replicas} standby"))
+        for topic, job in sorted(self.producers.items()):
+            p = job.progress
+            sent = p.sent if p is not None else 0
+            rows.append((f"producer {topic}", f"{'running' if job.running else 'done'} · {job.source} · "
+                                              f"{sent:,} records sent"))
+        return _card(title, rows, ok=self.bootstrap is not None)
+
+    def cmd_status(self, cmd: Command):
+        self.display(html_text=self._status_card("statekit status"))
+
+    def cmd_down(self, cmd: Command):
+        stopped = []
+        for d in list(self.dashboards.values()):
+            d.stop(timeout=3)
+        self.dashboards.clear()
+        for job in list(self.producers.values()):
+            job.stop.set()
+            job.thread.join(10)
+        self.producers.clear()
+        for name, app in list(self.apps.items()):
+            try:
+                app.stop()
+                stopped.append(f"app {name}")
+            except Exception as err:  # keep going: down must always get everything down
+                stopped.append(f"app {name} ({' '.join(str(err).split())[:80]})")
+        if self.spark is not None:
+            from statekit.engine.spark.session import stop_session
+
+            stop_session()
+            self.spark = None
+            stopped.append("spark")
+        if self.broker is not None:
+            if self.broker.owned:
+                self.broker.stop()
+                stopped.append(f"broker {self.bootstrap}")
+            else:
+                from statekit import broker as broker_mod
+
+                broker_mod.stop(self.broker.dir)
+                stopped.append(f"broker {self.bootstrap}")
+            os.environ.pop("STATEKIT_BOOTSTRAP", None)
+        self.broker = None
+        self.bootstrap = None
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+    # -- topics ---------------------------------------------------------------------------------
+
+    def cmd_topics(self, cmd: Command):
+        import pandas as pd
+
+        k = self._kafka()
+        try:
+            names = sorted(k.topics())
+            if not cmd.internal:
+                names = [n for n in names if not n.startswith("__") and not n.endswith(INTERNAL_SUFFIXES)]
+            if cmd.pattern:
+                names = [n for n in names if cmd.pattern in n]
+            stats = {}
+            if self.broker is not None:
+                try:
+                    from statekit import broker as broker_mod
+
+                    for s in broker_mod.log_stats(self.broker.dir):
+                        stats[(s["topic"], s["partition"])] = s
+                except Exception:
+                    stats = {}
+            rows = []
+            for n in names:
+                ends = k.end_offsets(n)
+                begins = k.begin_offsets(n)
+                try:
+                    policy = k.describe_configs(n).get("cleanup.policy", "?")
+                except Exception:
+                    policy = "?"
+                part = [stats.get((n, p)) for p in sorted(ends)]
+                have = [s for s in part if s]
+                rows.append({
+                    "topic": n,
+                    "partitions": len(ends),
+                    "end offsets": ", ".join(str(ends[p]) for p in sorted(ends)),
+                    "records": sum(ends.values()) - sum(begins.values()),
+                    "cleanup.policy": policy,
+                    "records in log": sum(s.get("records", 0) for s in have) if have else None,
+                    "dirty ratio": round(max(s.get("dirty_ratio") or 0 for s in have), 2) if have else None,
+                    "cleaner runs": sum(s.get("cleaner_runs") or 0 for s in have) if have else None,
+                    "removed by cleaner": sum(s.get("records_removed") or 0 for s in have) if have else None,
+                })
+        finally:
+            k.close()
+        if not rows:
+            print("no topics yet" + (f" matching {cmd.pattern!r}" if cmd.pattern else ""))
+            return None
+        df = pd.DataFrame(rows).set_index("topic")
+        if not stats:
+            df = df.drop(columns=["records in log", "dirty ratio", "cleaner runs", "removed by cleaner"])
+        return df
+
+    # -- producing ------------------------------------------------------------------------------
+
+    def _resolve_file(self, path: str) -> str:
+        cands = [path]
+        if not os.path.isabs(path):
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            cands += [os.path.join(here, path), os.path.join(here, "sample_data", os.path.basename(path))]
+        for c in cands:
+            if os.path.exists(c):
+                return c
+        from statekit.errors import StatekitError
+
+        raise StatekitError(f"no such file: {path} (the samples are in sample_data/: words.jsonl, "
+                            f"clicks.jsonl, sensors.jsonl)")
+
+    def cmd_produce(self, cmd: Command):
+        import ipywidgets as W
+
+        from statekit import datagen
+        from statekit.errors import StatekitError
+
+        self._ensure_up(spark=False)
+        old = self.producers.get(cmd.topic)
+        if old is not None and old.running:
+            raise StatekitError(f"a producer is already writing to {cmd.topic!r}; wait for it or "
+                                f"`%statekit down`")
+        if cmd.file:
+            path = self._resolve_file(cmd.file)
+            records = datagen.read_jsonl(path)
+            source = os.path.basename(path)
+            if cmd.limit is None:
+                with open(path, encoding="utf-8") as f:
+                    total = sum(1 for line in f if line.strip())
+            else:
+                total = cmd.limit
+        else:
+            records = datagen.generate(cmd.generator, seed=42 if cmd.seed is None else cmd.seed)
+            source = f"generator {cmd.generator}"
+            total = cmd.limit
+        bar = W.IntProgress(value=0, min=0, max=total or 1, bar_style="info",
+                            layout=W.Layout(width="320px"))
+        label = W.HTML()
+        box = W.HBox([W.HTML(f"<b>{_e(cmd.topic)}</b> ← {_e(source)}&nbsp;"), bar, label])
+        stop = threading.Event()
+
+        def report(p):
+            job.progress = p
+            if total:
+                bar.value = min(p.sent, total)
+            else:
+                bar.max = max(bar.max, p.sent + 1)
+                bar.value = p.sent
+            if p.error:
+                bar.bar_style = "danger"
+                label.value = f"&nbsp;<span style='color:#c62828'>{_e(p.error)}</span>"
+                return
+            if p.done:
+                bar.bar_style = "success"
+            rate = f"{p.rate:,.0f}/s" if p.elapsed > 0 else ""
+            label.value = (f"&nbsp;{p.sent:,}{f' / {total:,}' if total else ''} records · {rate}"
+                           f"{' · done' if p.done else ''}")
+
+        def work():
+            try:
+                datagen.produce(cmd.topic, records, self.bootstrap, partitions=cmd.partitions or 4,
+                                rate=cmd.rate, limit=cmd.limit, stop=stop, progress=report)
+            except Exception:  # shown in the progress label (one line)
+                pass
+
+        th = threading.Thread(target=work, name=f"statekit-produce-{cmd.topic}", daemon=True)
+        job = ProducerJob(cmd.topic, source, th, stop, None, box)
+        self.producers[cmd.topic] = job
+        self.display(box)
+        th.start()
+        if cmd.wait:
+            th.join()
+            if job.progress is not None and job.progress.error:
+                raise StatekitError(f"produce to {cmd.topic!r} failed: {job.progress.error}")
+
+    # -- apps -------------------------------------------------------------------------------------
+
+    def cmd_app(self, cmd: Command):
+        import statekit
+        from statekit.errors import StatekitError
+
+        old = self.apps.get(cmd.name)
+        if old is not None and str(old.state) in ("RUNNING", "RESTORING", "PENDING_SHUTDOWN"):
+            raise StatekitError(f"app {cmd.name!r} is {old.state}; `%statekit stop {cmd.name}` before "
+                                f"redefining it")
+        self._ensure_up(spark=False)
+        kw = {}
+        for opt, arg in (("partitions", "partitions"), ("instances", "instances"),
+                         ("standby", "standby_replicas"), ("commit_interval", "commit_interval"),
+                         ("cache_bytes", "cache_bytes"), ("engine", "engine")):
+            if cmd.args.get(opt) is not None:
+                kw[arg] = cmd.args[opt]
+        app = statekit.App(cmd.name, bootstrap=self.bootstrap, **kw)
+        ns = self.shell.user_ns if self.shell is not None else {}
+        ns["app"] = app
+        code = compile(cmd.body or "", f"<%%statekit app {cmd.name}>", "exec")
+        try:
+            exec(code, ns)
+        except StatekitError:
+            raise
+        except Exception as err:
+            tb = traceback.extract_tb(err.__traceback__)
+            line = next((f.lineno for f in reversed(tb) if f.filename.startswith("<%%statekit")), None)
+            where = f"line {line}: " if line else ""
+            self.last_traceback = traceback.format_exc()
+            raise StatekitError(f"the app cell failed at {where}{type(err).__name__}: {err}") from None
+        # compile now, so a topology mistake shows here and not at start
+        app.describe()
+        self.apps[cmd.name] = app
+        n_stores = len(app.plan.stores) if getattr(app, "plan", None) is not None else None
+        print(f"app {cmd.name!r} defined: {app.partitions} task(s), {app.instances} instance(s), "
+              f"{app.standby_replicas} standby replica(s)"
+              + (f", {n_stores} store(s)" if n_stores is not None else "")
+              + f". Next: %statekit start {cmd.name}")
+
+    def cmd_apps(self, cmd: Command):
+        import pandas as pd
+
+        if not self.apps:
+            print("no apps yet: define one with a `%%statekit app NAME` cell")
+            return None
+        return pd.DataFrame([{"app": n, "state": str(a.state), "tasks": a.partitions,
+                              "instances": a.instances, "standby": a.standby_replicas}
+                             for n, a in sorted(self.apps.items())]).set_index("app")
+
+    def cmd_start(self, cmd: Command):
+        app = self.app(cmd.name)
+        self._ensure_up(spark=True)
+        trigger = cmd.trigger
+        if isinstance(trigger, str) and trigger.endswith(" seconds"):
+            trigger = float(trigger.split()[0])
+        sink = cmd.sink
+        if sink is None:  # Spark's memory sink cannot recover from its checkpoint: no restart
+            try:
+                has_sinks = any(n.get("type") == "sink" for n in app.describe().get("nodes", []))
+            except Exception:
+                has_sinks = False
+            sink = "kafka" if has_sinks else "none"
+        app.start(trigger=trigger, max_records_per_trigger=cmd.max_records, sink=sink)
+        print(f"{cmd.name}: {app.state}")
+        if cmd.watch:
+            return self._watch(app, cmd.name)
+
+    def cmd_stop(self, cmd: Command):
+        app = self.app(cmd.name)
+        d = self.dashboards.pop(cmd.name, None)
+        if d is not None:  # its last picture stays; it must not query a store being closed
+            d.stop(timeout=5)
+        app.stop()
+        print(f"{cmd.name}: {app.state}")
+
+    def _watch(self, app, name: str, interval: float = 1.0, top: int = 15):
+        from kernel_ext.dashboard.view import LiveDashboard
+
+        old = self.dashboards.pop(name, None)
+        if old is not None:
+            old.stop(timeout=3)
+        d = LiveDashboard(app, name=name, interval=interval, top=top,
+                          history_fn=lambda store, key: self._history(app, store, key),
+                          changelog_fn=lambda: self._changelog_stats(app))
+        self.dashboards[name] = d
+        d.refresh()
+        self.display(d.view.root)
+        d.start()
+        return None
+
+    def cmd_watch(self, cmd: Command):
+        return self._watch(self.app(cmd.name), cmd.name, cmd.interval, cmd.top)
+
+    def cmd_crash(self, cmd: Command):
+        app = self.app(cmd.name)
+        rec = app.crash(cmd.mode, instance=cmd.instance, after_records=cmd.after, timeout=60)
+        when = "now" if cmd.after is None else f"after {cmd.after} more record(s)"
+        lost = f", deleted {len(rec.get('deleted') or [])} state dir(s)" if cmd.mode == "disk-loss" else ""
+        print(f"{cmd.name}: crash of instance {rec.get('instance')} ({cmd.mode}) {when}: "
+              f"{rec.get('status')}{lost}; app is {app.state}")
+
+    def cmd_restart(self, cmd: Command):
+        app = self.app(cmd.name)
+        self._ensure_up(spark=True)
+        rec = app.restart()
+        promos = rec.get("promotions") or []
+        moves = rec.get("moves") or []
+        print(f"{cmd.name}: restarting (generation {rec.get('generation')}), "
+              f"{len(moves)} task move(s), {len(promos)} standby promotion(s); {app.state}")
+        if not cmd.no_watch:
+            return self._watch(app, cmd.name)
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _key(text: str, key_type: str):
+        from statekit.errors import StatekitError
+
+        if key_type == "int":
+            try:
+                return int(text)
+            except ValueError:
+                raise StatekitError(f"--key-type int: {text!r} is not a whole number") from None
+        if key_type == "json":
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise StatekitError(f"--key-type json: {text!r} is not JSON") from None
+        return text
+
+    def cmd_query(self, cmd: Command):
+        import pandas as pd
+
+        app = self.app(cmd.name)
+        if cmd.key is not None:
+            key = self._key(cmd.key, cmd.key_type)
+            value = app.query(cmd.store, key)
+            owner = None
+            try:
+                owner = app.key_owner(cmd.store, key)
+            except Exception:
+                owner = None
+            where = ""
+            if owner is not None:
+                where = (f"  (task {getattr(owner, 'task', '?')}, instance {getattr(owner, 'instance', '?')}, "
+                         f"{getattr(owner, 'role', 'active')})")
+            print(f"{cmd.store}[{key!r}] = {value!r}{where}")
+            return None
+        if cmd.range is not None:
+            lo, hi = (self._key(x, cmd.key_type) for x in cmd.range)
+            rows = list(app.query_range(cmd.store, lo, hi))
+            df = pd.DataFrame(rows[: cmd.limit], columns=["key", "value"])
+            print(f"{len(rows)} key(s) in [{lo!r}, {hi!r}]" + (f"; first {cmd.limit}" if len(rows) > cmd.limit else ""))
+            return df
+        df = app.query_all(cmd.store)
+        if not hasattr(df, "head"):
+            df = pd.DataFrame(list(df), columns=["key", "value"])
+        print(f"{len(df)} key(s) in {cmd.store}" + (f"; first {cmd.limit}" if len(df) > cmd.limit else ""))
+        return df.head(cmd.limit)
+
+    def cmd_lag(self, cmd: Command):
+        return self.app(cmd.name).lag()
+
+    def _history(self, app, store: str, key):
+        from statekit.history import key_history
+
+        return [(p.offset, p.value, p.batch) for p in key_history(app, store, key)]
+
+    def _changelog_stats(self, app) -> list[dict]:
+        if self.broker is None:
+            return []
+        from statekit import broker as broker_mod
+
+        prefix = f"{app.name}-"
+        return [s for s in broker_mod.log_stats(self.broker.dir)
+                if s["topic"].startswith(prefix) and s["topic"].endswith("-changelog")]
+
+    def cmd_history(self, cmd: Command):
+        from kernel_ext.dashboard.view import HistoryPanel
+
+        app = self.app(cmd.name)
+        key = self._key(cmd.key, cmd.key_type)
+        panel = HistoryPanel(lambda store, k: self._history(app, store, k))
+        panel.load(cmd.store, key)
+        self.display(panel.root)

@@ -1,0 +1,143 @@
+"""The `statekit` command. Each subcommand group registers itself in `build_parser`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from statekit.errors import StatekitError
+
+
+def _add_broker(sub) -> None:
+    from statekit.broker.__main__ import add_serve_args
+
+    p = sub.add_parser("broker", help="the embedded Kafka-compatible broker",
+                       description="Start, inspect and stop statekit's embedded Kafka-compatible broker.")
+    bsub = p.add_subparsers(dest="broker_cmd", metavar="{start,status,stop,run,stats,clean}")
+    bsub.required = True
+
+    s = bsub.add_parser("start", help="start a broker in the background (or reuse the one running on --dir)")
+    add_serve_args(s)
+    s.set_defaults(func=_broker_start)
+
+    r = bsub.add_parser("run", help="run a broker in the foreground (Ctrl-C stops it)")
+    add_serve_args(r)
+    r.set_defaults(func=_broker_run)
+
+    for name, fn, text in (("status", _broker_status, "say whether a broker runs on --dir, and where"),
+                           ("stop", _broker_stop, "stop the broker running on --dir"),
+                           ("stats", _broker_stats, "per-partition log statistics (segments, offsets, cleaner)"),
+                           ("clean", _broker_clean, "run a log cleaner pass now and print the stats")):
+        q = bsub.add_parser(name, help=text)
+        q.add_argument("--dir", default=None, help="data directory (default: $STATEKIT_HOME/broker)")
+        if name in ("stats", "clean"):
+            q.add_argument("--topic", default=None)
+            q.add_argument("--json", action="store_true", help="print JSON")
+        q.set_defaults(func=fn)
+
+
+def _broker_start(args) -> int:
+    from statekit import broker
+    from statekit.broker.process import parse_configs
+
+    try:
+        configs = parse_configs(args.config, args.auto_create_topics)
+    except ValueError as e:
+        raise StatekitError(str(e)) from None
+    h = broker.start(dir=args.dir, host=args.host, port=args.port, configs=configs, detach=True)
+    if not h.owned:
+        print(f"statekit broker already running on {h.dir} (pid {h.pid}); reusing it", file=sys.stderr)
+    print(h.bootstrap)
+    return 0
+
+
+def _broker_run(args) -> int:
+    from statekit.broker.__main__ import main as run_main
+
+    argv = ["--host", args.host, "--port", str(args.port)]
+    if args.dir:
+        argv += ["--dir", args.dir]
+    for c in args.config:
+        argv += ["--config", c]
+    if args.auto_create_topics:
+        argv.append("--auto-create-topics")
+    return run_main(argv)
+
+
+def _dir(args) -> str:
+    from statekit.broker import default_dir
+
+    return os.path.abspath(args.dir or default_dir())
+
+
+def _broker_status(args) -> int:
+    from statekit import broker
+
+    info = broker.status(args.dir)
+    if info is None:
+        print(f"no broker running on {_dir(args)}")
+        return 1
+    print(f"running: {info['bootstrap']} (pid {info['pid']}, data in {_dir(args)})")
+    return 0
+
+
+def _broker_stop(args) -> int:
+    from statekit import broker
+
+    if broker.stop(args.dir):
+        print(f"stopped the broker on {_dir(args)}")
+        return 0
+    print(f"no broker running on {_dir(args)}")
+    return 1
+
+
+def _print_stats(rows, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    cols = ["topic", "partition", "log_start_offset", "high_watermark", "segments", "bytes", "records",
+            "dirty_ratio", "cleaner_runs", "records_removed"]
+    table = [cols] + [[str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    for row in table:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def _broker_stats(args) -> int:
+    from statekit import broker
+
+    _print_stats(broker.log_stats(args.dir, topic=args.topic), args.json)
+    return 0
+
+
+def _broker_clean(args) -> int:
+    from statekit import broker
+
+    rows = broker.request_clean(args.dir)
+    _print_stats([r for r in rows if args.topic is None or r["topic"] == args.topic], args.json)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="statekit", description="statekit: see how stream processing keeps its state.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    _add_broker(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except StatekitError as e:
+        print(f"statekit: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""`make demo`: run the guided tour headless and report.
+
+    python -m statekit.demo [--only 01,02] [--out build] [--timeout 300]
+
+Executes every `notebooks/0*.ipynb` in a real Jupyter kernel (nbclient; the kernel runs this
+interpreter), writes the executed copies to `build/notebooks/` and every chart they draw as PNG to
+`build/charts/`, then prints a short report: per notebook its time and checks, and from notebook 02
+the restore time, the records replayed and the invariant check. Each run gets its own STATEKIT_HOME
+(a fresh broker and state directories), removed afterwards unless --keep.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import glob
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
+REPORT_MIME = "application/vnd.statekit.report+json"
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    path: str
+    seconds: float = 0.0
+    ok_checks: int = 0
+    errors: list = field(default_factory=list)  # one line each
+    reports: list = field(default_factory=list)  # REPORT_MIME payloads
+    charts: list = field(default_factory=list)  # PNG paths written
+    stderr_lines: list = field(default_factory=list)
+    executed_path: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.errors and self.ok_checks > 0
+
+
+def notebook_paths(only: list[str] | None = None) -> list[str]:
+    paths = sorted(glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb")))
+    if only:
+        paths = [p for p in paths if any(os.path.basename(p).startswith(o) for o in only)]
+    return paths
+
+
+def _ensure_kernel_env(home: str) -> dict:
+    env = {
+        "STATEKIT_HOME": home,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    }
+    pp = os.environ.get("PYTHONPATH", "")
+    if ROOT not in pp.split(os.pathsep):
+        env["PYTHONPATH"] = ROOT + (os.pathsep + pp if pp else "")
+    return env
+
+
+def _outputs(nb):
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            yield i, cell, out
+
+
+def analyze(nb, result: NotebookResult, charts_dir: str | None) -> None:
+    n_png = 0
+    for i, cell, out in _outputs(nb):
+        ot = out.get("output_type")
+        if ot == "error":
+            result.errors.append(f"cell {i}: {out.get('ename')}: {' '.join(str(out.get('evalue')).split())[:300]}")
+        elif ot == "stream":
+            text = out.get("text", "")
+            if out.get("name") == "stdout":
+                result.ok_checks += sum(1 for line in text.splitlines() if line.strip() == "OK")
+            else:
+                result.stderr_lines += [line for line in text.splitlines() if line.strip()]
+        elif ot in ("display_data", "execute_result"):
+            data = out.get("data", {})
+            if REPORT_MIME in data:
+                payload = data[REPORT_MIME]
+                result.reports.append(payload if isinstance(payload, dict) else json.loads(payload))
+            if "image/png" in data and charts_dir:
+                n_png += 1
+                os.makedirs(charts_dir, exist_ok=True)
+                path = os.path.join(charts_dir, f"{result.name}-cell{i:02d}-{n_png}.png")
+                with open(path, "wb") as f:
+                    f.write(base64.b64decode(data["image/png"]))
+                result.charts.append(path)
+    # statekit one-line errors go to stderr in red: a notebook of the tour must not print any
+    for line in result.stderr_lines:
+        if "%statekit" in line:
+            result.errors.append(f"stderr: {line.strip()[:300]}")
+
+
+def _widget_pngs(nb, result: NotebookResult, charts_dir: str | None) -> None:
+    """Dashboard charts (Image widgets) from the saved widget state."""
+    if not charts_dir:
+        return
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    n = 0
+    for model_id, w in state.items():
+        if w.get("model_name") != "ImageModel":
+            continue
+        for buf in w.get("buffers", []) or []:
+            if buf.get("path") == ["value"] and buf.get("encoding") == "base64":
+                raw = base64.b64decode(buf["data"])
+                if raw[:8] == b"\x89PNG\r\n\x1a\n" and len(raw) > 2000:
+                    n += 1
+                    os.makedirs(charts_dir, exist_ok=True)
+                    path = os.path.join(charts_dir, f"{result.name}-dashboard-{n}.png")
+                    with open(path, "wb") as f:
+                        f.write(raw)
+                    result.charts.append(path)
+
+
+def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home: str | None = None,
+                 keep_home: bool = False) -> NotebookResult:
+    """Execute one notebook in a fresh kernel; never raises for a notebook failure (see .errors)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    name = os.path.splitext(os.path.basename(path))[0]
+    result = NotebookResult(name, path)
+    own_home = home is None
+    home = home or tempfile.mkdtemp(prefix=f"statekit-demo-{name[:2]}-")
+    nb = nbformat.read(path, as_version=4)
+    env_before = {k: os.environ.get(k) for k in ("STATEKIT_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON",
+                                                  "MPLBACKEND", "PYTHONPATH", "STATEKIT_BOOTSTRAP")}
+    os.environ.update(_ensure_kernel_env(home))
+    os.environ.pop("STATEKIT_BOOTSTRAP", None)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
+                            store_widget_state=True, record_timing=True,
+                            resources={"metadata": {"path": NOTEBOOKS}})
+    t0 = time.monotonic()
+    try:
+        client.execute()
+    except CellExecutionError as err:
+        result.errors.append(_first_line(err))
+    except (CellTimeoutError, DeadKernelError, TimeoutError) as err:
+        result.errors.append(f"{type(err).__name__}: {_first_line(err)}")
+    except Exception as err:  # the kernel did not start, ...
+        result.errors.append(f"{type(err).__name__}: {_first_line(err)}")
+    finally:
+        result.seconds = time.monotonic() - t0
+        for k, v in env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _cleanup(home)
+        if own_home and not keep_home:
+            shutil.rmtree(home, ignore_errors=True)
+    charts_dir = os.path.join(out_dir, "charts") if out_dir else None
+    analyze(nb, result, charts_dir)
+    _widget_pngs(nb, result, charts_dir)
+    if out_dir:
+        os.makedirs(os.path.join(out_dir, "notebooks"), exist_ok=True)
+        result.executed_path = os.path.join(out_dir, "notebooks", f"{name}.ipynb")
+        nbformat.write(nb, result.executed_path)
+    return result
+
+
+def _first_line(err) -> str:
+    text = str(err)
+    # nbclient's message holds the cell source and a traceback: keep the exception line
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        s = ln.strip()
+        if ("Error" in s or "Exception" in s) and not s.startswith(("File ", "Traceback", "Cell ")):
+            return s[:300]
+    return (lines[-1] if lines else type(err).__name__)[:300]
+
+
+def _cleanup(home: str) -> None:
+    """If the notebook died before `%statekit down`, stop the broker it left behind (its Spark JVM
+    exits with the kernel)."""
+    try:
+        from statekit import broker as broker_mod
+
+        broker_mod.stop(os.path.join(home, "broker"), grace=5)
+    except Exception:
+        pass
+
+
+def format_report(results: list[NotebookResult]) -> str:
+    lines = ["statekit demo: the guided tour, executed headless", ""]
+    w = max((len(r.name) for r in results), default=10)
+    for r in results:
+        status = "ok  " if r.passed else "FAIL"
+        lines.append(f"  {status} {r.name:<{w}}  {r.seconds:6.1f} s  {r.ok_checks} check(s) OK"
+                     + (f"  {len(r.charts)} chart(s)" if r.charts else ""))
+        for e in r.errors[:3]:
+            lines.append(f"         {e}")
+    restore = [p for r in results for p in r.reports if p.get("name") == "restore"]
+    if restore:
+        p = restore[-1]
+        lines += ["", f"  restore after a disk loss: {p.get('restore_seconds')} s, "
+                      f"{p.get('records_replayed')} changelog records replayed",
+                  f"  invariant (store == plain-Python reference after both crash modes): "
+                  f"{p.get('invariant')}"]
+    n_ok = sum(r.passed for r in results)
+    lines += ["", f"  {n_ok}/{len(results)} notebooks passed; total {sum(r.seconds for r in results):.0f} s"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m statekit.demo", description=__doc__.split("\n")[0])
+    ap.add_argument("--only", help="comma-separated notebook prefixes, e.g. 01,02")
+    ap.add_argument("--out", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    ap.add_argument("--keep", action="store_true", help="keep each notebook's STATEKIT_HOME")
+    a = ap.parse_args(argv)
+    only = [x.strip() for x in a.only.split(",")] if a.only else None
+    paths = notebook_paths(only)
+    if not paths:
+        print("no notebooks found", file=sys.stderr)
+        return 2
+    results = []
+    for p in paths:
+        print(f"running {os.path.basename(p)} ...", flush=True)
+        r = run_notebook(p, a.out, a.timeout, keep_home=a.keep)
+        results.append(r)
+    report = format_report(results)
+    print()
+    print(report)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "demo-report.txt"), "w") as f:
+        f.write(report + "\n")
+    print(f"\n  executed notebooks: {os.path.join(a.out, 'notebooks')}\n  charts: {os.path.join(a.out, 'charts')}")
+    return 0 if all(r.passed for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""Events: what tasks (in Spark workers, or anywhere) tell the notebook, through one Kafka topic.
+
+Every event is one JSON record on ``<application>-events`` (1 partition, ``cleanup.policy=delete``,
+one hour of retention, created on demand). An event is a flat dict with at least ``type``, ``app``,
+``ts`` (epoch seconds, float) and ``pid``; task events add ``task``, ``batch``, ``instance`` and
+``generation`` (from the run spec). Types the task runner publishes:
+
+``task_opened``   the task opened its state: ``replayed_from`` (checkpoint|scratch|mixed|none),
+                  ``last_batch``, ``open_ms``, ``notices`` (one-line warnings of the state layer)
+``restore_start`` per store: ``store``, ``start_offset``, ``end_offset``, ``lag``
+``restore_batch`` per store, at most ~5 a second: ``store``, ``offset``, ``restored`` (so far),
+                  ``remaining``, ``rate`` (records/s)
+``restore_end``   per store: ``store``, ``restored``, ``applied``, ``duration_s``, ``rate``,
+                  ``from`` (checkpoint|scratch|meta|none), ``dropped_uncommitted``
+``commit``        ``records`` (input records), ``outputs``, ``changelog`` ({store: records sent}),
+                  ``offsets`` ({store: changelog offset after the marker}), ``commit_ms``,
+                  ``process_ms``, ``cache`` ({store: cache stats}), ``rows`` ({store: approximate
+                  row count}), ``stream_time``, ``dropped_late``, ``skipped_null``
+``batch_skipped`` the batch id was already applied: ``last_batch``, ``reemitted`` (outbox records)
+``crash``         the task claimed a crash directive and is about to SIGKILL itself: ``point``,
+                  ``directive``, ``after_records``
+``state_change``  ``old``/``new`` task state (CREATED -> RESTORING -> RUNNING -> CLOSED | ERROR);
+                  ``error`` (one line) on ERROR
+
+Publishing never fails the caller: an unreachable broker drops the event (and says so once in the
+log). ``EventReader`` tails the topic in a background thread for the driver.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import Callable, Optional
+
+log = logging.getLogger("statekit.events")
+
+EVENTS_RETENTION_MS = 3_600_000
+
+
+def events_topic(application: str) -> str:
+    return f"{application}-events"
+
+
+def topic_configs() -> dict:
+    return {"cleanup.policy": "delete", "retention.ms": str(EVENTS_RETENTION_MS)}
+
+
+# -- per-process clients -------------------------------------------------------------------------
+# Spark reuses Python workers across partitions and batches: one client per (process, bootstrap),
+# created lazily, re-created after a fork (the pid changes) or an error.
+
+_CLIENTS: dict = {}
+_ENSURED: set = set()
+_DOWN_UNTIL: dict = {}   # bootstrap -> monotonic time before which publishing is not retried
+BACKOFF_S = 5.0
+_CLIENT_LOCK = threading.Lock()
+
+
+def _client(bootstrap: str):
+    from statekit.kafka import Kafka
+
+    key = (os.getpid(), bootstrap)
+    c = _CLIENTS.get(key)
+    if c is None:
+        c = Kafka(bootstrap, timeout=10.0, client_id="statekit-events")
+        _CLIENTS[key] = c
+    return c
+
+
+def _drop_client(bootstrap: str) -> None:
+    c = _CLIENTS.pop((os.getpid(), bootstrap), None)
+    if c is not None:
+        try:
+            c.close()
+        except Exception:
+            pass
+
+
+def close_clients() -> None:
+    """Close every cached client of this process (tests, shutdown)."""
+    with _CLIENT_LOCK:
+        for c in list(_CLIENTS.values()):
+            try:
+                c.close()
+            except Exception:
+                pass
+        _CLIENTS.clear()
+        _ENSURED.clear()
+
+
+def ensure_events_topic(kafka, application: str) -> str:
+    topic = events_topic(application)
+    key = (os.getpid(), kafka.bootstrap, topic)
+    if key not in _ENSURED:
+        kafka.ensure_topic(topic, 1, topic_configs())
+        _ENSURED.add(key)
+    return topic
+
+
+def _dumps(ev: dict) -> bytes:
+    return json.dumps(ev, separators=(",", ":"), default=_default).encode("utf-8")
+
+
+def _default(o):
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    if isinstance(o, bytes):
+        return o.decode("utf-8", "replace")
+    if hasattr(o, "item"):  # numpy scalars
+        try:
+            return o.item()
+        except Exception:
+            pass
+    return str(o)
+
+
+class EventPublisher:
+    """Publishes JSON events to ``<application>-events``. Cheap to create (the Kafka client is
+    shared per process and bootstrap); ``close()`` only detaches this publisher."""
+
+    _warned: set = set()
+
+    def __init__(self, bootstrap: str, application: str, defaults: Optional[dict] = None) -> None:
+        self.bootstrap = bootstrap
+        self.application = application
+        self.topic = events_topic(application)
+        self.defaults = dict(defaults or {})
+        self.published = 0
+        self.dropped = 0
+
+    def _stamp(self, ev: dict) -> dict:
+        out = dict(self.defaults)
+        out.update(ev)
+        out.setdefault("app", self.application)
+        out.setdefault("ts", time.time())
+        out.setdefault("pid", os.getpid())
+        return out
+
+    def publish(self, event: dict) -> bool:
+        return self.publish_many([event])
+
+    def publish_many(self, events) -> bool:
+        """Send events in order (one produce request); False when they were dropped."""
+        evs = [self._stamp(e) for e in events]
+        if not evs:
+            return True
+        payload = [(None, _dumps(e)) for e in evs]
+        if _DOWN_UNTIL.get(self.bootstrap, 0.0) > time.monotonic():
+            self.dropped += len(evs)   # the broker failed recently: do not stall the task
+            return False
+        with _CLIENT_LOCK:
+            for attempt in (0, 1):
+                try:
+                    k = _client(self.bootstrap)
+                    ensure_events_topic(k, self.application)
+                    k.send(self.topic, 0, payload)
+                    _DOWN_UNTIL.pop(self.bootstrap, None)
+                    self.published += len(evs)
+                    return True
+                except Exception as exc:  # noqa: BLE001 - events are best effort
+                    _drop_client(self.bootstrap)
+                    _ENSURED.discard((os.getpid(), self.bootstrap, self.topic))
+                    if attempt:
+                        _DOWN_UNTIL[self.bootstrap] = time.monotonic() + BACKOFF_S
+                        self.dropped += len(evs)
+                        if self.topic not in EventPublisher._warned:
+                            EventPublisher._warned.add(self.topic)
+                            log.warning("statekit: events to %s dropped: %s", self.topic,
+                                        " ".join(str(exc).split())[:200])
+                        return False
+        return False
+
+    def close(self) -> None:
+        """Detach (the shared per-process client stays for the next publisher)."""
+
+
+class NullPublisher:
+    """Events disabled."""
+
+    published = 0
+    dropped = 0
+
+    def publish(self, event: dict) -> bool:
+        return True
+
+    def publish_many(self, events) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class EventReader:
+    """Tails ``<application>-events`` in a background thread into a bounded deque.
+
+    ``start="end"`` (default) sees the events published after the reader was created; ``"beginning"``
+    also the ones still retained. Each event gets ``offset`` (its position in the topic).
+    ``events(since=None)``: events with ``offset > since`` (an offset) — or, with ``since_ts``, with
+    ``ts >= since_ts``. ``subscribe(callback)`` calls ``callback(event)`` from the reader thread for
+    every new event (exceptions are logged and ignored). ``poll(timeout)`` returns the events that
+    arrived since the previous poll (for a consumer loop). ``stop()``/``close()`` end the thread."""
+
+    def __init__(self, bootstrap: str, application: str, start: str = "end", maxlen: int = 50_000,
+                 poll_ms: int = 200) -> None:
+        from statekit.kafka import Kafka
+
+        self.bootstrap = bootstrap
+        self.application = application
+        self.topic = events_topic(application)
+        self.poll_ms = int(poll_ms)
+        self._events: deque = deque(maxlen=maxlen)
+        self._callbacks: list = []
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._poll_cursor = -1
+        self.errors = 0
+        self.last_error: Optional[str] = None
+        self._kafka = Kafka(bootstrap, timeout=10.0, client_id="statekit-events-reader")
+        self._kafka.ensure_topic(self.topic, 1, topic_configs())
+        if start == "beginning":
+            self.position = self._kafka.begin_offsets(self.topic, [0])[0]
+        else:
+            self.position = self._kafka.end_offsets(self.topic, [0])[0]
+        self._thread = threading.Thread(target=self._run, name=f"statekit-events-{application}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        from statekit.kafka import Kafka
+
+        while not self._stop.is_set():
+            try:
+                if self._kafka is None:
+                    self._kafka = Kafka(self.bootstrap, timeout=10.0, client_id="statekit-events-reader")
+                t0 = time.monotonic()
+                chunk = self._kafka.fetch(self.topic, 0, self.position, max_wait_ms=self.poll_ms)
+                self.position = max(self.position, chunk.next_offset)
+                if chunk.records:
+                    self._deliver(chunk.records)
+                elif time.monotonic() - t0 < self.poll_ms / 2000.0:
+                    self._stop.wait(self.poll_ms / 1000.0)  # the broker did not long-poll
+            except Exception as exc:  # noqa: BLE001 - keep tailing through broker restarts
+                self.errors += 1
+                self.last_error = " ".join(str(exc).split())[:200]
+                k, self._kafka = self._kafka, None
+                if k is not None:
+                    try:
+                        k.close()
+                    except Exception:
+                        pass
+                self._stop.wait(1.0)
+        k, self._kafka = self._kafka, None
+        if k is not None:
+            try:
+                k.close()
+            except Exception:
+                pass
+
+    def _deliver(self, records) -> None:
+        new = []
+        for off, _ts, _key, value, _headers in records:
+            if value is None:
+                continue
+            try:
+                ev = json.loads(value)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict):
+                continue
+            ev["offset"] = off
+            new.append(ev)
+        if not new:
+            return
+        with self._cond:
+            self._events.extend(new)
+            self._cond.notify_all()
+        for ev in new:
+            for cb in list(self._callbacks):
+                try:
+                    cb(ev)
+                except Exception as exc:  # noqa: BLE001
+                    log.info("event callback failed: %s", exc)
+
+    # -- API ---------------------------------------------------------------------------------
+    def events(self, since: Optional[int] = None, since_ts: Optional[float] = None,
+               types=None) -> list:
+        with self._cond:
+            out = list(self._events)
+        if since is not None:
+            out = [e for e in out if e["offset"] > since]
+        if since_ts is not None:
+            out = [e for e in out if e.get("ts", 0) >= since_ts]
+        if types is not None:
+            types = {types} if isinstance(types, str) else set(types)
+            out = [e for e in out if e.get("type") in types]
+        return out
+
+    def poll(self, timeout: float = 0.5) -> list:
+        """Events newer than the last poll (waits up to `timeout` seconds for one)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                new = [e for e in self._events if e["offset"] > self._poll_cursor]
+                if new or self._stop.is_set():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        if new:
+            self._poll_cursor = new[-1]["offset"]
+        return new
+
+    def wait_for(self, predicate: Callable[[dict], bool], timeout: float = 30.0) -> Optional[dict]:
+        """The first event (already seen or new) for which predicate(event) is true, or None."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                evs = list(self._events)
+                for e in evs[seen:]:
+                    if predicate(e):
+                        return e
+                seen = len(evs)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, 0.5))
+
+    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[dict], None]:
+        self._callbacks.append(callback)
+        return callback
+
+    def unsubscribe(self, callback) -> None:
+        try:
+            self._callbacks.remove(callback)
+        except ValueError:
+            pass
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def close(self) -> None:
+        self.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

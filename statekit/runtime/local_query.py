@@ -1,0 +1,544 @@
+"""A streaming query without Spark, for fast tests and laptops without Java: ``App(engine="local")``.
+
+It keeps Spark's micro-batch contract, so everything above it (crashes, restarts, restoration,
+exactly-once state) behaves as on Spark:
+
+* a driver thread (in the App's process) plans micro-batches over the Kafka source topics and keeps
+  an *offset log* and a *commit log* in the query checkpoint directory, as Spark does: the offset
+  range of batch ``b`` is written before ``b`` runs, ``commits/b`` after it finished. A new query on
+  the same checkpoint first re-runs the last batch that has no commit, with the same id and ranges;
+* the batch runs in a **worker subprocess** (``python -m statekit.runtime.local_query``), never in
+  the App's process: it reads the ranges from Kafka, runs ``Plan.shuffle`` (stage 1), orders each
+  task's records as the Spark engine does and calls ``task_runner.run_task_batch`` per task (stage 2).
+  A crash directive therefore SIGKILLs a real process mid-batch — the RocksDB handle, the record
+  cache, the unsent changelog records die with it — and the query fails, exactly like a Spark query
+  whose Python worker was killed (local mode does not retry tasks);
+* sinks: ``memory`` (rows kept by the driver, ``output()``), ``kafka`` (the plan's sink topics,
+  partitioned by murmur2 of the key, sent before the batch commits: at-least-once), ``none``.
+
+``RunningQuery`` surface: ``stop()``, ``abort()``, ``is_active``, ``exception()``,
+``process_all_available(timeout)``, ``recent_progress``, ``last_batch_id``, ``status()``, ``output()``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Optional
+
+from statekit.errors import ProcessorError, StatekitError
+
+__all__ = ["LocalStreamingEngine", "LocalQuery", "WorkerDied"]
+
+
+class WorkerDied(StatekitError):
+    pass
+
+
+class QueryFailed(StatekitError):
+    pass
+
+
+def _dumps(obj) -> bytes:
+    from pyspark import cloudpickle  # the plan holds user lambdas
+
+    return cloudpickle.dumps(obj)
+
+
+def _loads(b: bytes):
+    import pickle
+
+    return pickle.loads(b)
+
+
+def _atomic_json(path: str, body) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(body, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _Log:
+    """``<checkpoint>/<name>/<batch id>`` JSON files (the offset log, the commit log)."""
+
+    def __init__(self, root: str, name: str):
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir, exist_ok=True)
+
+    def ids(self) -> list:
+        return sorted(int(n) for n in os.listdir(self.dir) if n.isdigit())
+
+    def latest(self) -> Optional[int]:
+        ids = self.ids()
+        return ids[-1] if ids else None
+
+    def get(self, batch: int):
+        try:
+            with open(os.path.join(self.dir, str(batch))) as f:
+                return json.load(f)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def put(self, batch: int, body) -> None:
+        _atomic_json(os.path.join(self.dir, str(batch)), body)
+
+
+def _ranges_to_json(r: dict) -> dict:
+    out: dict = {}
+    for (topic, p), (s, e) in sorted(r.items()):
+        out.setdefault(topic, {})[str(p)] = [s, e]
+    return out
+
+
+def _ranges_from_json(d: dict) -> dict:
+    return {(t, int(p)): (int(se[0]), int(se[1])) for t, ps in d.items() for p, se in ps.items()}
+
+
+class LocalStreamingEngine:
+    """``start(run: RunSpec) -> LocalQuery``."""
+
+    def __init__(self, poll_interval: float = 0.05):
+        self.poll_interval = poll_interval
+
+    def start(self, run) -> "LocalQuery":
+        q = LocalQuery(run, poll_interval=self.poll_interval)
+        q._start()
+        return q
+
+
+class _Worker:
+    """The subprocess that runs batches; talks over a socketpair with length-prefixed pickles."""
+
+    def __init__(self, run, log_path: Optional[str]):
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.log_path = log_path
+        err = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "statekit.runtime.local_query", str(child.fileno())],
+                pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                stdout=err, stderr=err, close_fds=True)
+        finally:
+            if err is not subprocess.DEVNULL:
+                err.close()
+            child.close()
+        self.conn = Connection(os.dup(parent.fileno()))
+        parent.close()
+        self.pid = self.proc.pid
+        self.conn.send_bytes(_dumps(("init", run)))
+
+    def call(self, msg):
+        try:
+            self.conn.send_bytes(_dumps(msg))
+            return _loads(self.conn.recv_bytes())
+        except (EOFError, OSError, ConnectionError):
+            code = self.proc.wait(timeout=30)
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            raise WorkerDied(f"the worker process {self.pid} died mid-batch ({how}); "
+                             f"restart() to replay the batch") from None
+
+    def kill(self) -> None:
+        try:
+            self.proc.send_signal(signal.SIGKILL)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except Exception:
+            pass
+        self.close()
+
+    def exit(self) -> None:
+        try:
+            self.conn.send_bytes(_dumps(("exit",)))
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.kill()
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+
+class LocalQuery:
+    def __init__(self, run, poll_interval: float = 0.05):
+        self.run = run
+        self.name = run.query_name or run.app
+        self.poll_interval = poll_interval
+        self.checkpoint = run.checkpoint_dir
+        os.makedirs(self.checkpoint, exist_ok=True)
+        self.offsets = _Log(self.checkpoint, "offsets")
+        self.commits = _Log(self.checkpoint, "commits")
+        self._progress: deque = deque(maxlen=100)
+        self._memory: list = []
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._abort = False
+        self._active = False
+        self._error: Optional[StatekitError] = None
+        self._cond = threading.Condition()
+        self._trigger_active = False
+        self._idle_since: Optional[float] = None   # start time of the last check that found nothing
+        self._worker: Optional[_Worker] = None
+        self._kafka = None
+        self.last_batch_id = -1
+        self._interval = self._parse_trigger(run.trigger)
+        self._once = isinstance(run.trigger, str) and run.trigger.replace("_", "").lower() in (
+            "availablenow", "available", "once")
+
+    # -- trigger
+    @staticmethod
+    def _parse_trigger(trigger) -> float:
+        if trigger is None:
+            return 0.0
+        if isinstance(trigger, (int, float)):
+            return float(trigger)
+        t = str(trigger).strip().lower()
+        if t.replace("_", "") in ("availablenow", "available", "once"):
+            return 0.0
+        parts = t.split()
+        try:
+            n = float(parts[0])
+        except (ValueError, IndexError):
+            raise StatekitError(f"unknown trigger {trigger!r}: use None, seconds, '2 seconds', "
+                                f"'availableNow' or 'once'") from None
+        unit = parts[1] if len(parts) > 1 else "seconds"
+        return n / 1000.0 if unit.startswith("milli") or unit == "ms" else n * (60 if unit.startswith("min") else 1)
+
+    # -- lifecycle
+    def _start(self) -> None:
+        from statekit.kafka import Kafka
+
+        self._kafka = Kafka(self.run.bootstrap)
+        log = None
+        if self.run.control_dir:
+            os.makedirs(self.run.control_dir, exist_ok=True)
+            log = os.path.join(self.run.control_dir, "worker.log")
+        self._worker = _Worker(self.run, log)
+        self._active = True
+        self._thread = threading.Thread(target=self._loop, name=f"statekit-local-{self.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_active(self) -> bool:
+        return self._active
+
+    def exception(self) -> Optional[StatekitError]:
+        return self._error
+
+    def status(self) -> dict:
+        return {"isTriggerActive": self._trigger_active, "isDataAvailable": self._trigger_active,
+                "message": "processing" if self._trigger_active else "waiting for data"}
+
+    def is_idle(self) -> bool:
+        """No batch in flight."""
+        return not self._trigger_active
+
+    def caught_up(self) -> bool:
+        """No batch in flight and the last look at the sources found nothing new."""
+        return self._idle_since is not None and not self._trigger_active
+
+    @property
+    def worker_pid(self) -> Optional[int]:
+        return self._worker.pid if self._worker is not None else None
+
+    @property
+    def recent_progress(self) -> list:
+        return list(self._progress)
+
+    @property
+    def last_progress(self) -> dict:
+        return self._progress[-1] if self._progress else {}
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop after the running batch (if any) finishes."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._finish()
+
+    def abort(self) -> None:
+        """Stop now: the worker is SIGKILLed (a batch in flight dies without committing)."""
+        self._abort = True
+        self._stop.set()
+        w = self._worker
+        if w is not None:
+            w.kill()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(30)
+        self._finish()
+
+    def _finish(self) -> None:
+        w, self._worker = self._worker, None
+        if w is not None:
+            if self._abort or self._error is not None:
+                w.kill()
+            else:
+                w.exit()
+        k, self._kafka = self._kafka, None
+        if k is not None:
+            try:
+                k.close()
+            except Exception:
+                pass
+        with self._cond:
+            self._active = False
+            self._cond.notify_all()
+
+    def await_termination(self, timeout: Optional[float] = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self._active
+
+    def process_all_available(self, timeout: Optional[float] = None) -> None:
+        """Block until every record available now is processed; raise the query's error if it fails."""
+        t0 = time.time()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if not self._active:
+                    return
+                if self._idle_since is not None and self._idle_since >= t0:
+                    return
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise QueryFailed(f"query {self.name} did not catch up within {timeout:.0f}s")
+                self._cond.wait(0.5 if left is None else min(left, 0.5))
+
+    def output(self):
+        """The memory sink's rows: DataFrame(batch, topic, key, value), decoded with the sink serdes."""
+        import pandas as pd
+
+        rows = []
+        cache = {}
+        for batch, topic, kb, vb in list(self._memory):
+            sd = cache.get(topic)
+            if sd is None:
+                sd = cache[topic] = self.run.plan.sink_serdes(topic)
+            rows.append((batch, topic, None if kb is None else sd[0].from_bytes(kb),
+                         None if vb is None else sd[1].from_bytes(vb)))
+        return pd.DataFrame(rows, columns=["batch", "topic", "key", "value"])
+
+    # -- the driver loop
+    def _topics(self) -> list:
+        return list(dict.fromkeys(s.topic for s in self.run.plan.sources))
+
+    def _next_ranges(self, start: dict) -> dict:
+        """Offset ranges of the next batch (empty when there is no new data)."""
+        ranges = {}
+        for topic in self._topics():
+            ends = self._kafka.end_offsets(topic)
+            begins = None
+            for p, e in ends.items():
+                s = start.get((topic, p))
+                if s is None:
+                    if begins is None:
+                        begins = self._kafka.begin_offsets(topic)
+                    s = e if self.run.starting_offsets == "latest" else begins.get(p, 0)
+                if e > s:
+                    ranges[(topic, p)] = (s, e)
+                else:
+                    ranges[(topic, p)] = (s, s)
+        limit = self.run.max_records_per_trigger
+        if limit:
+            budget = int(limit)
+            out = {k: (s, s) for k, (s, e) in ranges.items()}
+            live = [k for k, (s, e) in sorted(ranges.items()) if e > s]
+            while budget > 0 and live:  # round-robin, as even as the partitions allow
+                share = max(1, budget // len(live))
+                nxt = []
+                for k in live:
+                    s0, e = ranges[k]
+                    cs, ce = out[k]
+                    take = min(share, e - ce, budget)
+                    out[k] = (cs, ce + take)
+                    budget -= take
+                    if out[k][1] < e:
+                        nxt.append(k)
+                    if budget <= 0:
+                        break
+                live = nxt
+            ranges = out
+        return ranges
+
+    def _loop(self) -> None:
+        try:
+            self._run_loop()
+        except StatekitError as exc:
+            if not self._abort:
+                self._error = exc
+        except Exception as exc:  # noqa: BLE001
+            if not self._abort:
+                self._error = QueryFailed(f"query {self.name} failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._trigger_active = False
+            if self._error is not None or self._once:
+                self._finish()
+            else:
+                with self._cond:
+                    self._cond.notify_all()
+
+    def _run_loop(self) -> None:
+        last_off = self.offsets.latest()
+        last_commit = self.commits.latest()
+        # a batch planned but never committed: run it again with the same id and ranges
+        if last_off is not None and (last_commit is None or last_commit < last_off):
+            body = self.offsets.get(last_off)
+            self._run_batch(last_off, _ranges_from_json(body["ranges"]))
+            if self._stop.is_set():
+                return
+        next_start = self._committed_end()
+        next_time = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now < next_time:
+                self._stop.wait(min(next_time - now, 0.2))
+                continue
+            check_started = time.time()
+            latest = self.offsets.latest()
+            batch = 0 if latest is None else latest + 1
+            ranges = self._next_ranges(next_start)
+            if not any(e > s for s, e in ranges.values()):
+                with self._cond:
+                    self._idle_since = check_started
+                    self._cond.notify_all()
+                if self._once:
+                    return
+                self._stop.wait(self.poll_interval)
+                continue
+            self.offsets.put(batch, {"ranges": _ranges_to_json(ranges), "ts": time.time()})
+            self._run_batch(batch, ranges)
+            next_start = {k: e for k, (s, e) in ranges.items()}
+            next_time = now + self._interval
+
+    def _committed_end(self) -> dict:
+        c = self.commits.latest()
+        if c is None:
+            return {}
+        body = self.offsets.get(c)
+        return {k: e for k, (s, e) in _ranges_from_json(body["ranges"]).items()} if body else {}
+
+    def _run_batch(self, batch: int, ranges: dict) -> None:
+        self._trigger_active = True
+        t0 = time.perf_counter()
+        n_in = sum(e - s for s, e in ranges.values())
+        reply = self._worker.call(("batch", batch, ranges))
+        if reply[0] == "error":
+            _, msg, kind = reply
+            self._error = ProcessorError(msg) if kind == "ProcessorError" else QueryFailed(msg)
+            raise self._error
+        _, outputs, stats = reply
+        sink = self.run.sink or "memory"
+        if outputs and sink == "memory":
+            self._memory.extend((batch, t, k, v) for t, k, v in outputs)
+        elif outputs and sink == "kafka":
+            self._send(outputs)
+        self.commits.put(batch, {"ts": time.time()})
+        dt = time.perf_counter() - t0
+        self.last_batch_id = batch
+        prev = self._progress[-1] if self._progress else None
+        since = (time.time() - prev["wall"]) if prev else dt
+        self._progress.append({
+            "batch_id": batch, "num_input_rows": stats.get("records", n_in),
+            "input_rows_per_second": (stats.get("records", n_in) / since) if since > 0 else 0.0,
+            "processed_rows_per_second": (stats.get("records", n_in) / dt) if dt > 0 else 0.0,
+            "batch_duration_ms": dt * 1000.0, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "wall": time.time(), "tasks": stats.get("tasks"),
+        })
+        self._trigger_active = False
+
+    def _send(self, outputs) -> None:
+        from statekit.partition import partition_for
+
+        parts_of: dict = {}
+        by_tp: dict = {}
+        for i, (topic, k, v) in enumerate(outputs):
+            n = parts_of.get(topic)
+            if n is None:
+                n = parts_of[topic] = len(self._kafka.end_offsets(topic))
+            p = i % n if k is None else partition_for(k, n)
+            by_tp.setdefault((topic, p), []).append((k, v))
+        for (topic, p), recs in by_tp.items():
+            self._kafka.send(topic, p, recs)
+
+
+# -- the worker process --------------------------------------------------------------------------
+
+def _worker_batch(run, kafka, batch: int, ranges: dict):
+    from statekit.runtime.task_runner import run_task_batch
+
+    plan = run.plan
+    index_of = {}
+    for s in plan.sources:
+        index_of.setdefault(s.topic, []).append(s.index)
+    n = run.partitions
+    by_task: dict = {}
+    records = 0
+    for (topic, p), (s, e) in sorted(ranges.items()):
+        if e <= s:
+            continue
+        for chunk in kafka.read(topic, p, s, e):
+            for off, ts, kb, vb, _h in chunk.records:
+                if off >= e:
+                    break
+                records += 1
+                for si in index_of.get(topic, ()):
+                    for seq, (task, rec) in enumerate(plan.shuffle(si, kb, vb, ts, p, off, n)):
+                        by_task.setdefault(task, []).append(((ts, si, p, off, seq), rec))
+    outputs = []
+    fn = run.resolve_task_fn()
+    spec = run.task_spec if run.task_spec is not None else run
+    for task in sorted(by_task):
+        recs = [r for _k, r in sorted(by_task[task], key=lambda x: x[0])]
+        outputs.extend(fn(spec, task, batch, recs))
+    return outputs, {"records": records, "tasks": {t: len(r) for t, r in by_task.items()}}
+
+
+def _worker_main(fd: int) -> None:
+    from statekit.kafka import Kafka
+
+    conn = Connection(fd)
+    run = None
+    kafka = None
+    while True:
+        try:
+            msg = _loads(conn.recv_bytes())
+        except EOFError:
+            return
+        op = msg[0]
+        if op == "exit":
+            return
+        if op == "init":
+            run = msg[1]
+            kafka = Kafka(run.bootstrap)
+            continue
+        if op == "batch":
+            try:
+                outputs, stats = _worker_batch(run, kafka, msg[1], msg[2])
+                reply = ("ok", outputs, stats)
+            except StatekitError as exc:
+                reply = ("error", str(exc), type(exc).__name__)
+            except Exception as exc:  # noqa: BLE001
+                reply = ("error", f"{type(exc).__name__}: {' '.join(str(exc).split())}", type(exc).__name__)
+            conn.send_bytes(_dumps(reply))
+
+
+if __name__ == "__main__":
+    _worker_main(int(sys.argv[1]))

@@ -1,0 +1,228 @@
+"""Interactive queries: route a key to its task with the shuffle's partitioner, read that task's RocksDB
+through a secondary (read-only) instance while the query runs.
+
+A key's task is ``partition_for(key_serde.to_bytes(key), partitions)`` — the same murmur2 the engine's
+shuffle uses on the same bytes — and the task's active instance comes from the current assignment.
+Reads see the task's last commit (RocksDB only ever holds whole commits), like a Kafka Streams query
+against a store whose cache has been flushed.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from statekit.errors import StatekitError
+from statekit.partition import partition_for
+
+__all__ = ["KeyOwner", "QueryRouter", "UnknownStore"]
+
+_Q = struct.Struct(">Q")
+
+
+class UnknownStore(StatekitError):
+    pass
+
+
+@dataclass(frozen=True)
+class KeyOwner:
+    task: int
+    instance: int
+    role: str            # "active" | "standby"
+    state_dir: str       # the task directory on that instance
+
+    def __iter__(self):  # unpacks as (task, instance, role)
+        return iter((self.task, self.instance, self.role))
+
+
+class QueryRouter:
+    """Routes and reads; one secondary RocksDB handle per task directory, refreshed on each read."""
+
+    def __init__(self, app):
+        self.app = app
+        self._handles: dict[str, Any] = {}
+        self._lock = threading.RLock()
+
+    # -- routing
+    def _spec(self, store: str):
+        specs = self.app._store_specs()
+        if store not in specs:
+            known = ", ".join(sorted(specs)) or "none"
+            raise UnknownStore(f"no store named '{store}' in app '{self.app.name}' (stores: {known})")
+        return specs[store]
+
+    @staticmethod
+    def _serde(spec, which: str):
+        from statekit.stores.serdes import get_serde
+
+        return get_serde(getattr(spec, which, "json"))
+
+    def key_bytes(self, store: str, key) -> bytes:
+        spec = self._spec(store)
+        return self._serde(spec, "key_serde").to_bytes(key)
+
+    def task_for(self, store: str, key) -> int:
+        return partition_for(self.key_bytes(store, key), self.app.partitions)
+
+    def _assignment(self):
+        a = self.app.assignment
+        if a is None:
+            raise StatekitError(f"app '{self.app.name}' has no assignment yet: start() it first")
+        return a
+
+    def key_owner(self, store: str, key) -> KeyOwner:
+        t = self.task_for(store, key)
+        inst = self._assignment().active[t]
+        return KeyOwner(t, inst, "active", self.app.layout.task_dir(inst, t))
+
+    def key_owners(self, store: str, key) -> list:
+        t = self.task_for(store, key)
+        a = self._assignment()
+        return [KeyOwner(t, i, role, self.app.layout.task_dir(i, t)) for i, role in a.instances_of(t)]
+
+    # -- handles
+    def _open(self, task_dir: str):
+        from statekit.stores import open_readonly
+        from statekit.runtime.layout import has_state
+
+        with self._lock:
+            h = self._handles.get(task_dir)
+            if h is not None:
+                try:
+                    h.refresh()
+                    return h
+                except Exception:
+                    self._drop(task_dir)
+            if not has_state(task_dir):
+                return None
+            try:
+                h = open_readonly(task_dir)
+            except StatekitError:
+                return None  # no commit yet
+            self._handles[task_dir] = h
+            return h
+
+    def _drop(self, task_dir: str) -> None:
+        h = self._handles.pop(task_dir, None)
+        if h is not None:
+            try:
+                h.close()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            for d in list(self._handles):
+                self._drop(d)
+
+    def _copies(self, task: int, stale: bool) -> list:
+        a = self._assignment()
+        out = [(a.active[task], "active")]
+        if stale:
+            out += [(i, "standby") for i in a.standbys.get(task, ())]
+        return out
+
+    def _handle_for(self, task: int, store: str, stale: bool):
+        """The first readable copy of the task that has the store: the active, then (stale) standbys."""
+        for inst, _role in self._copies(task, stale):
+            h = self._open(self.app.layout.task_dir(inst, task))
+            if h is not None and store in h.store_names:
+                return h
+        return None
+
+    # -- reads
+    def get(self, store: str, key, stale: bool = False):
+        spec = self._spec(store)
+        if getattr(spec, "kind", "kv") == "window":
+            raise StatekitError(f"store '{store}' is a window store: use query_window(store, key, "
+                                f"t_from, t_to)")
+        kb = self._serde(spec, "key_serde").to_bytes(key)
+        t = partition_for(kb, self.app.partitions)
+        with self._lock:
+            h = self._handle_for(t, store, stale)
+            if h is None:
+                return None
+            raw = h.get(store, kb)
+        return None if raw is None else self._serde(spec, "value_serde").from_bytes(raw)
+
+    def range(self, store: str, lo, hi, stale: bool = False) -> list:
+        spec = self._spec(store)
+        if getattr(spec, "kind", "kv") == "window":
+            raise StatekitError(f"store '{store}' is a window store: use query_window")
+        ks, vs = self._serde(spec, "key_serde"), self._serde(spec, "value_serde")
+        lo_b = None if lo is None else ks.to_bytes(lo)
+        hi_b = None if hi is None else ks.to_bytes(hi) + b"\x00"  # inclusive
+        rows = []
+        with self._lock:
+            for t in range(self.app.partitions):
+                h = self._handle_for(t, store, stale)
+                if h is None:
+                    continue
+                for k, v in h.items(store, lo_b, hi_b):
+                    rows.append((bytes(k), v))
+        rows.sort(key=lambda kv: kv[0])
+        return [(ks.from_bytes(k), vs.from_bytes(v)) for k, v in rows]
+
+    def all(self, store: str, stale: bool = False):
+        import pandas as pd
+
+        spec = self._spec(store)
+        frames = []
+        a = self._assignment()
+        with self._lock:
+            for t in range(self.app.partitions):
+                h = self._handle_for(t, store, stale)
+                if h is None:
+                    continue
+                df = h.to_pandas(store, getattr(spec, "key_serde", None), getattr(spec, "value_serde", None))
+                df["task"] = t
+                df["instance"] = a.active[t]
+                frames.append(df)
+        window = getattr(spec, "kind", "kv") == "window"
+        cols = (["key", "window_start", "value"] if window else ["key", "value"]) + ["task", "instance"]
+        if not frames:
+            return pd.DataFrame(columns=cols)
+        out = pd.concat(frames, ignore_index=True)
+        return out[cols]
+
+    def window(self, store: str, key, t_from: int, t_to: int, stale: bool = False) -> list:
+        spec = self._spec(store)
+        if getattr(spec, "kind", "kv") != "window":
+            raise StatekitError(f"store '{store}' is not a window store: use query(store, key)")
+        from statekit.stores.window import default_segment_ms
+
+        kb = self._serde(spec, "key_serde").to_bytes(key)
+        vs = self._serde(spec, "value_serde")
+        t = partition_for(kb, self.app.partitions)
+        seg_ms = getattr(spec, "segment_ms", None) or default_segment_ms(getattr(spec, "retention_ms", None))
+        t_from, t_to = max(0, int(t_from)), int(t_to)
+        out = []
+        with self._lock:
+            h = self._handle_for(t, store, stale)
+            if h is None:
+                return []
+            want_len = 16 + len(kb)
+            seg = t_from // seg_ms
+            last = t_to // seg_ms
+            while seg <= last:
+                # skip-scan: jump to the next segment that exists
+                first = next(iter(h.items(store, _Q.pack(seg), None)), None)
+                if first is None:
+                    break
+                seg = _Q.unpack_from(bytes(first[0]), 0)[0]
+                if seg > last:
+                    break
+                prefix = _Q.pack(seg) + kb
+                lo = prefix + _Q.pack(t_from)
+                hi = prefix + _Q.pack(t_to) + b"\x00"
+                for k, v in h.items(store, lo, hi):
+                    k = bytes(k)
+                    if len(k) != want_len or k[8:-8] != kb:
+                        continue
+                    ws = _Q.unpack_from(k, len(k) - 8)[0]
+                    if t_from <= ws <= t_to:
+                        out.append((ws, vs.from_bytes(v)))
+                seg += 1
+        out.sort(key=lambda x: x[0])
+        return out

@@ -1,0 +1,120 @@
+"""The log and the cleaner without a server: segments, index, recovery of an interrupted swap."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from statekit.broker import records as R
+from statekit.broker.cleaner import SWAP_FILE, build_cleaned
+from statekit.broker.config import ConfigError, TopicConfig, validate_topic_configs
+from statekit.broker.log import PartitionLog, ProduceError
+
+from _broker_util import build_batch, decode_records
+
+
+def _log(tmp_path, **configs):
+    plog = PartitionLog(str(tmp_path / "t-0"), "t", 0, TopicConfig(validate_topic_configs(configs)))
+    plog.open()
+    return plog
+
+
+def _append(plog, records, **kw):
+    data = bytearray(build_batch(records, **kw))
+    return plog.append(data, R.validate_produce(data), int(time.time() * 1000))[0]
+
+
+def _all(plog):
+    return decode_records(plog.read(plog.log_start_offset, 1 << 30, True))
+
+
+def test_offsets_are_dense_and_segments_roll(tmp_path):
+    plog = _log(tmp_path, **{"segment.bytes": "2000", "index.interval.bytes": "100"})
+    base = 0
+    for i in range(30):
+        assert _append(plog, [(b"k%d" % i, b"v" * 20)] * 3) == base
+        base += 3
+    assert plog.log_end_offset == 90 and len(plog.segments) == 3  # 13 batches of 148 bytes fill one
+    assert [o for o, _, _ in _all(plog)] == list(range(90))
+    # reads from the middle start at the batch holding the offset, whichever segment it is in
+    assert decode_records(plog.read(44, 10, True))[0][0] == 42
+    plog.close()
+    # reopen: same offsets, the next append continues at 90
+    plog = _log(tmp_path, **{"segment.bytes": "2000", "index.interval.bytes": "100"})
+    assert plog.log_end_offset == 90
+    assert _append(plog, [(b"x", b"y")]) == 90
+    plog.close()
+
+
+def test_corrupt_index_is_rebuilt(tmp_path):
+    plog = _log(tmp_path, **{"index.interval.bytes": "50"})
+    for i in range(20):
+        _append(plog, [(b"k", b"v%d" % i)])
+    plog.close()
+    idx = os.path.join(str(tmp_path / "t-0"), "%020d.index" % 0)
+    good = open(idx, "rb").read()
+    with open(idx, "wb") as f:
+        f.write(b"\x7f" * 13)
+    plog = _log(tmp_path, **{"index.interval.bytes": "50"})
+    assert open(idx, "rb").read() == good
+    assert [v for _, _, v in decode_records(plog.read(7, 1 << 20, True))][:2] == [b"v7", b"v8"]
+    plog.close()
+
+
+def test_idempotent_state_survives_reopen(tmp_path):
+    plog = _log(tmp_path)
+    assert _append(plog, [(b"a", b"1")] * 4, producer_id=7, producer_epoch=0, base_sequence=0) == 0
+    plog.close()
+    plog = _log(tmp_path)
+    # the retry of the last batch after a broker restart is still recognised
+    assert _append(plog, [(b"a", b"1")] * 4, producer_id=7, producer_epoch=0, base_sequence=0) == 0
+    assert plog.log_end_offset == 4
+    with pytest.raises(ProduceError) as e:
+        _append(plog, [(b"b", b"2")], producer_id=7, producer_epoch=0, base_sequence=9)
+    assert e.value.code == 45
+    assert _append(plog, [(b"b", b"2")], producer_id=7, producer_epoch=0, base_sequence=4) == 4
+    plog.close()
+
+
+def _clean_job(plog):
+    active = plog.active
+    return {"dir": plog.dir, "closed": [(s.base, s.log_path, s.size) for s in plog.segments[:-1]],
+            "active": (active.log_path, active.size), "active_base": active.base,
+            "clean_offset": plog.cleaner_state["clean_offset"], "log_start": plog.log_start_offset,
+            "segment_bytes": plog.config.get("segment.bytes"),
+            "delete_retention_ms": plog.config.get("delete.retention.ms"), "now_ms": int(time.time() * 1000)}
+
+
+@pytest.mark.parametrize("finished_renames", [0, 1])
+def test_swap_interrupted_by_a_crash_is_rolled_forward(tmp_path, finished_renames):
+    plog = _log(tmp_path, **{"cleanup.policy": "compact", "segment.bytes": "600"})
+    for i in range(60):
+        _append(plog, [(b"k%d" % (i % 5), b"%d" % i)])
+    plog.roll()
+    plan = build_cleaned(_clean_job(plog))
+    groups = plan["groups"]
+    assert groups and plan["removed"] == 55
+    plog.close()
+    d = plog.dir
+    # the crash: the plan is on disk, `finished_renames` groups were swapped, nothing deleted yet
+    with open(os.path.join(d, SWAP_FILE), "w") as f:
+        json.dump({"groups": groups}, f)
+    for g in groups[:finished_renames]:
+        os.replace(os.path.join(d, g["tmp"]), os.path.join(d, "%020d.log" % g["first"]))
+    plog = _log(tmp_path, **{"cleanup.policy": "compact", "segment.bytes": "600"})
+    assert not os.path.exists(os.path.join(d, SWAP_FILE))
+    got = _all(plog)
+    assert sorted((k, v) for _, k, v in got) == sorted((b"k%d" % k, b"%d" % (55 + k)) for k in range(5))
+    assert all(int(v) == o for o, _, v in got)
+    assert plog.log_end_offset == 60
+    plog.close()
+
+
+def test_config_validation_messages():
+    with pytest.raises(ConfigError, match="unknown topic config 'retention.hours'"):
+        validate_topic_configs({"retention.hours": "1"})
+    with pytest.raises(ConfigError, match="cleanup.policy"):
+        validate_topic_configs({"cleanup.policy": "forever"})
+    assert validate_topic_configs({"cleanup.policy": "delete,compact"}) == {"cleanup.policy": "compact,delete"}

@@ -1,0 +1,92 @@
+"""The thin Kafka client layer against the embedded broker: send/read round trips, offset gaps,
+a log start that moves, compressed batches, one-line errors."""
+from __future__ import annotations
+
+import pytest
+
+from statekit.errors import BrokerUnreachable, UnknownTopic
+from statekit.kafka import Kafka, resolve_bootstrap
+
+
+@pytest.fixture
+def kafka(shared_broker):
+    k = Kafka(shared_broker.bootstrap)
+    yield k
+    k.close()
+
+
+def test_send_read_roundtrip(kafka):
+    assert kafka.ensure_topic("kc-rt", 2, {"cleanup.policy": "compact"}) is True
+    assert kafka.ensure_topic("kc-rt", 2) is False
+    assert kafka.topics()["kc-rt"] == 2
+    recs = [(b"k%d" % i, b"v%d" % i) for i in range(5000)] + [(b"gone", None)]
+    last = kafka.send("kc-rt", 1, recs, headers=[("statekit.batch", b"7")])
+    assert last == 5000
+    assert kafka.end_offsets("kc-rt") == {0: 0, 1: 5001}
+    assert kafka.begin_offsets("kc-rt") == {0: 0, 1: 0}
+    for pipeline in (True, False):
+        got = [r for ch in kafka.read("kc-rt", 1, 0, None, max_bytes=20_000, pipeline=pipeline)
+               for r in ch.records]
+        assert [r[0] for r in got] == list(range(5001))
+        assert [(r[2], r[3]) for r in got] == recs
+        assert all(r[4] == (("statekit.batch", b"7"),) for r in got)
+    mid = [r[0] for ch in kafka.read("kc-rt", 1, 1234, 1300, max_bytes=500) for r in ch.records]
+    assert mid == list(range(1234, 1300))
+    # other requests between the chunks of a pipelined read (a Fetch in flight) do not mix up
+    seen = []
+    for ch in kafka.read("kc-rt", 1, 0, None, max_bytes=5000):
+        assert kafka.end_offsets("kc-rt") == {0: 0, 1: 5001}
+        seen.extend(r[0] for r in ch.records)
+    assert seen == list(range(5001))
+    # an abandoned read leaves the connection usable
+    it = kafka.read("kc-rt", 1, 0, None, max_bytes=2000)
+    next(it)
+    it.close()
+    assert kafka.end_offsets("kc-rt")[1] == 5001
+    assert kafka.describe_configs("kc-rt")["cleanup.policy"] == "compact"
+
+
+def test_log_start_moves(kafka):
+    kafka.ensure_topic("kc-lso", 1)
+    kafka.send("kc-lso", 0, [(b"k", b"%d" % i) for i in range(100)])
+    assert kafka.delete_records("kc-lso", 0, 40) == 40
+    assert kafka.begin_offsets("kc-lso") == {0: 40}
+    got = [r[0] for ch in kafka.read("kc-lso", 0, 0, None) for r in ch.records]
+    assert got == list(range(40, 100))
+    ch = kafka.fetch("kc-lso", 0, 3)
+    assert ch.records[0][0] == 40 and ch.log_start_offset == 40
+
+
+def test_compressed_batches_decode(kafka, shared_broker):
+    from kafka import KafkaProducer
+
+    kafka.ensure_topic("kc-gzip", 1)
+    p = KafkaProducer(bootstrap_servers=shared_broker.bootstrap, compression_type="gzip",
+                      linger_ms=50, acks="all")
+    for i in range(300):
+        p.send("kc-gzip", key=b"k%d" % i, value=b"x" * 50, partition=0,
+               headers=[("h", b"%d" % i)])
+    p.flush()
+    p.close()
+    got = [r for ch in kafka.read("kc-gzip", 0) for r in ch.records]
+    assert [r[2] for r in got] == [b"k%d" % i for i in range(300)]
+    assert got[299][4] == (("h", b"299"),)
+
+
+def test_one_line_errors(kafka):
+    with pytest.raises(UnknownTopic) as e:
+        kafka.end_offsets("kc-no-such-topic")
+    assert "kc-no-such-topic" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(UnknownTopic):
+        list(kafka.read("kc-no-such-topic", 0, 0, 10))
+    with pytest.raises(BrokerUnreachable) as e:
+        Kafka("127.0.0.1:1")
+    msg = str(e.value)
+    assert msg.startswith("cannot reach Kafka at 127.0.0.1:1: start one with `statekit broker start`")
+    assert "STATEKIT_BOOTSTRAP" in msg and "\n" not in msg
+
+
+def test_resolve_bootstrap(monkeypatch):
+    monkeypatch.setenv("STATEKIT_BOOTSTRAP", "h:1")
+    assert resolve_bootstrap("x:2") == "x:2"
+    assert resolve_bootstrap() == "h:1"
