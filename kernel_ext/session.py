@@ -452,6 +452,8 @@ class Session:
         if d is not None:  # its last picture stays; it must not query a store being closed
             d.stop(timeout=5)
         app.stop()
+        if d is not None:
+            d.final(app.state)
         print(f"{cmd.name}: {app.state}")
 
     def _watch(self, app, name: str, interval: float = 1.0, top: int = 15):
@@ -545,7 +547,7 @@ class Session:
     def _history(self, app, store: str, key):
         from statekit.history import key_history
 
-        return [(p.offset, p.value, p.batch) for p in key_history(app, store, key)]
+        return [(p.offset, p.value, p.batch, p.committed) for p in key_history(app, store, key)]
 
     def _changelog_stats(self, app) -> list[dict]:
         if self.broker is None:

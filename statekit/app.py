@@ -390,12 +390,6 @@ class App:
         self._progress = {}
         opts = self._run_opts
         sink = opts.get("sink") or "memory"
-        if sink == "memory" and kind == "restart" and self._spark_engine():
-            # Spark's memory sink refuses to recover from a checkpoint (append mode): after a
-            # restart the outputs go nowhere; the state (what this kit is about) is unaffected
-            log.warning("statekit: Spark's memory sink cannot recover from a checkpoint; after this "
-                        "restart outputs are not kept (use start(sink='kafka') to keep them)")
-            sink = "none"
         run = RunSpec(
             app=self.name,
             bootstrap=self.bootstrap,
@@ -870,12 +864,13 @@ class App:
         q = self._query
         if q is not None:
             self._poll_progress(q)
-        last = self._progress[max(self._progress)] if self._progress else {}
+        prog = dict(self._progress)  # the monitor thread adds to it
+        last = prog[max(prog)] if prog else {}
         return {
             "state": str(self.state),
             "generation": self._generation,
             "records_processed": self._records_processed,
-            "batches": len(self._progress),
+            "batches": len(prog),
             "last_batch_id": last.get("batch_id"),
             "last_batch_records": last.get("num_input_rows"),
             "input_rate": last.get("input_rows_per_second"),
@@ -884,25 +879,22 @@ class App:
         }
 
     def output(self):
-        """The memory sink's rows so far (pandas: topic, key, value decoded with the sink serdes),
-        when started with ``sink="memory"``."""
+        """The memory sink's rows (pandas: batch, topic, key, value decoded with the sink serdes),
+        when started with ``sink="memory"``. Rows are kept per micro-batch id, so a batch replayed
+        after a crash replaces its first attempt's rows."""
         import pandas as pd
 
-        q = self._query
-        fn = getattr(q, "output", None) if q is not None else None
-        if callable(fn):
-            return fn()
         run = self._run
-        if q is None or run is None or run.sink != "memory" or not hasattr(q, "spark"):
-            raise StatekitError("no memory sink output: start(sink='memory') and keep the app running")
-        name = run.memory_table or f"{self.name}_output".replace("-", "_")
-        pdf = q.spark.table(name).toPandas()
+        if run is None or run.sink != "memory":
+            raise StatekitError("no memory sink output: start(sink='memory') first")
+        eng = self._get_engine()
+        pdf = eng.output(run)
         rows = []
-        for topic, kb, vb in zip(pdf["topic"], pdf["key"], pdf["value"]):
+        for batch, topic, kb, vb in zip(pdf["batch"], pdf["topic"], pdf["key"], pdf["value"]):
             ks, vs = self.plan.sink_serdes(topic)
-            rows.append((topic, None if kb is None else ks.from_bytes(bytes(kb)),
+            rows.append((int(batch), topic, None if kb is None else ks.from_bytes(bytes(kb)),
                          None if vb is None else vs.from_bytes(bytes(vb))))
-        return pd.DataFrame(rows, columns=["topic", "key", "value"])
+        return pd.DataFrame(rows, columns=["batch", "topic", "key", "value"])
 
     # ------------------------------------------------------------------ standbys & lag
     def _start_standbys(self, promote: bool = False) -> None:

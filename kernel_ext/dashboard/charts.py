@@ -53,7 +53,8 @@ def lag_figure(series: dict, standby: dict | None = None, width: float = 5.2, he
     ax.set_title(title, fontsize=9.5, color="#222", loc="left")
     ax.set_xlabel("seconds", fontsize=8, color="#444")
     ax.set_ylabel("records behind", fontsize=8, color="#444")
-    ax.set_ylim(bottom=0)
+    ymax = max([max(ys) for _, ys in list(series.values()) + list((standby or {}).values()) if ys] or [0])
+    ax.set_ylim(0, max(4, ymax * 1.15))
     from matplotlib.ticker import MaxNLocator
 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))

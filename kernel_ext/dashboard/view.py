@@ -25,7 +25,8 @@ STATE_COLORS = {"RUNNING": "#2e7d32", "RESTORING": "#ef6c00", "REBALANCING": "#e
 
 CSS = """
 <style>
-.sk-dash { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; font-size: 12.5px; color: #222; }
+.sk-dash { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; font-size: 12.5px; color: #222; line-height: 1.35; }
+.sk-dash * { line-height: 1.35; }
 .sk-head { display: flex; align-items: center; gap: 18px; flex-wrap: wrap; padding: 8px 12px;
   background: linear-gradient(90deg, #f7f9fc, #eef3f9); border: 1px solid #dde4ee; border-radius: 8px; }
 .sk-title { font-size: 15px; font-weight: 600; }
@@ -37,7 +38,7 @@ CSS = """
 .sk-h { font-weight: 600; font-size: 12.5px; margin: 4px 0 4px 2px; color: #333; }
 .sk-note { color: #777; font-size: 11px; margin-left: 4px; }
 table.sk { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
-table.sk th { text-align: right; font-weight: 600; color: #555; border-bottom: 1px solid #ccd; padding: 3px 7px; font-size: 11.5px; background: #fafbfd; }
+table.sk th { text-align: right; font-weight: 600; color: #555; border-bottom: 1px solid #ccd; padding: 3px 7px; font-size: 11px; background: #fafbfd; white-space: nowrap; }
 table.sk td { text-align: right; padding: 2px 7px; border-bottom: 1px solid #eef0f3; font-size: 12px; }
 table.sk.kv { width: auto; min-width: 55%; }
 table.sk.kv td:nth-child(2) { font-weight: 600; }
@@ -79,8 +80,10 @@ def _fmt_key(k) -> str:
 
 
 def table(headers: list[str], rows: list[list[str]], row_classes: list[str] | None = None,
-          left: set[int] = frozenset(), cls: str = "") -> str:
-    th = "".join(f"<th class='{'l' if i in left else ''}'>{h}</th>" for i, h in enumerate(headers))
+          left: set[int] = frozenset(), cls: str = "", titles: dict | None = None) -> str:
+    titles = titles or {}
+    th = "".join(f"<th class='{'l' if i in left else ''}' title='{_e(titles.get(h, ''))}'>{h}</th>"
+                 for i, h in enumerate(headers))
     body = []
     for i, r in enumerate(rows):
         cls = row_classes[i] if row_classes else ""
@@ -112,21 +115,39 @@ def render_header(name: str, m: DashboardModel, note: str = "") -> str:
             f"<span class='sk-badge' style='background:{color}'>{_e(h['state'])}</span>{k}{note}</div>{err}</div>")
 
 
+TASK_TITLES = {
+    "store rows": "keys in the task's store (after its last commit)",
+    "dirty cache": "dirty record-cache entries flushed to the changelog at the last commit",
+    "checkpoint": "changelog offset in the task's .checkpoint (or a standby's applied offset)",
+    "changelog end": "end offset of the task's changelog partition",
+    "lag": "changelog end - checkpoint: what a restore of this copy would replay",
+    "standby lag": "what a promotion of this standby would replay",
+}
+
+
 def render_tasks(m: DashboardModel) -> str:
+    tasks = m.tasks()
+    if not tasks:
+        return "<div class='sk-dash'><div class='sk-h'>Tasks</div><div class='sk-empty'>no tasks yet</div></div>"
+    standby = any(r["role"] == "standby" or r["standby_lag"] is not None for r in tasks)
+    states = any(r.get("state") for r in tasks)
+    headers = ["task", "instance", "role", "store", "store rows", "dirty cache", "checkpoint",
+               "changelog end", "lag"] + (["standby lag"] if standby else []) + (["state"] if states else [])
     rows, classes = [], []
-    for r in m.tasks():
+    for r in tasks:
         lag = r["lag"]
         lag_html = fmt_num(lag) if lag is None or lag < 1000 else f"<span class='lagbad'>{fmt_num(lag)}</span>"
-        rows.append([fmt_num(r["task"]), fmt_num(r["instance"]), r["role"], _e(r["store"] or "–"),
-                     fmt_num(r["rows"]), fmt_num(r["dirty"]), fmt_num(r["checkpoint"]),
-                     fmt_num(r["changelog_end"]), lag_html,
-                     fmt_num(r["standby_lag"]) if r["role"] == "standby" or r["standby_lag"] is not None else "–",
-                     _e((r.get("state") or "").lower() or "–")])
+        row = [fmt_num(r["task"]), fmt_num(r["instance"]), r["role"], _e(r["store"] or "–"),
+               fmt_num(r["rows"]), fmt_num(r["dirty"]), fmt_num(r["checkpoint"]),
+               fmt_num(r["changelog_end"]), lag_html]
+        if standby:
+            row.append(fmt_num(r["standby_lag"] if r["standby_lag"] is not None else
+                               (r["lag"] if r["role"] == "standby" else None)))
+        if states:
+            row.append(_e((r.get("state") or "").lower() or "–"))
+        rows.append(row)
         classes.append(r["role"])
-    if not rows:
-        return "<div class='sk-dash'><div class='sk-h'>Tasks</div><div class='sk-empty'>no tasks yet</div></div>"
-    t = table(["task", "instance", "role", "store", "store rows", "dirty cache", "checkpoint",
-               "changelog end", "lag", "standby lag", "state"], rows, classes, left={2, 3, 10})
+    t = table(headers, rows, classes, left={2, 3, len(headers) - 1} if states else {2, 3}, titles=TASK_TITLES)
     return f"<div class='sk-dash'><div class='sk-h'>Tasks</div>{t}</div>"
 
 
@@ -203,23 +224,48 @@ def render_events(m: DashboardModel, n: int = 12) -> str:
     return f"<div class='sk-dash'>{table(['event', 'details'], body, left={0, 1})}</div>"
 
 
-def render_history(key, points: list, index: int) -> str:
-    """points: [(offset, value-or-None, batch)], the value of `key` as of each changelog offset."""
+def _point(p):
+    """(offset, value, batch[, committed]) -> a 4-tuple."""
+    return (p[0], p[1], p[2], p[3] if len(p) > 3 else True)
+
+
+def as_of(points: list, offset: int):
+    """Index of the latest committed version at or before `offset` (None: no value yet)."""
+    best = None
+    for i, p in enumerate(points):
+        o, _v, _b, committed = _point(p)
+        if o > offset:
+            break
+        if committed:
+            best = i
+    return best
+
+
+def render_history(key, points: list, offset: int) -> str:
+    """points: [(offset, value-or-None, batch, committed)], the versions of `key` in its changelog
+    partition; shows the value as of changelog `offset` and the versions around it."""
     if not points:
         return f"<div class='sk-dash'><div class='sk-empty'>no changelog record for key {_e(key)}</div></div>"
-    index = max(0, min(index, len(points) - 1))
-    off, val, batch = points[index]
-    lo = max(0, index - 4)
+    pts = [_point(p) for p in points]
+    idx = as_of(pts, offset)
+    if idx is None:
+        shown, note = "<i>no value yet</i>", ""
+    else:
+        o, v, b, _c = pts[idx]
+        shown = "<i>deleted</i>" if v is None else _fmt_value(v)
+        note = f" · written at offset {fmt_num(o)} by batch {fmt_num(b)}"
+    centre = idx if idx is not None else 0
+    lo = max(0, min(centre - 4, len(pts) - 9))
     rows, classes = [], []
-    for i in range(lo, min(len(points), lo + 9)):
-        o, v, b = points[i]
-        rows.append([fmt_num(o), "<i>deleted</i>" if v is None else _fmt_value(v), fmt_num(b)])
-        classes.append("cur" if i == index else "")
-    shown = "<i>deleted</i>" if val is None else _fmt_value(val)
+    for i in range(lo, min(len(pts), lo + 9)):
+        o, v, b, c = pts[i]
+        rows.append([fmt_num(o), "<i>deleted</i>" if v is None else _fmt_value(v), fmt_num(b),
+                     "" if c else "<i>uncommitted (dropped by a restore)</i>"])
+        classes.append("cur" if i == idx else "")
     return (f"<div class='sk-dash sk-hist'><div class='sk-h'>{_e(key)} = {shown} "
-            f"<span class='sk-note'>as of changelog offset {fmt_num(off)} (batch {fmt_num(batch)}), "
-            f"{index + 1} of {len(points)} versions</span></div>"
-            f"{table(['offset', 'value', 'batch'], rows, classes, left={1})}</div>")
+            f"<span class='sk-note'>as of changelog offset {fmt_num(offset)}{note} · "
+            f"{len(pts)} version(s) left in the log</span></div>"
+            f"{table(['offset', 'value', 'batch', ''], rows, classes, left={1, 3})}</div>")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,8 +273,9 @@ def render_history(key, points: list, index: int) -> str:
 
 
 class HistoryPanel:
-    """A key's value as of each changelog offset, with a slider. `history_fn(store, key)` returns
-    [(offset, value-or-None, batch)], rebuilt from the changelog by `statekit.history`."""
+    """A key's value as of any changelog offset, with a slider over the offsets. `history_fn(store,
+    key)` returns [(offset, value-or-None, batch, committed)], rebuilt from the changelog by
+    `statekit.history`."""
 
     def __init__(self, history_fn: Callable | None, stores: list[str] | None = None):
         lay = W.Layout
@@ -236,8 +283,8 @@ class HistoryPanel:
         self.key = W.Text(placeholder="key", description="key", layout=lay(width="220px"))
         self.store = W.Dropdown(options=list(stores or []), description="store", layout=lay(width="200px"))
         self.button = W.Button(description="load history", icon="history", layout=lay(width="130px"))
-        self.slider = W.IntSlider(value=0, min=0, max=0, description="version", continuous_update=True,
-                                  layout=lay(width="420px"), disabled=True)
+        self.slider = W.IntSlider(value=0, min=0, max=0, description="offset", continuous_update=True,
+                                  layout=lay(width="460px"), disabled=True)
         self.out = W.HTML(CSS + "<div class='sk-dash'><div class='sk-empty'>type a key and load its "
                           "history, rebuilt from the changelog</div></div>")
         self.points: list = []
@@ -268,12 +315,15 @@ class HistoryPanel:
             self.out.value = CSS + f"<div class='sk-dash'><div class='sk-err'>{_e(' '.join(str(err).split()))}</div></div>"
             return
         self.points, self._key = points, key
-        n = len(points)
         self.slider.unobserve(self._on_slider, names="value")
-        self.slider.max = max(0, n - 1)
-        self.slider.value = max(0, n - 1)
+        if points:
+            lo, hi = points[0][0], points[-1][0]
+            self.slider.min, self.slider.max = 0, 0  # avoid min > max while both move
+            self.slider.max = hi
+            self.slider.min = lo
+            self.slider.value = hi
         self.slider.observe(self._on_slider, names="value")
-        self.slider.disabled = n <= 1
+        self.slider.disabled = len(points) <= 1
         self.out.value = CSS + render_history(key, points, self.slider.value)
 
     def _on_slider(self, change):
@@ -299,10 +349,11 @@ class DashboardView:
         self.changelog = W.HTML(layout=lay(width="100%"))
         self.events = W.HTML(layout=lay(width="100%"))
         self.topology = W.Image(format="png", layout=lay(width="100%", max_width="1000px"))
-        self.store_pick = W.Dropdown(options=[], description="store", layout=lay(width="200px"))
+        self.store_pick = W.Dropdown(options=[], layout=lay(width="150px"))
         self.sort = W.ToggleButtons(options=[("by value", "value"), ("recent", "recency"), ("by key", "key")],
-                                    value=model.sort_by, style={"button_width": "72px"})
-        self.filter = W.Text(placeholder="filter keys…", layout=lay(width="160px"))
+                                    value=model.sort_by, style={"button_width": "66px"},
+                                    tooltips=["largest values first", "most recently changed first", "key order"])
+        self.filter = W.Text(placeholder="filter keys…", layout=lay(width="150px"))
         self.stop_button = W.Button(description="stop refreshing", icon="stop", layout=lay(width="150px"),
                                     button_style="")
         self.status = W.HTML()
@@ -353,6 +404,9 @@ class DashboardView:
 
     def set_topology(self, nodes, edges):
         self.topology.value = charts.to_png(charts.topology_figure(nodes, edges, title=f"{self.name}: topology"), dpi=90)
+
+    def render_header(self, m: DashboardModel | None = None, note: str = "") -> None:
+        self.header.value = render_header(self.name, m or self.model, note)
 
     def render(self, m: DashboardModel | None = None, note: str = "", charts_too: bool = True) -> None:
         m = m or self.model
@@ -479,6 +533,14 @@ class LiveDashboard:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    def final(self, state) -> None:
+        """After the app stopped: show its last state without querying its (closed) stores."""
+        if self.model.snapshot is not None:
+            self.model.snapshot.state = str(getattr(state, "value", state))
+            self.model.snapshot.error = None
+        if self.view is not None:
+            self.view.render_header(self.model)
 
     @property
     def running(self) -> bool:

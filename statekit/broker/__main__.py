@@ -20,10 +20,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 0..65535 (0 picks a free one)")
+    return n
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="data directory (default: $STATEKIT_HOME/broker or ~/.statekit/broker)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9092, help="port to listen on; 0 picks a free one (default 9092)")
+    p.add_argument("--port", type=_port, default=9092, help="port to listen on; 0 picks a free one (default 9092)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="broker config, e.g. auto.create.topics.enable=true or log.cleaner.backoff.ms=500 (repeatable)")
     p.add_argument("--auto-create-topics", action="store_true",

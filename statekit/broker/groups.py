@@ -44,14 +44,11 @@ import uuid
 from typing import Any, Callable
 
 from kafka.protocol.admin.groups import (
-    DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
-    ListGroupsRequest, ListGroupsResponse,
+    DeleteGroupsResponse, DescribeGroupsResponse, ListGroupsResponse,
 )
 from kafka.protocol.consumer.group import (
-    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
-    LeaveGroupRequest, LeaveGroupResponse, OffsetCommitRequest, OffsetCommitResponse,
-    OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest, OffsetFetchResponse,
-    SyncGroupRequest, SyncGroupResponse,
+    HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse, OffsetCommitResponse,
+    OffsetDeleteResponse, OffsetFetchResponse, SyncGroupResponse,
 )
 
 log = logging.getLogger(__name__)

@@ -40,12 +40,14 @@ def seg_name(base: int, suffix: str) -> str:
     return f"{base:020d}{suffix}"
 
 
-def write_json_atomic(path: str, obj) -> None:
+def write_json_atomic(path: str, obj, durable: bool = True) -> None:
+    """Readers never see a half-written file (temp + rename); durable adds an fsync."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1, sort_keys=True)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

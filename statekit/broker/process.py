@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from statekit.errors import BrokerUnreachable, StatekitError
@@ -151,7 +152,7 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
         return BrokerHandle(data_dir, info, owned=False)
     try:
         os.makedirs(data_dir, exist_ok=True)
-        probe = os.path.join(data_dir, ".write-test")
+        probe = os.path.join(data_dir, f".write-test-{os.getpid()}-{threading.get_ident()}")
         with open(probe, "w"):
             pass
         os.unlink(probe)
@@ -165,9 +166,7 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
     for k, v in configs.items():
         cmd += ["--config", f"{k}={v}"]
     log_path = os.path.join(data_dir, "broker.log")
-    stale = info_path(data_dir)
-    if os.path.exists(stale):
-        os.unlink(stale)
+    _remove_stale_info(data_dir)
     with open(log_path, "ab") as logf:
         start_pos = logf.tell()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
@@ -176,7 +175,15 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
     while True:
         code = proc.poll()
         if code is not None:
-            raise StatekitError(_last_error(log_path, start_pos) or f"the broker exited with code {code}; see {log_path}")
+            err = _last_error(log_path, start_pos) or f"the broker exited with code {code}; see {log_path}"
+            if "another broker already runs" in err:
+                # a concurrent start() won the directory lock: hand out that broker instead
+                while time.monotonic() < deadline:
+                    other = running_info(data_dir)
+                    if other is not None:
+                        return BrokerHandle(data_dir, other, owned=False)
+                    time.sleep(0.05)
+            raise StatekitError(err)
         try:
             with open(info_path(data_dir)) as f:
                 info = json.load(f)
@@ -190,6 +197,23 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
             raise BrokerUnreachable(f"the broker did not start within {timeout:.0f}s; see {log_path}")
         time.sleep(0.02)
     return BrokerHandle(data_dir, info, owned=True, proc=None if detach else proc)
+
+
+def _remove_stale_info(data_dir: str) -> None:
+    """broker.json of a dead broker (kill -9 leaves it behind); a live one's is left alone."""
+    path = info_path(data_dir)
+    try:
+        with open(path) as f:
+            pid = int(json.load(f).get("pid", -1))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError):
+        pid = -1
+    if pid <= 0 or not pid_alive(pid):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _last_error(log_path: str, start_pos: int) -> str | None:

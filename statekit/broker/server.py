@@ -119,6 +119,8 @@ class Broker:
                                                      limit=1 << 20, reuse_address=True)
         except OSError as e:
             self.topics.close()
+            if self.coordinator is not None:
+                await self.coordinator.close()
             if e.errno in (98, 48):
                 raise BrokerError(f"port {self.port} on {self.host} is already in use: pick another with --port, "
                                   f"or --port 0 for a free one") from None
@@ -197,14 +199,14 @@ class Broker:
                 log.info("retention removed old segments of %s-%d; log start is now %d",
                          plog.topic, plog.partition, plog.log_start_offset)
 
-    def _write_stats(self, clean_token: str | None = None) -> None:
+    def _write_stats(self) -> None:
         doc = {
             "pid": os.getpid(),
             "updated_at": time.time(),
             "clean_token": self.cleaner.done_token if self.cleaner else None,
             "partitions": [p.stats() for p in self.topics.all_partitions()],
         }
-        write_json_atomic(os.path.join(self.dir, "stats.json"), doc)
+        write_json_atomic(os.path.join(self.dir, "stats.json"), doc, durable=False)
 
     # -- services to handlers ----------------------------------------------------------------
     def supported_versions(self) -> dict[int, tuple[int, int]]:

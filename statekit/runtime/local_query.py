@@ -114,6 +114,45 @@ class LocalStreamingEngine:
         q._start()
         return q
 
+    @staticmethod
+    def memory_table_name(run) -> str:
+        return run.memory_table or f"{run.app}_output".replace("-", "_")
+
+    def output(self, run):
+        """The memory sink's rows so far: DataFrame(topic, key, value, batch) with raw bytes, one
+        entry per batch id (a replayed batch replaces its first attempt), as the Spark engine's."""
+        return _memory_table(self.memory_table_name(run)).frame()
+
+
+_TABLES: dict = {}
+_TABLES_LOCK = threading.Lock()
+
+
+class _MemoryTable:
+    def __init__(self):
+        self.batches: dict = {}
+        self.lock = threading.Lock()
+
+    def put(self, batch: int, rows: list) -> None:
+        with self.lock:
+            self.batches[int(batch)] = list(rows)
+
+    def frame(self):
+        import pandas as pd
+
+        with self.lock:
+            items = sorted(self.batches.items())
+        rows = [(t, k, v, b) for b, rs in items for t, k, v in rs]
+        return pd.DataFrame(rows, columns=["topic", "key", "value", "batch"])
+
+
+def _memory_table(name: str) -> _MemoryTable:
+    with _TABLES_LOCK:
+        t = _TABLES.get(name)
+        if t is None:
+            t = _TABLES[name] = _MemoryTable()
+        return t
+
 
 class _Worker:
     """The subprocess that runs batches; talks over a socketpair with length-prefixed pickles."""
@@ -185,7 +224,6 @@ class LocalQuery:
         self.offsets = _Log(self.checkpoint, "offsets")
         self.commits = _Log(self.checkpoint, "commits")
         self._progress: deque = deque(maxlen=100)
-        self._memory: list = []
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._abort = False
@@ -322,20 +360,6 @@ class LocalQuery:
                     raise QueryFailed(f"query {self.name} did not catch up within {timeout:.0f}s")
                 self._cond.wait(0.5 if left is None else min(left, 0.5))
 
-    def output(self):
-        """The memory sink's rows: DataFrame(batch, topic, key, value), decoded with the sink serdes."""
-        import pandas as pd
-
-        rows = []
-        cache = {}
-        for batch, topic, kb, vb in list(self._memory):
-            sd = cache.get(topic)
-            if sd is None:
-                sd = cache[topic] = self.run.plan.sink_serdes(topic)
-            rows.append((batch, topic, None if kb is None else sd[0].from_bytes(kb),
-                         None if vb is None else sd[1].from_bytes(vb)))
-        return pd.DataFrame(rows, columns=["batch", "topic", "key", "value"])
-
     # -- the driver loop
     def _topics(self) -> list:
         return list(dict.fromkeys(s.topic for s in self.run.plan.sources))
@@ -446,8 +470,8 @@ class LocalQuery:
             raise self._error
         _, outputs, stats = reply
         sink = self.run.sink or "memory"
-        if outputs and sink == "memory":
-            self._memory.extend((batch, t, k, v) for t, k, v in outputs)
+        if sink == "memory":
+            _memory_table(LocalStreamingEngine.memory_table_name(self.run)).put(batch, outputs)
         elif outputs and sink == "kafka":
             self._send(outputs)
         self.commits.put(batch, {"ts": time.time()})

@@ -43,6 +43,7 @@ class QueryRouter:
         self.app = app
         self._handles: dict[str, Any] = {}
         self._lock = threading.RLock()
+        self._closed = False
 
     # -- routing
     def _spec(self, store: str):
@@ -87,6 +88,9 @@ class QueryRouter:
         from statekit.runtime.layout import has_state
 
         with self._lock:
+            if self._closed:
+                raise StatekitError(f"app '{self.app.name}' is changing its assignment (crash or "
+                                    f"restart); query again")
             h = self._handles.get(task_dir)
             if h is not None:
                 try:
@@ -113,6 +117,7 @@ class QueryRouter:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             for d in list(self._handles):
                 self._drop(d)
 

@@ -15,7 +15,8 @@ the mode from ``STATEKIT_CRASH_MODE`` (or ``mode=``):
   records live only in the process and vanish either way. (RocksDB flushing its memtable on close is
   not a difference: a killed process's WAL brings the same writes back on the next open.)
 
-Points: ``before_send`` (cache flushed, nothing sent), ``between_stores`` (one store's changelog
+Points: ``before_send`` (cache flushed, nothing sent), ``mid_send`` (half of the first store's
+changelog records reached the log, its marker did not: an uncommitted tail), ``between_stores`` (one store's changelog
 records and marker acked, the next store's not sent), ``after_ack`` (every marker acked, RocksDB not
 written), ``after_rocksdb`` (RocksDB written, checkpoint not), ``mid_restore``.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("before_send", "between_stores", "after_ack", "after_rocksdb", "mid_restore")
+POINTS = ("before_send", "mid_send", "between_stores", "after_ack", "after_rocksdb", "mid_restore")
 
 
 class SimulatedCrash(BaseException):
@@ -50,11 +51,15 @@ class CrashPlan:
     def __bool__(self):
         return self.point is not None
 
-    def hit(self, point: str, n: int | None = None) -> None:
+    def armed(self, point: str, n: int | None = None) -> bool:
+        """Would :meth:`hit` fire here? (For points that must prepare the damage first.)"""
         if point != self.point:
-            return
+            return False
         want = self.n if self.n is not None else (1 if point == "mid_restore" else None)
-        if want is not None and n != want:
+        return want is None or n == want
+
+    def hit(self, point: str, n: int | None = None) -> None:
+        if not self.armed(point, n):
             return
         self.point = None  # fire once
         if self.mode == "kill":

@@ -118,19 +118,21 @@ class StoreReplay:
             self.applied_batch = self.batch if self.batch > self.applied_batch else self.applied_batch
             self.batch = m
             self.held_safe = group_start
-        mb = str(self.batch).encode()
         held = self.held
         M = self.batch
-        for rec in self.pending:
-            h = rec[4]
-            if h and h[0][0] == BATCH_HEADER and h[0][1] == mb:
-                held.append((rec[2], rec[3]))
-                continue
-            b = _record_batch(h)
-            if b is None or b >= M:
-                held.append((rec[2], rec[3]))
-            else:
-                out.append((rec[2], rec[3]))
+        pending = self.pending
+        # the common case: every record of the group carries exactly the header of batch M
+        hm = ((BATCH_HEADER, str(M).encode()),)
+        same = [(r[2], r[3]) for r in pending if r[4] == hm]
+        if len(same) == len(pending):
+            held.extend(same)
+        else:
+            for rec in pending:
+                b = _record_batch(rec[4])
+                if b is None or b >= M:
+                    held.append((rec[2], rec[3]))
+                else:
+                    out.append((rec[2], rec[3]))
         self.pending = []
         self.group_start = after
         if not held:

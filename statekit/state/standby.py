@@ -72,7 +72,9 @@ class StandbyReplica:
 
     # -- the tailing loop ---------------------------------------------------------------------
     def start(self) -> "StandbyReplica":
+        """Start (or resume, after :meth:`stop`) tailing in a background thread."""
         if self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._run, name=f"standby-{self.application}-"
                                             f"{self.task_id}", daemon=True)
             self._thread.start()
@@ -162,6 +164,7 @@ class StandbyReplica:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
+        """Stop tailing (the store stays open; its lag grows until :meth:`start` again)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)

@@ -238,3 +238,53 @@ def test_auto_create_topics_when_enabled(tmp_path):
             admin.close()
     finally:
         h.stop()
+
+
+def test_admin_cluster_partitions_and_legacy_alter(shared_broker):
+    from kafka.admin import NewPartitions
+
+    admin = KafkaAdminClient(bootstrap_servers=shared_broker.bootstrap)
+    try:
+        cluster = admin.describe_cluster()
+        assert [(b["broker_id"], f"{b['host']}:{b['port']}") for b in cluster["brokers"]] == [(0, shared_broker.bootstrap)]
+        assert cluster["controller_id"] == 0
+        admin.create_topics([NewTopic("cl-grow", 1, 1, topic_configs={"retention.ms": "5000"})])
+        admin.create_partitions({"cl-grow": NewPartitions(3)})
+        assert len(admin.describe_topics(["cl-grow"])[0]["partitions"]) == 3
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "cl-grow", {"segment.bytes": "70000"})],
+                            incremental=False)
+        cfg = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "cl-grow")])["topic"]["cl-grow"]
+        assert {k: v["value"] for k, v in cfg.items()} == {"retention.ms": "5000", "segment.bytes": "70000"}
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=shared_broker.bootstrap)
+    assert producer.send("cl-grow", b"x", partition=2).get(timeout=10).offset == 0
+    producer.close()
+
+
+def test_confluent_kafka_consumer_group_subscribe(shared_broker):
+    ck = pytest.importorskip("confluent_kafka")
+    create_topic(shared_broker.bootstrap, "cl-grp", partitions=3)
+    producer = ck.Producer({"bootstrap.servers": shared_broker.bootstrap, "linger.ms": 5})
+    for i in range(600):
+        producer.produce("cl-grp", key=b"%d" % i, value=b"v%d" % i, partition=i % 3)
+    assert producer.flush(20) == 0
+    consumer = ck.Consumer({"bootstrap.servers": shared_broker.bootstrap, "group.id": "cl-grp-g",
+                            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                            "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    got = []
+    try:
+        consumer.subscribe(["cl-grp"])
+        deadline = time.monotonic() + 30
+        while len(got) < 600 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
+        consumer.commit(asynchronous=False)
+        committed = consumer.committed([ck.TopicPartition("cl-grp", p) for p in range(3)], timeout=10)
+    finally:
+        consumer.close()
+    assert sorted(got) == sorted((i % 3, i // 3, b"%d" % i, b"v%d" % i) for i in range(600))
+    assert sorted((tp.partition, tp.offset) for tp in committed) == [(0, 200), (1, 200), (2, 200)]

@@ -111,6 +111,38 @@ def test_compaction_keeps_latest_per_key_with_original_offsets(broker):
     producer.close()
 
 
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+def test_compaction_of_compressed_batches(broker, codec):
+    topic = "z-" + codec
+    create_topic(broker.bootstrap, topic, configs={"cleanup.policy": "compact", "segment.bytes": "4000",
+                                                   "delete.retention.ms": "0"})
+    if codec == "zstd":
+        ck = pytest.importorskip("confluent_kafka")
+        producer = ck.Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "zstd", "linger.ms": 5})
+        for i in range(2000):
+            producer.produce(topic, key=b"k%02d" % (i % 50), value=b"%d" % i, partition=0)
+            if i % 100 == 99:
+                producer.flush(10)
+        assert producer.flush(10) == 0
+    else:
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, compression_type=codec, linger_ms=5)
+        for i in range(2000):
+            producer.send(topic, key=b"k%02d" % (i % 50), value=b"%d" % i, partition=0)
+            if i % 100 == 99:
+                producer.flush()
+        producer.close()
+    assert _wait(lambda: _stats(broker, topic)["high_watermark"] == 2000)
+    st = next(s for s in broker_mod.request_clean(broker.dir) if s["topic"] == topic)
+    assert st["records_removed"] > 0
+    got = consume_all(broker.bootstrap, topic, [0])[0]
+    latest = {}
+    for off, k, v in got:
+        assert int(v) == off  # every surviving record kept its offset
+        latest[k] = int(v)
+    assert latest == {b"k%02d" % k: 1950 + k for k in range(50)}
+    assert len(got) < 2000
+
+
 def test_cleaner_honours_dirty_ratio_and_keeps_fresh_tombstones(broker):
     create_topic(broker.bootstrap, "ratio", configs={
         "cleanup.policy": "compact", "segment.bytes": "3000", "min.cleanable.dirty.ratio": "0.9"})
@@ -364,3 +396,28 @@ def test_second_start_reuses_running_broker(tmp_path):
         h.stop()
     assert not h.alive
     assert broker_mod.status(d) is None
+
+
+def test_concurrent_starts_share_one_broker(tmp_path):
+    d = str(tmp_path / "race")
+    handles, errors = [None, None], []
+
+    def go(i):
+        try:
+            handles[i] = broker_mod.start(dir=d, port=0)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert errors == []
+        assert handles[0].pid == handles[1].pid
+        assert sorted(h.owned for h in handles) == [False, True]
+    finally:
+        for h in handles:
+            if h is not None:
+                h.stop(force=True)

@@ -74,13 +74,18 @@ def lab(tmp_path):
         "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
     })
     env.pop("STATEKIT_BOOTSTRAP", None)
+    # no "get notified about Jupyter news?" toast, no update check
+    notif = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"
+    notif.mkdir(parents=True)
+    (notif / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     log = open(tmp_path / "jupyterlab.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-         f"--ServerApp.token={token}", f"--ServerApp.root_dir={work}", "--ServerApp.port_retries=0",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--ServerApp.port_retries=0",
          "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--MappingKernelManager.cull_idle_timeout=0"],
+         "--MappingKernelManager.cull_idle_timeout=0"] + (["--allow-root"] if os.geteuid() == 0 else []),
         cwd=str(work), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -82,3 +82,18 @@ def test_a_failing_panel_does_not_kill_the_dashboard():
     snap = d.refresh()
     assert "lag: boom" in snap.error
     assert "boom" in d.view.header.value
+
+
+def test_history_panel_slider_over_offsets():
+    from kernel_ext.dashboard.view import HistoryPanel, as_of
+
+    pts = [(3, 1, 0, True), (10, 2, 1, True), (17, None, 2, True), (21, 9, 3, False)]
+    assert [as_of(pts, o) for o in (0, 3, 9, 10, 18, 25)] == [None, 0, 0, 1, 2, 2]
+    panel = HistoryPanel(lambda store, key: pts if key == "k" else [], stores=["counts"])
+    panel.load("counts", "k")
+    assert (panel.slider.min, panel.slider.max, panel.slider.value) == (3, 21, 21)
+    assert "deleted" in panel.out.value and "uncommitted" in panel.out.value
+    panel.slider.value = 12
+    assert "k = 2" in panel.out.value and "offset 12" in panel.out.value
+    panel.load("counts", "nothing")
+    assert "no changelog record" in panel.out.value

@@ -333,3 +333,37 @@ def test_error_processor_raises(shared_broker, kafka, tmp_path):
         assert isinstance(app.error, ProcessorError) and one_line(app.error) == msg
     finally:
         app.stop()
+
+
+def test_memory_sink_output_survives_a_crash(shared_broker, kafka, tmp_path):
+    topic, out = unique("lines"), unique("out")
+    kafka.ensure_topic(topic, 2)
+    app = statekit.App(unique("mem"), bootstrap=shared_broker.bootstrap, partitions=2,
+                       state_dir=str(tmp_path / "st"), engine="local")
+    (app.stream(topic).flat_map_values(str.split).group_by(lambda k, w: w).count(store="counts")
+     .to_stream().to(out))
+    try:
+        send_lines(kafka, topic, LINES[:4])
+        app.start(sink="memory", max_records_per_trigger=2)
+        assert app.process_all_available()
+        rec = app.crash("process", after_records=1)
+        send_lines(kafka, topic, LINES[4:])
+        assert app.process_all_available() is False and app.state == AppState.ERROR
+        # a real process died mid-batch: the worker that claimed the directive is gone
+        import os
+
+        pid = rec["claim"]["pid"]
+        assert pid != os.getpid() and rec["claim"]["records"] == 1
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        app.restart()
+        assert app.process_all_available()
+        df = app.output()
+        assert list(df.columns) == ["batch", "topic", "key", "value"]
+        assert (df.topic == out).all()
+        last = {}
+        for k, v in zip(df.key, df.value):  # batch order: the last update per key is the count
+            last[k] = v
+        assert last == reference(LINES)
+    finally:
+        app.stop()

@@ -46,8 +46,8 @@ def test_queries_and_processor_error_on_spark(broker, tmp_path, spark_session):
         assert set(zip(df.key, df.task)) == {(w, partition_for(w.encode(), 3)) for w in want}
         m = app.metrics()
         assert m["records_processed"] == len(LINES)
-        out = app.output()  # Spark's memory sink (no sinks in this topology: empty)
-        assert list(out.columns) == ["topic", "key", "value"]
+        out = app.output()  # the memory sink (no sinks in this topology: empty)
+        assert list(out.columns) == ["batch", "topic", "key", "value"] and out.empty
 
         k.send("nums", 0, [(b"k", b"abc")])
         bad.start()

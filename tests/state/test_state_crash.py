@@ -48,6 +48,7 @@ def fresh_restore(broker, tmp_path, app):
 # point -> the last applied batch after the crash (the crash hits the commit of batch 3)
 CASES = {
     "before_send": 2,      # nothing of batch 3 left the process
+    "mid_send": 2,         # part of store 1's records reached the log, no marker: a tail
     "between_stores": 2,   # store 1 committed batch 3 in its changelog, stores 2-3 did not
     "after_ack": 3,        # every marker acked: the changelog has batch 3, RocksDB not
     "after_rocksdb": 3,    # RocksDB has batch 3, the checkpoint does not

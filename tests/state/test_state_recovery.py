@@ -62,6 +62,7 @@ def test_corrupt_checkpoint(kafka, tmp_path):
     t, notices = _open(kafka, tmp_path, "rec-ckpt")
     with t:
         _one_line(notices, "checkpoint", "corrupt")
+        assert len(notices) == 1, notices
         assert t.last_batch == N - 1
         assert H.contents(t) == H.reference(SEED, range(N))
     assert checkpoint.read(d) is not None  # rewritten
@@ -88,6 +89,7 @@ def test_deleted_rocksdb_dir(kafka, tmp_path):
     t, notices = _open(kafka, tmp_path, "rec-norocks")
     with t:
         _one_line(notices, "checkpoint exists", "RocksDB", "missing")
+        assert len(notices) == 1, notices
         assert t.replayed_from == "scratch"
         assert t.last_batch == N - 1
         assert H.contents(t) == H.reference(SEED, range(N))
@@ -102,6 +104,7 @@ def test_corrupt_rocksdb_dir(kafka, tmp_path):
     t, notices = _open(kafka, tmp_path, "rec-badrocks")
     with t:
         _one_line(notices, "RocksDB is unreadable")
+        assert len(notices) == 1, notices
         assert t.replayed_from == "scratch"
         assert H.contents(t) == H.reference(SEED, range(N))
 
@@ -146,6 +149,7 @@ def test_checkpoint_ahead_of_log_is_not_trusted(kafka, tmp_path):
     t, notices = _open(kafka, tmp_path, "rec-ahead")
     with t:
         _one_line(notices, "not trusting local state")
+        assert len(notices) == 1, notices
         assert t.replayed_from == "scratch"
         assert H.contents(t)["latest"] == {"zz": 1}
 

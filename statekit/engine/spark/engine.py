@@ -408,8 +408,13 @@ class SparkEngine:
         spark = self.session()
         spark.conf.set("spark.sql.shuffle.partitions", str(run.partitions))
         spark.conf.set("spark.sql.adaptive.enabled", "false")
-        out = self.build(run)
         name = run.query_name or run.app
+        try:
+            out = self.build(run)
+        except StatekitError:
+            raise
+        except Exception as e:
+            raise one_line(e, f"cannot build {name}") from None
         w = out.writeStream.queryName(name).option("checkpointLocation", run.checkpoint_dir)
         if run.sink == "kafka":
             w = w.format("statekit-kafka").option("bootstrap", run.bootstrap).outputMode("append")

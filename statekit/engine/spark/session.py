@@ -177,6 +177,9 @@ def stop_session() -> None:
                     proc.kill()
             SparkContext._gateway = None
             SparkContext._jvm = None
+        eng = sys.modules.get("statekit.engine.spark.engine")
+        if eng is not None:
+            eng._Listener._installed.clear()
 
 
 # --- errors ----------------------------------------------------------------------------------------
@@ -232,5 +235,18 @@ def one_line(exc: BaseException, context: str = "") -> StatekitError:
             parts.append(str(java.toString()))
         except Exception:
             pass
-    msg = explain("\n".join(parts))
-    return SparkFailure(f"{context}: {msg}" if context else msg)
+    text = "\n".join(parts)
+    msg = explain(text)
+    cls = SparkFailure
+    m = None
+    for ln in reversed(text.splitlines()):
+        m = _STATEKIT_ERR.search(ln)
+        if m:
+            break
+    if m:  # keep the statekit error class raised in a worker (UnknownTopic, ProcessorError, ...)
+        import statekit.errors as errs
+
+        found = getattr(errs, m.group(1), None)
+        if isinstance(found, type) and issubclass(found, StatekitError):
+            cls = found
+    return cls(f"{context}: {msg}" if context else msg)

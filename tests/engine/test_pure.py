@@ -1,0 +1,41 @@
+"""Engine pieces that need no Spark: offset allocation, offset JSON, one-line errors."""
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, strategies as st
+
+from statekit.engine.spark.session import one_line
+from statekit.engine.spark.source import allocate, from_json, to_json
+from statekit.errors import StatekitError, UnknownTopic
+
+
+@given(st.lists(st.integers(0, 500), min_size=1, max_size=6), st.integers(1, 300))
+def test_allocate_takes_exactly_ceil_backlog_over_limit_batches(backlogs, limit):
+    start = {("t", p): 7 for p in range(len(backlogs))}
+    end = {tp: start[tp] + b for tp, b in zip(sorted(start), backlogs)}
+    pos, batches = dict(start), 0
+    while pos != end:
+        nxt = allocate(pos, end, limit)
+        assert all(pos[tp] <= nxt[tp] <= end[tp] for tp in end)
+        assert 0 < sum(nxt[tp] - pos[tp] for tp in end) <= limit
+        pos, batches = nxt, batches + 1
+    assert batches == math.ceil(sum(backlogs) / limit)
+
+
+def test_offsets_json_round_trip():
+    offs = {("a", 0): 5, ("a", 1): 0, ("b", 0): 12}
+    assert to_json(offs) == {"a": {"0": 5, "1": 0}, "b": {"0": 12}}
+    assert from_json(to_json(offs)) == offs
+
+
+def test_one_line_keeps_the_statekit_error_and_drops_java():
+    text = ("org.apache.spark.SparkException: Job aborted due to stage failure\n"
+            "Traceback (most recent call last):\n  File \"/x/kafka.py\", line 3, in end_offsets\n"
+            "statekit.errors.UnknownTopic: topic 'zz' does not exist: create it first\n"
+            "\tat org.apache.spark.api.python.BasePythonRunner.foo(PythonRunner.scala:1)\n")
+    err = one_line(Exception(text))
+    assert isinstance(err, UnknownTopic) and str(err) == "topic 'zz' does not exist: create it first"
+    died = one_line(Exception("[STREAM_FAILED] Query terminated with exception: Job aborted: "
+                              "Python worker exited unexpectedly (crashed)\n\tat org.apache.x(y)"))
+    assert isinstance(died, StatekitError) and "\n" not in str(died) and "worker died" in str(died)
