@@ -1,5 +1,5 @@
 """IPython glue: `%statekit` (line) and `%%statekit` (cell) parse with `kernel_ext.parser` and run
-with `kernel_ext.session.Session`. A user mistake prints one red line on stderr, never a stack trace."""
+with `kernel_ext.commands.Session`. A user mistake prints one red line on stderr, never a stack trace."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +8,7 @@ import traceback
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from kernel_ext.parser import Help, ParseError, parse, subcommand_names
-from kernel_ext.session import Session
+from kernel_ext.commands import Session
 
 RED, RESET = "\x1b[31m", "\x1b[0m"
 

@@ -95,9 +95,13 @@ class QueryRouter:
             if h is not None:
                 try:
                     h.refresh()
-                    return h
+                    if not self._behind(h, task_dir):
+                        return h
                 except Exception:
-                    self._drop(task_dir)
+                    pass
+                # the writer reopened the DB since (a new MANIFEST the secondary does not follow
+                # every time): open a fresh secondary instance
+                self._drop(task_dir)
             if not has_state(task_dir):
                 return None
             try:
@@ -106,6 +110,21 @@ class QueryRouter:
                 return None  # no commit yet
             self._handles[task_dir] = h
             return h
+
+    @staticmethod
+    def _behind(h, task_dir: str) -> bool:
+        """True when the task's checkpoint file names a later commit than the secondary sees."""
+        from statekit.state import checkpoint as ckpt
+
+        cp = ckpt.read(task_dir, warn=lambda m: None)
+        if not cp:
+            return False
+        want = max(c.batch for c in cp.values())
+        try:
+            have = int(h.read_meta().get("batch", -1))
+        except Exception:
+            return True
+        return have < want
 
     def _drop(self, task_dir: str) -> None:
         h = self._handles.pop(task_dir, None)

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from statekit.errors import CorruptState, StatekitError, StateLocked, UnknownTopic
+from statekit.errors import CorruptState, StatekitError, StateLocked
 from statekit.state import checkpoint as ckpt
 from statekit.state.crash import CrashPlan, SimulatedCrash
 from statekit.state.restore import (BATCH_HEADER, MARKER_HEADER, MARKER_KEY, NO_BATCH,

@@ -1,0 +1,100 @@
+"""%statekit in a real IPython shell, against a fake app: output, and one-line errors (no traceback)."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from statekit.errors import StatekitError
+
+
+class FakeApp:
+    name = "fake"
+    partitions, instances, standby_replicas = 2, 1, 0
+    state = "RUNNING"
+
+    def query(self, store, key):
+        if store != "counts":
+            raise StatekitError(f"app 'fake' has no store {store!r} (stores: counts)")
+        return {"kafka": 3}.get(key)
+
+    def key_owner(self, store, key):
+        return type("Owner", (), {"task": 1, "instance": 0, "role": "active"})()
+
+    def query_range(self, store, lo, hi):
+        return [("a", 1), ("b", 2)]
+
+    def query_all(self, store):
+        return pd.DataFrame({"key": ["a", "b"], "value": [1, 2]})
+
+    def lag(self):
+        return pd.DataFrame([{"task": 0, "lag": 0}])
+
+    def crash(self, mode, instance=None, after_records=None, timeout=60):
+        raise StatekitError("instance 7 does not exist (instances: 0..0)")
+
+
+@pytest.fixture
+def ip():
+    from IPython.testing.globalipapp import get_ipython
+
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "kernel_ext")
+    import kernel_ext
+
+    sess = kernel_ext.session()
+    sess.apps["fake"] = FakeApp()
+    sess._ensure_up = lambda spark=False: None
+    yield shell
+    sess.apps.clear()
+
+
+def test_query_prints_value_and_owner(ip, capsys):
+    ip.run_line_magic("statekit", "query fake counts kafka")
+    out = capsys.readouterr().out
+    assert "counts['kafka'] = 3" in out and "task 1" in out
+
+
+def test_range_and_all_return_frames(ip):
+    df = ip.run_line_magic("statekit", "query fake counts --range a z")
+    assert list(df["key"]) == ["a", "b"]
+    assert len(ip.run_line_magic("statekit", "query fake counts --all --limit 1")) == 1
+    assert list(ip.run_line_magic("statekit", "lag fake")["lag"]) == [0]
+
+
+@pytest.mark.parametrize("line,expect", [
+    ("query fake nostore k", "%statekit query: app 'fake' has no store 'nostore'"),
+    ("query ghost counts k", "no app named 'ghost'"),
+    ("crash fake --instance 7", "%statekit crash: instance 7 does not exist"),
+    ("crash fake --mode nope", "invalid choice"),
+    ("frobnicate", "unknown subcommand"),
+    ("query fake counts 1.5 --key-type int", "not a whole number"),
+])
+def test_errors_are_one_red_line(ip, capsys, line, expect):
+    assert ip.run_line_magic("statekit", line) is None
+    cap = capsys.readouterr()
+    lines = [ln for ln in cap.err.splitlines() if ln.strip()]
+    assert len(lines) == 1, cap.err
+    assert expect in lines[0] and "Traceback" not in cap.err and "\x1b[31m" in lines[0]
+
+
+def test_app_cell_mistake_is_one_line(ip, capsys):
+    ip.run_cell_magic("statekit", "app broken --partitions 2", "x = 1\napp.stream('t').no_such_step()\n")
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "line 2" in err and "AttributeError" in err
+    assert "broken" not in __import__("kernel_ext").session().apps
+
+
+def test_app_cell_defines_an_app(ip, capsys):
+    ip.run_cell_magic("statekit", "app good --partitions 3",
+                      "app.stream('words', value_serde='json').group_by_key().count(store='counts')\n")
+    import kernel_ext
+
+    app = kernel_ext.session().apps["good"]
+    assert app.partitions == 3 and ip.user_ns["app"] is app
+    assert "app 'good' defined: 3 task(s)" in capsys.readouterr().out
+
+
+def test_help_prints_usage(ip, capsys):
+    ip.run_line_magic("statekit", "crash --help")
+    out = capsys.readouterr().out
+    assert "usage: %statekit crash" in out and "--mode" in out
