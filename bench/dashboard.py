@@ -32,8 +32,8 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=20_000, help="records per phase")
-    ap.add_argument("--rounds", type=int, default=3, help="phases of each kind")
+    ap.add_argument("--records", type=int, default=40_000, help="records per phase")
+    ap.add_argument("--rounds", type=int, default=4, help="phases of each kind")
     ap.add_argument("--partitions", type=int, default=2)
     a = ap.parse_args(argv)
 

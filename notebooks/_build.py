@@ -256,7 +256,7 @@ k.close()
     md("Small micro-batches (`--max-records 80`) mean many commits: many changelog records per key."),
     code("""
 %statekit start temps --max-records 80
-app.process_all_available()
+app.process_all_available();
 """),
     md("""
 The cleaner runs on its own (every second, on logs that are dirty enough); ask for one more pass
@@ -333,10 +333,11 @@ NOTEBOOKS["04_cache_and_commit_interval"] = [
 The **record cache** absorbs repeated writes of a key between commits: with a cache, a hot word
 counted 300 times in a batch writes *one* changelog record at commit; without it, every update goes
 to the changelog. The **commit interval** decides how often caches flush. Here the same input runs
-through three configurations and we count the changelog records each one wrote.
+through three configurations (no cache; a cache with a commit after every micro-batch; a cache
+with a commit at most every 5 seconds) and we count the changelog records each one wrote.
 """),
     SETUP,
-    code("%statekit produce words --from ../sample_data/words.jsonl --wait"),
+    code("%statekit produce words --generator words --limit 1000 --wait"),
     code("""
 import time
 import pandas as pd
@@ -349,7 +350,7 @@ def run(name, cache_bytes, commit_interval):
     a = statekit.App(name, partitions=2, cache_bytes=cache_bytes, commit_interval=commit_interval)
     a.stream("words", value_serde="json").group_by_key().count(store="counts")
     t0 = time.monotonic()
-    a.start(max_records_per_trigger=500)
+    a.start(max_records_per_trigger=250)
     a.process_all_available()
     seconds = time.monotonic() - t0
     k = Kafka()
@@ -364,7 +365,7 @@ def run(name, cache_bytes, commit_interval):
     code("""
 run("nocache", 0, None)
 run("cache", 10 << 20, None)
-run("cache-2s", 10 << 20, 2.0)
+run("cache, commit every 5 s", 10 << 20, 5.0)
 df = pd.DataFrame(results).set_index("config")
 df
 """),
@@ -373,7 +374,7 @@ import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(5.5, 2.6))
 ax.bar(df.index, df["changelog records"], color=["#C44E52", "#4C72B0", "#55A868"])
 ax.set_ylabel("changelog records")
-ax.set_title("changelog traffic for 2,000 input records", loc="left", fontsize=10)
+ax.set_title("changelog records written for 1,000 input records", loc="left", fontsize=10)
 for s in ("top", "right"):
     ax.spines[s].set_visible(False)
 plt.show()
@@ -421,8 +422,14 @@ the first micro-batch after the restart, so more clicks arrive.
 %statekit restart pages --no-watch
 %statekit produce clicks --generator clicks --seed 5 --limit 200 --wait
 app.process_all_available()
-rs = app.restore_summary()
-rs[rs["generation"] == rs["generation"].max()]
+opened = app.events_frame(types="task_opened")
+opened = opened[opened["generation"] == opened["generation"].max()].drop_duplicates("task")
+opened[["task", "instance", "replayed_from", "last_batch", "open_ms"]]
+"""),
+    md("""
+The promoted tasks opened on instance 1 from the standby copies (their checkpoints), with nothing or
+almost nothing to replay; without standbys they would have restored their whole changelogs from
+scratch (notebook 02). Instance 1 now runs every task; the standbys are back on instance 0.
 """),
     code("%statekit lag pages"),
     code("""
@@ -460,7 +467,7 @@ from statekit.topology import tumbling
 """),
     code("""
 %statekit start windows
-app.process_all_available()
+app.process_all_available();
 """),
     code("""
 from collections import Counter
@@ -485,9 +492,21 @@ print("OK")
 """),
     code("""
 import pandas as pd
-per_window = pd.Series({w: n for (u, w), n in expected.items()}).groupby(level=0).sum()
-ax = (per_window.rename(lambda ms: pd.Timestamp(ms, unit="ms").strftime("%H:%M:%S"))
-      .plot.bar(figsize=(6, 2.4), color="#4C72B0", title="clicks per one-second window"))
+per_window = Counter()
+for (u, w), n in actual.items():
+    per_window[w] += n
+series = pd.Series(per_window).sort_index()
+series.index = [pd.Timestamp(ms, unit="ms").strftime("%H:%M:%S") for ms in series.index]
+ax = series.plot.bar(figsize=(6, 2.4), color="#4C72B0", rot=0)
+ax.set_title("clicks per one-second window (sum over users, from the window store)", loc="left", fontsize=10)
+for s in ("top", "right"):
+    ax.spines[s].set_visible(False)
+"""),
+    code("""
+top = max(users, key=lambda u: sum(n for (x, _), n in actual.items() if x == u))
+print(f"windows of the busiest user, {top}:")
+for start, n in app.query_window("per-second", top, t_lo, t_hi):
+    print(f"  {pd.Timestamp(start, unit='ms'):%H:%M:%S}  {n} clicks")
 """),
     code("%statekit stop windows"),
     DOWN,
@@ -511,7 +530,7 @@ shuffle uses (Kafka's murmur2), and the task's RocksDB is read through a seconda
 """),
     code("""
 %statekit start iq
-app.process_all_available()
+app.process_all_available();
 """),
     code("""
 owner = app.key_owner("counts", "record")

@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from typing import Any, Callable, Optional
 
 from statekit.errors import (
@@ -84,7 +83,31 @@ def _norm_progress(p) -> dict:
 
 
 class App:
-    """A stateful stream-processing application (the Kafka Streams ``KafkaStreams`` object)."""
+    """A stateful stream-processing application (the Kafka Streams ``KafkaStreams`` object).
+
+    ``engine``: ``"changelog"`` (default: statekit's RocksDB stores + changelog topics, run on Spark),
+    ``"local"`` (the same stores and protocol, micro-batches in a worker subprocess, no Spark), or
+    ``"spark"`` (Spark's own RocksDB state store: returns a ``statekit.engine.spark_native.NativeApp``,
+    which has no instances or standby replicas)."""
+
+    def __new__(cls, *args, **kwargs):
+        import inspect
+
+        if cls is App:
+            try:
+                bound = inspect.signature(App.__init__).bind(None, *args, **kwargs)
+            except TypeError:
+                return super().__new__(cls)
+            a = bound.arguments
+            if a.get("engine") == "spark":
+                if a.get("instances", 1) != 1 or a.get("standby_replicas", 0) != 0:
+                    raise StatekitError("engine='spark' (Spark's own state store) runs one instance "
+                                        "without standby replicas; use engine='changelog' for those")
+                from statekit.engine.spark_native import NativeApp
+
+                kw = {k: a[k] for k in ("bootstrap", "partitions", "state_dir") if k in a}
+                return NativeApp(a["name"], **kw)
+        return super().__new__(cls)
 
     def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: int = 4,
                  instances: int = 1, standby_replicas: int = 0, state_dir: Optional[str] = None,
@@ -171,7 +194,10 @@ class App:
     def describe(self):
         """The topology graph (nodes and edges): ``Plan.describe()``."""
         plan = self.plan or self._compile()
-        return plan.describe()
+        try:
+            return plan.describe(self.name)
+        except TypeError:
+            return plan.describe()
 
     def _compile(self):
         try:
@@ -240,13 +266,8 @@ class App:
             from statekit.runtime.local_query import LocalStreamingEngine
 
             self._engine = LocalStreamingEngine()
-        elif e == "spark":
-            try:
-                from statekit.engine.spark_native import SparkNativeEngine
-            except ImportError:
-                raise StatekitError("engine 'spark' (Spark's own state store) is not available in "
-                                    "this build; use engine='changelog'") from None
-            self._engine = SparkNativeEngine()
+        elif e == "spark":  # App(engine="spark") is a NativeApp (see __new__); not reached
+            raise StatekitError("engine 'spark' is served by statekit.engine.spark_native.NativeApp")
         return self._engine
 
     def _spark_engine(self) -> bool:
@@ -439,6 +460,9 @@ class App:
                 self._close_helpers()
                 return
             if self.state == AppState.NOT_RUNNING:
+                if self._standbys is not None:
+                    self._standbys.stop_all()
+                self._close_router()
                 self._close_helpers()
                 return
             self._stopping = True
@@ -460,6 +484,34 @@ class App:
     def close(self) -> None:
         """stop() and release every client (event reader, Kafka connection)."""
         self.stop()
+
+    def reset(self, topics: bool = True) -> dict:
+        """Forget everything this application did (like ``kafka-streams-application-reset``): delete
+        its state directories, engine checkpoint and control files and, with ``topics``, its
+        changelog and events topics. The app must not run. Input and output topics are left alone."""
+        import shutil
+
+        with self._lock:
+            if self.state.is_running() or self.state == AppState.PENDING_SHUTDOWN:
+                raise AppStateError(f"app '{self.name}' is {self.state}: stop() it before reset()")
+            deleted_topics = []
+            if topics:
+                plan = self.plan or self._compile()
+                names = [self.changelog_topic(s.name) for s in plan.stores]
+                names.append(self.changelog_topic("_task"))
+                names.append(self.events_topic)
+                for t in names:
+                    try:
+                        if self.kafka.delete_topic(t, missing_ok=True):
+                            deleted_topics.append(t)
+                    except StatekitError:
+                        raise
+                    except Exception as exc:
+                        log.info("could not delete %s: %s", t, exc)
+                self._close_helpers()
+            shutil.rmtree(self.layout.root, ignore_errors=True)
+            self.assignment = None
+            return {"state_dir": self.layout.root, "topics": deleted_topics}
 
     def _close_helpers(self) -> None:
         self._stop_events()
@@ -589,6 +641,14 @@ class App:
             self._apply_crash(crash)
             err = StatekitError(f"instance {crash['instance']} crashed ({crash['mode']}) "
                                 f"{self._crash_where(crash)}; restart() to recover")
+        elif exc is None and self._finite_trigger():
+            # trigger "once" / "availableNow": the query ends when the input available at start
+            # is processed
+            self._life.transition(AppState.PENDING_SHUTDOWN, "the query finished", strict=False)
+            if self._standbys is not None:
+                self._standbys.stop_all()
+            self._life.transition(AppState.NOT_RUNNING, "the query finished", strict=False)
+            return
         elif exc is None:
             err = StatekitError("the query stopped on its own; restart() to run it again")
         else:
@@ -599,6 +659,10 @@ class App:
                 time.sleep(0.05)
             err = self._one_line(exc)
         self._fail(err)
+
+    def _finite_trigger(self) -> bool:
+        t = (self._run_opts or {}).get("trigger")
+        return isinstance(t, str) and t.replace("_", "").lower() in ("availablenow", "available", "once")
 
     @staticmethod
     def _crash_where(crash: dict) -> str:
@@ -624,6 +688,8 @@ class App:
         """
         if mode not in ("process", "disk-loss"):
             raise StatekitError(f"unknown crash mode {mode!r}; use 'process' or 'disk-loss'")
+        if point not in crash_mod.POINTS:
+            raise StatekitError(f"unknown crash point {point!r}; use one of {', '.join(crash_mod.POINTS)}")
         with self._lock:
             if instance is None:
                 instance = self._default_crash_instance()
@@ -756,6 +822,13 @@ class App:
 
         ``crash_during={"mode": ..., "instance": ..., "point": "mid_restore"}`` arms a crash
         directive for the new query before it starts (a crash during the restore itself)."""
+        if crash_during is not None:
+            cd = dict(crash_during)
+            if cd.get("mode", "process") not in ("process", "disk-loss"):
+                raise StatekitError(f"unknown crash mode {cd.get('mode')!r}; use 'process' or 'disk-loss'")
+            if cd.get("point", "mid_restore") not in crash_mod.POINTS:
+                raise StatekitError(f"unknown crash point {cd.get('point')!r}; use one of "
+                                    f"{', '.join(crash_mod.POINTS)}")
         with self._lock:
             if self.state in (AppState.RESTORING, AppState.RUNNING):
                 # restart of a live app: the hard way (as if the process was killed while idle)
@@ -821,27 +894,20 @@ class App:
             if timeout is None:
                 q.process_all_available()
             else:
-                box = {}
-
-                def run():
-                    try:
-                        q.process_all_available()
-                    except BaseException as e:  # noqa: BLE001
-                        box["e"] = e
-
-                th = threading.Thread(target=run, daemon=True)
-                th.start()
-                th.join(timeout)
-                if th.is_alive():
-                    return False
-                if "e" in box:
-                    raise box["e"]
+                q.process_all_available(timeout=timeout)
         except Exception as exc:
             err = exc
         if err is None and _active(q):
             if self.state == AppState.RESTORING:
                 self._life.transition(AppState.RUNNING, "caught up", strict=False)
             return True
+        if err is not None:
+            # a failure leaves the query inactive within moments; a timeout leaves it running
+            deadline = time.monotonic() + 5.0
+            while _active(q) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _active(q):
+                return False
         # the query died: let the monitor (or us) settle the state
         self._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
         if self.state == AppState.NOT_RUNNING:

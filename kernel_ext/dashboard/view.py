@@ -40,7 +40,7 @@ CSS = """
 table.sk { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
 table.sk th { text-align: right; font-weight: 600; color: #555; border-bottom: 1px solid #ccd; padding: 3px 7px; font-size: 11px; background: #fafbfd; white-space: nowrap; }
 table.sk td { text-align: right; padding: 2px 7px; border-bottom: 1px solid #eef0f3; font-size: 12px; }
-table.sk.kv { width: auto; min-width: 55%; }
+table.sk.kv { width: auto; min-width: 380px; }
 table.sk.kv td:nth-child(2) { font-weight: 600; }
 table.sk th:first-child, table.sk td:first-child, table.sk td.l, table.sk th.l { text-align: left; }
 table.sk tr.standby td { color: #667; font-style: italic; }
@@ -377,6 +377,7 @@ class DashboardView:
         self.root.add_class("statekit-dashboard")
         self._stopped = False
         self._last_lag_png = None
+        self._lag_chart = charts.LagChart()
         if topology is not None:
             self.set_topology(*topology)
 
@@ -423,9 +424,8 @@ class DashboardView:
         self.changelog.value = render_changelog(m)
         self.events.value = render_events(m)
         if charts_too:
-            fig = charts.lag_figure(m.lag_series(), m.lag_series(standby=True), width=5.4, height=2.5)
-            png = charts.to_png(fig, dpi=90)
-            if png != self._last_lag_png:
+            png = self._lag_chart.png(m.lag_series(), m.lag_series(standby=True))
+            if png is not None and png != self._last_lag_png:
                 self.lag.value = png
                 self._last_lag_png = png
         if m.restoring and self.tabs.selected_index != 0:

@@ -506,8 +506,7 @@ class LocalQuery:
 # -- the worker process --------------------------------------------------------------------------
 
 def _worker_batch(run, kafka, batch: int, ranges: dict):
-    from statekit.runtime.task_runner import run_task_batch
-
+    """Stage 1 (Plan.shuffle per record) and stage 2 (the task function per task), in this worker."""
     plan = run.plan
     index_of = {}
     for s in plan.sources:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from statekit.errors import StatekitError
 from statekit.partition import partition_for

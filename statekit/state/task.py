@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from statekit.errors import CorruptState, StatekitError, StateLocked
+from statekit.errors import CorruptState, StatekitError, StateLocked, UnknownTopic
 from statekit.state import checkpoint as ckpt
 from statekit.state.crash import CrashPlan, SimulatedCrash
 from statekit.state.restore import (BATCH_HEADER, MARKER_HEADER, MARKER_KEY, NO_BATCH,
@@ -134,6 +134,16 @@ class CommitInfo:
     records: dict  # store -> changelog records sent (markers excluded)
     offsets: dict  # store -> changelog offset after the marker
     ms: float
+
+
+def _armed(crash, point: str, batch: int) -> bool:
+    """Would ``crash.hit(point, batch)`` fire? (Its own plan, or the environment plan the
+    runtime's crash hooks forward to.)"""
+    for plan in (crash, getattr(crash, "env", None)):
+        armed = getattr(plan, "armed", None)
+        if armed is not None and armed(point, batch):
+            return True
+    return False
 
 
 def _build(specs, task_dir, sink, cache_bytes):
@@ -260,21 +270,31 @@ class TaskState:
             self.last_batch = int(meta.get("batch", NO_BATCH)) if trusted else NO_BATCH
             return
 
-        existing = self.kafka.topics()
         ends: dict[str, int] = {}
         begins: dict[str, int] = {}
         missing: list[str] = []
-        for spec in self.logged_specs:
-            t = self.topic(spec.name)
-            if t not in existing:
-                missing.append(spec.name)
-                continue
-            if existing[t] <= self.partition:
-                raise StatekitError(f"changelog {t} has {existing[t]} partition(s) but task "
-                                    f"{self.task_id} needs partition {self.partition}: the number "
-                                    f"of tasks changed; reset the application's state")
-            ends[spec.name] = self.kafka.end_offsets(t, [self.partition])[self.partition]
-            begins[spec.name] = self.kafka.begin_offsets(t, [self.partition])[self.partition]
+        present = [s.name for s in self.logged_specs]
+        # the common case, every changelog there: each (begin, end) offset pair in one pipelined
+        # round trip. A missing topic or partition answers UnknownTopic: then look (Metadata for
+        # this task's changelogs only) and ask again for the ones that exist.
+        try:
+            offs = self.kafka.offsets_many([self.topic(n) for n in present], self.partition)
+        except UnknownTopic:
+            existing = self.kafka.partition_counts(self.topic(n) for n in present)
+            present = []
+            for spec in self.logged_specs:
+                t = self.topic(spec.name)
+                if t not in existing:
+                    missing.append(spec.name)
+                    continue
+                if existing[t] <= self.partition:
+                    raise StatekitError(f"changelog {t} has {existing[t]} partition(s) but task "
+                                        f"{self.task_id} needs partition {self.partition}: the "
+                                        f"number of tasks changed; reset the application's state")
+                present.append(spec.name)
+            offs = self.kafka.offsets_many([self.topic(n) for n in present], self.partition)
+        for name in present:
+            begins[name], ends[name] = offs[self.topic(name)]
 
         # a store whose changelog lost its data while the trusted local copy has some: re-seed
         reseed: list[str] = []
@@ -343,6 +363,7 @@ class TaskState:
         lag = sum(max(0, p[2] - p[1]) for p in plan.values())
         if lag > 0:
             ckpt.remove(self.task_dir)  # from now on RocksDB's meta is the record of progress
+            cp = None  # (gone from disk: written again below)
             self.restore_metrics, task_batch = restore_stores(
                 self.db, self.kafka, self.partition, plan, listener=self.listener, crash=self.crash,
                 max_bytes=self.fetch_max_bytes, exclude=fresh)
@@ -368,7 +389,10 @@ class TaskState:
         meta = self.db.read_meta()
         self.last_batch = int(meta.get("batch", task_batch)) if meta else task_batch
         if meta and any(meta_key(n) in meta for n in names):
-            self._write_checkpoint(meta)
+            # unchanged (nothing restored, sealed, re-seeded or wiped): the file on disk already
+            # says exactly this, and rewriting it costs two fsyncs per open
+            if self._checkpoint_entries(meta) != cp:
+                self._write_checkpoint(meta)
 
     def _seal_dropped(self, task_batch: int) -> None:
         """Re-commit the keys of dropped changelog records. Log compaction keeps the *latest*
@@ -376,18 +400,24 @@ class TaskState:
         not commit) is later than the committed value it shadows: once the cleaner runs, that
         committed value would be gone from the log. So after a restore that dropped records, each
         such key gets its restored value (or a tombstone) again, closed by a marker at the task's
-        batch. (Window stores are not sealed: their changelog keys carry the window and their
-        values expire with retention anyway.)"""
+        batch. Window stores too: their changelog key is ``key + window_start``, so a crashed
+        attempt's record of a window shadows that window's committed value in the same way; their
+        restored values are read in changelog form (``TaskDB.changelog_items``). A window that has
+        expired locally gets a tombstone (a restore from scratch drops it by retention anyway)."""
         for spec in self.logged_specs:
             m = self.restore_metrics.get(spec.name)
-            if m is None or not m.dropped_keys or getattr(spec, "kind", "kv") != "kv":
+            if m is None or not m.dropped_keys:
                 continue
-            repairs = []
-            for key in sorted(m.dropped_keys):
-                if key is None or key == MARKER_KEY:
-                    continue
-                hit = next(iter(self.db.items(spec.name, key, key + b"\x00")), None)
-                repairs.append((key, hit[1] if hit is not None and hit[0] == key else None))
+            keys = sorted(k for k in m.dropped_keys if k is not None and k != MARKER_KEY)
+            if getattr(spec, "kind", "kv") == "window":
+                want = set(keys)
+                found = {k: v for k, v in self.db.changelog_items(spec.name) if k in want}
+                repairs = [(key, found.get(key)) for key in keys]
+            else:
+                repairs = []
+                for key in keys:
+                    hit = next(iter(self.db.items(spec.name, key, key + b"\x00")), None)
+                    repairs.append((key, hit[1] if hit is not None and hit[0] == key else None))
             last = self._send_store(spec.name, repairs, task_batch)
             self.db.write_batch_raw(spec.name, [], {meta_key(spec.name): {"offset": last + 1,
                                                                           "batch": task_batch}})
@@ -402,14 +432,8 @@ class TaskState:
 
     def _reseed(self, name: str, meta: dict, missing: bool) -> None:
         spec = next(s for s in self.logged_specs if s.name == name)
-        if getattr(spec, "kind", "kv") != "kv":
-            self._warn(f"task {self.application}/{self.task_id}: changelog {self.topic(name)} lost "
-                       f"its data; window store {name!r} keeps its local copy but cannot re-seed "
-                       f"the changelog (a later restore from scratch starts it empty)")
-            self._create_topic(spec)
-            self.db.write_batch_raw(name, [], {meta_key(name): {"offset": 0, "batch": int(meta.get("batch", NO_BATCH))}})
-            return
-        items = list(self.db.items(name))
+        # changelog form: for a window store, key + window_start without the segment prefix
+        items = list(self.db.changelog_items(name))
         self._warn(f"task {self.application}/{self.task_id}: changelog topic {self.topic(name)} "
                    f"{'is missing' if missing else 'was emptied'} but the local store {name!r} is "
                    f"intact; {'recreating it and ' if missing else ''}re-seeding it from the store "
@@ -419,20 +443,29 @@ class TaskState:
         last = self._send_store(name, items, batch)
         self.db.write_batch_raw(name, [], {meta_key(name): {"offset": last + 1, "batch": batch}})
 
-    def _send_store(self, name: str, records: list, batch: int) -> int:
+    @staticmethod
+    def _changelog_records(records: list, batch: int) -> list:
+        """A store's changelog records of one commit (header ``statekit.batch``) + its marker."""
         bh = [(BATCH_HEADER, str(batch).encode())]
         recs = [(k, v, bh) for k, v in records]
         recs.append((MARKER_KEY, json.dumps({"batch": batch}).encode(),
                      [(MARKER_HEADER, b"1"), (BATCH_HEADER, str(batch).encode())]))
-        return self.kafka.send(self.topic(name), self.partition, recs)
+        return recs
 
-    def _write_checkpoint(self, meta: dict) -> None:
+    def _send_store(self, name: str, records: list, batch: int) -> int:
+        return self.kafka.send(self.topic(name), self.partition,
+                               self._changelog_records(records, batch))
+
+    def _checkpoint_entries(self, meta: dict) -> dict:
         stores = {}
         for spec in self.logged_specs:
             m = meta.get(meta_key(spec.name))
             if m is not None and self.db.persistent(spec.name):
-                stores[spec.name] = {"changelog_offset": m["offset"], "batch": m["batch"]}
-        ckpt.write(self.task_dir, stores)
+                stores[spec.name] = ckpt.StoreCheckpoint(int(m["offset"]), int(m["batch"]))
+        return stores
+
+    def _write_checkpoint(self, meta: dict) -> None:
+        ckpt.write(self.task_dir, self._checkpoint_entries(meta))
 
     # -- processing ------------------------------------------------------------------------------
     def already_applied(self, batch_id: int) -> bool:
@@ -460,11 +493,24 @@ class TaskState:
             crash.hit("before_send", b)
             # 2. changelog records + one marker per store, acked
             offsets, counts = {}, {}
-            for i, spec in enumerate(self.logged_specs):
+            if (len(self.logged_specs) > 1 and not _armed(crash, "between_stores", b)
+                    and not _armed(crash, "mid_send", b)):
+                # every store's records + marker in flight at once, then every ack (a kill in
+                # between leaves any subset of the stores committed: restoration settles on the
+                # smallest committed batch, exactly as for a kill between sequential sends)
+                names = [spec.name for spec in self.logged_specs]
+                recs = {n: self.sink.take(n) for n in names}
+                lasts = self.kafka.send_many(
+                    [(self.topic(n), self.partition, self._changelog_records(recs[n], b))
+                     for n in names])
+                for n, last in zip(names, lasts):
+                    counts[n] = len(recs[n])
+                    offsets[n] = last + 1
+            for i, spec in enumerate(self.logged_specs if not offsets else ()):
                 if i:
                     crash.hit("between_stores", b)
                 recs = self.sink.take(spec.name)
-                if i == 0 and getattr(crash, "armed", None) and crash.armed("mid_send", b):
+                if i == 0 and _armed(crash, "mid_send", b):
                     # the damage a kill in the middle of the send leaves: part of the records, no marker
                     part = recs[: max(1, len(recs) // 2)] if recs else []
                     bh = [(BATCH_HEADER, str(b).encode())]

@@ -1,5 +1,7 @@
 """Every notebook of the tour runs top to bottom in a real Jupyter kernel (nbclient), prints OK in
-its reference-check cell(s) and shows no error output (no traceback, no red %statekit line)."""
+its reference-check cell(s) and shows no error output (no traceback, no red %statekit line), within
+the tour's budget of 3 minutes per notebook (STATEKIT_NOTEBOOK_BUDGET seconds to change it on a
+slow or shared machine)."""
 from __future__ import annotations
 
 import os
@@ -8,13 +10,13 @@ import pytest
 
 from statekit.demo import notebook_paths, run_notebook
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATHS = notebook_paths()
+BUDGET = float(os.environ.get("STATEKIT_NOTEBOOK_BUDGET", "180"))
 
 
-@pytest.mark.parametrize("path", PATHS, ids=[os.path.basename(p)[:2] for p in PATHS])
+@pytest.mark.parametrize("path", PATHS, ids=[os.path.basename(p).split(".")[0] for p in PATHS])
 def test_notebook_runs_and_checks_hold(path, tmp_path):
     r = run_notebook(path, out_dir=str(tmp_path / "build"), timeout=240, home=str(tmp_path / "home"))
     assert not r.errors, f"{r.name}: " + " | ".join(r.errors)
     assert r.ok_checks >= 1, f"{r.name}: the reference check did not print OK"
-    assert r.seconds < 180, f"{r.name} took {r.seconds:.0f} s (the tour promises < 3 min each)"
+    assert r.seconds < BUDGET, f"{r.name} took {r.seconds:.0f} s (budget {BUDGET:.0f} s)"

@@ -367,3 +367,65 @@ def test_memory_sink_output_survives_a_crash(shared_broker, kafka, tmp_path):
         assert last == reference(LINES)
     finally:
         app.stop()
+
+
+def test_stop_start_resumes_and_reset_forgets(shared_broker, kafka, tmp_path):
+    topic = unique("lines")
+    kafka.ensure_topic(topic, 2)
+    app = wordcount_app(shared_broker, tmp_path, topic, partitions=2, instances=2, standby_replicas=1)
+    try:
+        send_lines(kafka, topic, LINES[:3])
+        app.start()
+        assert app.process_all_available()
+        first = dict(app.assignment.active)
+        app.stop()
+        assert app.state == AppState.NOT_RUNNING
+        send_lines(kafka, topic, LINES[3:])
+        app.start()  # same checkpoint: continues where it stopped, same (sticky) assignment
+        assert app.process_all_available()
+        assert dict(app.assignment.active) == first
+        assert app.query_all("counts").set_index("key")["value"].to_dict() == reference(LINES)
+        app.stop()
+        with pytest.raises(statekit.errors.StatekitError):
+            app.restart(crash_during={"mode": "bogus"})
+        assert app.state == AppState.NOT_RUNNING
+        out = app.reset()
+        assert app.changelog_topic("counts") in out["topics"]
+        assert app.changelog_topic("counts") not in kafka.topics()
+        assert not (tmp_path / "st").exists()
+        app.start()  # from scratch: the whole topic once, not twice
+        assert app.process_all_available()
+        assert app.query_all("counts").set_index("key")["value"].to_dict() == reference(LINES)
+    finally:
+        app.stop()
+
+
+def test_engine_spark_is_spark_own_state_store(tmp_path):
+    from statekit.engine.spark_native import NativeApp
+
+    app = statekit.App("nat", bootstrap="127.0.0.1:1", partitions=2, state_dir=str(tmp_path), engine="spark")
+    assert isinstance(app, NativeApp)
+    with pytest.raises(statekit.errors.StatekitError) as ei:
+        statekit.App("nat2", instances=2, engine="spark")
+    one_line(ei.value)
+    with pytest.raises(statekit.errors.StatekitError):
+        statekit.App("nat3", engine="flink")
+
+
+def test_available_now_trigger_ends_in_not_running(shared_broker, kafka, tmp_path):
+    topic = unique("lines")
+    kafka.ensure_topic(topic, 2)
+    app = wordcount_app(shared_broker, tmp_path, topic, partitions=2)
+    try:
+        send_lines(kafka, topic, LINES[:4])
+        app.start(trigger="availableNow", max_records_per_trigger=2)
+        assert app.process_all_available(timeout=60)
+        assert app.wait_for_state(AppState.NOT_RUNNING, 10) == AppState.NOT_RUNNING
+        assert app.query_all("counts").set_index("key")["value"].to_dict() == reference(LINES[:4])
+        assert app.metrics()["batches"] == 2
+        send_lines(kafka, topic, LINES[4:])
+        app.start(trigger="availableNow")
+        assert app.process_all_available(timeout=60)
+        assert app.query_all("counts").set_index("key")["value"].to_dict() == reference(LINES)
+    finally:
+        app.stop()

@@ -90,3 +90,37 @@ def test_resolve_bootstrap(monkeypatch):
     monkeypatch.setenv("STATEKIT_BOOTSTRAP", "h:1")
     assert resolve_bootstrap("x:2") == "x:2"
     assert resolve_bootstrap() == "h:1"
+
+
+def test_pipelined_offsets_and_sends(kafka):
+    kafka.ensure_topic("kc-pipe-a", 2)
+    kafka.ensure_topic("kc-pipe-b", 2)
+    assert kafka.partition_counts(["kc-pipe-a", "kc-pipe-missing", "kc-pipe-b"]) == {
+        "kc-pipe-a": 2, "kc-pipe-b": 2}
+    assert kafka.partition_counts([]) == {}
+    # several topics' records in flight at once; each item keeps its order and its own offsets
+    lasts = kafka.send_many([("kc-pipe-a", 1, [(b"a%d" % i, b"%d" % i) for i in range(3)]),
+                             ("kc-pipe-b", 1, [(b"b", b"x", [("h", b"1")])]),
+                             ("kc-pipe-a", 0, [])])
+    assert lasts == [2, 0, -1]
+    lasts = kafka.send_many([("kc-pipe-b", 1, [(b"b%d" % i, None) for i in range(4)]),
+                             ("kc-pipe-a", 1, [(b"a9", b"9")])])
+    assert lasts == [4, 3]
+    assert [(r[2], r[3]) for ch in kafka.read("kc-pipe-a", 1) for r in ch.records] == [
+        (b"a0", b"0"), (b"a1", b"1"), (b"a2", b"2"), (b"a9", b"9")]
+    got = [r for ch in kafka.read("kc-pipe-b", 1) for r in ch.records]
+    assert [(r[0], r[2], r[3], r[4]) for r in got] == [(0, b"b", b"x", (("h", b"1"),))] + [
+        (i + 1, b"b%d" % i, None, ()) for i in range(4)]
+    kafka.delete_records("kc-pipe-b", 1, 2)
+    assert kafka.offsets_many(["kc-pipe-a", "kc-pipe-b"], 1) == {"kc-pipe-a": (0, 4),
+                                                                  "kc-pipe-b": (2, 5)}
+    assert kafka.offsets_many(["kc-pipe-a"], 0) == {"kc-pipe-a": (0, 0)}
+    with pytest.raises(UnknownTopic):
+        kafka.offsets_many(["kc-pipe-a", "kc-pipe-missing"], 1)
+    with pytest.raises(UnknownTopic):
+        kafka.offsets_many(["kc-pipe-a"], 5)  # no such partition
+    # the connection is still in step after the errors
+    assert kafka.offsets_many(["kc-pipe-b"], 1) == {"kc-pipe-b": (2, 5)}
+    with pytest.raises(UnknownTopic):
+        kafka.send_many([("kc-pipe-a", 1, [(b"z", b"z")]), ("kc-pipe-missing", 0, [(b"z", b"z")])])
+    assert kafka.end_offsets("kc-pipe-a", [1]) == {1: 4}

@@ -65,8 +65,13 @@ def make_stage1(plan, partitions: int):
     def stage1(frames):
         import pandas as pd
 
+        import os
+        import time as _time
+
         shuffle = plan.shuffle
+        trace = os.environ.get("STATEKIT_ENGINE_TRACE")
         for pdf in frames:
+            t0 = _time.perf_counter()
             if len(pdf) == 0:
                 continue
             cols = ([], [], [], [], [], [], [], [], [])
@@ -89,6 +94,12 @@ def make_stage1(plan, partitions: int):
                         seq += 1
             if not o_task:
                 continue
+            if trace:
+                import json
+
+                with open(trace, "a") as fh:
+                    fh.write(json.dumps({"stage": 1, "rows": len(pdf), "records": len(o_task),
+                                         "shuffle_s": round(_time.perf_counter() - t0, 3)}) + "\n")
             yield pd.DataFrame({
                 "task": pd.array(o_task, dtype="int32"),
                 "salt": pd.array([salt_of[t] for t in o_task], dtype="int32"),
@@ -108,10 +119,15 @@ def make_stage2(run: RunSpec):
     """Stage 2 (one Spark partition = one task): the task function over the sorted records."""
 
     def stage2(frames):
+        import os
+        import time as _time
+
         import pandas as pd
         from pyspark import TaskContext
 
+        t0 = _time.perf_counter()
         parts = [f for f in frames if len(f)]
+        t1 = _time.perf_counter()
         if not parts:
             return
         pdf = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
@@ -129,10 +145,21 @@ def make_stage2(run: RunSpec):
                            pdf["key"].tolist(), pdf["value"].tolist()))
         fn = run.resolve_task_fn()
         spec = run.task_spec if run.task_spec is not None else run
+        t2 = _time.perf_counter()
         out = fn(spec, pid, batch_id, records)
+        t3 = _time.perf_counter()
         if out:
             topics, keys, values = zip(*out)
             yield pd.DataFrame({"topic": list(topics), "key": list(keys), "value": list(values)})
+        trace = os.environ.get("STATEKIT_ENGINE_TRACE")
+        if trace:  # a debugging aid: where a task's time goes
+            import json
+
+            with open(trace, "a") as fh:
+                fh.write(json.dumps({"stage": 2, "task": pid, "batch": batch_id, "records": len(records),
+                                     "outputs": len(out or ()), "input_s": round(t1 - t0, 3),
+                                     "prepare_s": round(t2 - t1, 3), "task_s": round(t3 - t2, 3),
+                                     "emit_s": round(_time.perf_counter() - t3, 3)}) + "\n")
 
     return stage2
 

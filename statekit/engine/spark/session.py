@@ -170,11 +170,20 @@ def stop_session() -> None:
             except Exception:
                 pass
             proc = getattr(gw, "proc", None)
-            if proc is not None:
+            if proc is not None:  # the JVM exits when its stdin closes; reap it (no zombie)
+                try:
+                    if proc.stdin is not None:
+                        proc.stdin.close()
+                except Exception:
+                    pass
                 try:
                     proc.wait(timeout=20)
                 except Exception:
                     proc.kill()
+                    try:
+                        proc.wait(timeout=10)
+                    except Exception:
+                        pass
             SparkContext._gateway = None
             SparkContext._jvm = None
         eng = sys.modules.get("statekit.engine.spark.engine")

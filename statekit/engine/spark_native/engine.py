@@ -86,22 +86,25 @@ def native_session(min_deltas_for_snapshot: int = 10, maintenance_interval="60s"
 
 
 def local_dirs(spark=None) -> list:
-    """The local root dirs of the (live) session: spark.local.dir entries."""
-    dirs = []
+    """This application's own local root dirs (`<spark.local.dir>/spark-<uuid>`, asked from the
+    live JVM), where Spark keeps the RocksDB working dirs. Never a shared dir such as /tmp itself:
+    other Spark applications on the machine keep theirs there too."""
     if spark is not None:
         try:
-            raw = spark.sparkContext.getConf().get("spark.local.dir") or ""
-            dirs = [d for d in raw.split(",") if d]
+            sc = spark.sparkContext
+            roots = sc._jvm.org.apache.spark.util.Utils.getOrCreateLocalRootDirs(sc._jsc.sc().conf())
+            return [str(r) for r in roots]
         except Exception:
-            dirs = []
-    return dirs or [tempfile.gettempdir()]
+            pass
+    own = default_local_dir()
+    return [own] if os.path.isdir(own) else []
 
 
 def rocksdb_working_dirs(roots) -> list:
     """Spark's local RocksDB working dirs (`StateStoreId(...)` temp dirs) under the given roots."""
     out = []
     for root in roots:
-        for pat in ("StateStoreId*", "*/StateStoreId*", "spark-*/StateStoreId*"):
+        for pat in ("StateStoreId*", "spark-*/StateStoreId*"):
             out.extend(glob.glob(os.path.join(root, pat)))
     return sorted(set(p for p in out if os.path.isdir(p)))
 
@@ -175,15 +178,18 @@ def forget_dead_session() -> None:
             except Exception:
                 pass
     with SparkContext._lock:
+        sc = SparkContext._active_spark_context
+        if sc is not None:
+            sc._jsc = None  # holders of the old session (SparkEngine.session()) see it as stopped
+            try:
+                sc._accumulatorServer.shutdown()
+            except Exception:
+                pass
         SparkContext._active_spark_context = None
         SparkContext._gateway = None
         SparkContext._jvm = None
     SparkSession._instantiatedSession = None
     SparkSession._activeSession = None
-    try:
-        SparkSession._getActiveSessionIfMatches  # noqa: B018 - only on some versions
-    except AttributeError:
-        pass
     eng = sys.modules.get("statekit.engine.spark.engine")
     if eng is not None:
         eng._Listener._installed.clear()
@@ -421,6 +427,7 @@ def stop_native_session() -> None:
 
     stop_session()
     _RawListener.forget()
+    shutil.rmtree(default_local_dir(), ignore_errors=True)  # this process's spark.local.dir
 
 
 __all__ = ["SparkNativeEngine", "NativeQuery", "native_session", "native_conf", "kill_jvm",

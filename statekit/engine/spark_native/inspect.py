@@ -122,11 +122,11 @@ def read_store(spark, ckpt: str, plan, store: str, batch_id=None):
     decoded: columns key, value, partition (+ window_start for window stores)."""
     import pandas as pd
 
-    from statekit.engine.spark_native.translate import state_var
+    from statekit.engine.spark_native.translate import gkey_serde, state_var
     from statekit.topology.graph import resolve_serde
 
     spec = plan.store(store)
-    ks, vs = resolve_serde(spec.key_serde), resolve_serde(spec.value_serde)
+    ks, vs = resolve_serde(gkey_serde(plan, store)), resolve_serde(spec.value_serde)
     r = spark.read.format("statestore").option("stateVarName", state_var(store))
     if batch_id is not None:
         r = r.option("batchId", int(batch_id))

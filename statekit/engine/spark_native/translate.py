@@ -49,6 +49,20 @@ def store_layout(plan) -> list:
     return [(s.name, s.kind, s.key_serde, s.value_serde) for s in plan.stores]
 
 
+def gkey_serde(plan, store: str):
+    """The serde of the grouping-key bytes under which `store` lives: the key serde of the route
+    that reaches the node using the store (the store's own key serde for aggregations)."""
+    targets = {r.target: r for r in plan.routes}
+    for n in plan.nodes:
+        if any(s.name == store for s in n.stores):
+            m = n
+            while m is not None and m.name not in targets:
+                m = m.parent
+            if m is not None:
+                return targets[m.name].key_serde
+    return plan.store(store).key_serde
+
+
 # --- stage 1 -----------------------------------------------------------------------------------------
 
 def make_stage1(plan):
