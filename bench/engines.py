@@ -7,9 +7,9 @@ end, also on failure. The scenario is `statekit.engine.spark_native.compare.comp
 
 1. word count + 40 ms windowed click count over the same backlog, one engine at a time,
    `--per-trigger` records per micro-batch;
-2. more input, then the crash: the changelog engine's instance loses its disk (query aborted, state
-   dirs deleted), the Spark JVM is SIGKILLed while a native micro-batch runs and Spark's local
-   RocksDB working dirs are deleted;
+2. the crash: the changelog engine's instance loses its disk (query aborted, state dirs deleted);
+   more input arrives and the Spark JVM is SIGKILLed while a native micro-batch runs, Spark's local
+   RocksDB working dirs deleted;
 3. both restart and catch up; results checked against plain Python.
 
 Restore time is what each engine reports for loading its state, summed over tasks / state

@@ -85,9 +85,15 @@ class CachingStore(StoreBase):
         return merge_overlay([(k, e[k]) for k in keys], lower)
 
     def approximate_count(self) -> int:
-        """Below's count plus dirty new values (approximate: a dirty key may exist below too)."""
+        """Below's count, corrected by the dirty entries: a dirty value for a key below adds
+        nothing, a dirty tombstone of a key below removes one, a tombstone of an absent key
+        nothing. Exact when the layer below is (one point read below per dirty entry)."""
         e = self._entries
-        return self.inner.approximate_count() + sum(1 for k in self._dirty if e[k] is not None)
+        get = self._inner_get
+        n = self.inner.approximate_count()
+        for k in self._dirty:
+            n += (e[k] is not None) - (get(k) is not None)
+        return max(n, 0)
 
     # -- writes ----------------------------------------------------------------------------
     def put(self, key: bytes, value: Optional[bytes]) -> None:

@@ -57,9 +57,23 @@ class OverlayStore(StoreBase):
         return merge_overlay([(k, ov[k]) for k in keys], lower)
 
     def approximate_count(self) -> int:
+        """The committed count corrected by the pending writes: an overwrite adds nothing, a
+        delete of a key that was never committed removes nothing, a pending range delete removes
+        the committed keys it covers. Exact when the committed count is (memory stores; RocksDB's
+        own count is an estimate that may count an overwritten key twice until compaction)."""
         n = self._committed_count()
-        for v in self._ov.values():
-            n += 1 if v is not None else -1
+        ranged = self._ranges and self._deleted_by_range
+        ranges = self._ranges
+        for i, (lo, hi) in enumerate(ranges):
+            # committed keys under a pending range delete (each once: ranges may overlap)
+            earlier = ranges[:i]
+            for k, _ in self._committed_scan(lo, hi):
+                if not any(elo <= k and (ehi is None or k < ehi) for elo, ehi in earlier):
+                    n -= 1
+        cget = self._committed_get
+        for k, v in self._ov.items():
+            had = (not ranged or not ranged(k)) and cget(k) is not None
+            n += (v is not None) - had
         return max(n, 0)
 
     # -- writes (pending until commit) -----------------------------------------------------

@@ -25,9 +25,10 @@ def test_both_engines_equal_reference_with_and_without_crash(native_broker, nati
     k = Kafka(native_broker.bootstrap)
     _topics(k)
     chunks = H.make_chunks(7, 4, 40, 30)
-    native = NativeApp("wcnative", bootstrap=native_broker.bootstrap, partitions=2,
-                       state_dir=str(tmp_path / "native"), min_deltas_for_snapshot=2,
-                       maintenance_interval=1)
+    # statekit.App(engine="spark") is a NativeApp (default snapshot settings)
+    native = statekit.App("wcnative", bootstrap=native_broker.bootstrap, partitions=2,
+                          state_dir=str(tmp_path / "native"), engine="spark")
+    assert isinstance(native, NativeApp)
     H.build_topology(native)
     cl = statekit.App("wcchangelog", bootstrap=native_broker.bootstrap, partitions=2,
                       state_dir=str(tmp_path / "changelog"), engine="changelog")
@@ -49,11 +50,12 @@ def test_both_engines_equal_reference_with_and_without_crash(native_broker, nati
         assert native.metrics()["records_processed"] == len(H.read_topic(k, "lines")) + \
             len(H.read_topic(k, "clicks"))
 
-        # --- more input, then a crash of each engine mid-stream, restart, equal again
+        # --- a crash of each engine, more input, restart, equal again
+        # the changelog engine loses its instance's disk (idle: query aborted, state dirs deleted)
+        crec = cl.crash("disk-loss")
+        assert crec["deleted"], crec
         for c in chunks[2:]:
             H.produce(k, c)
-        # the changelog engine loses its instance's disk (its query aborted, state dirs deleted)
-        cl.crash("disk-loss")
         rec = native.crash(mode="jvm", during_batch=True)      # SIGKILL the JVM while a batch runs
         assert rec["pid"] and rec["wiped"]["dirs"] >= 1, rec   # RocksDB working dirs deleted
         lag = native.changelog_lag()
@@ -68,6 +70,7 @@ def test_both_engines_equal_reference_with_and_without_crash(native_broker, nati
         assert native.store_dict("pages") == want_pages
         assert H.as_dict(cl.query_all("counts")) == want_wc
         assert H.as_dict(cl.query_all("clicks-per-window")) == want_win
+        assert rec["batch_running"], rec                       # the JVM died mid-batch
         # the restart loaded every state partition from the checkpoint (Spark's own metrics)
         r = native.restore_report()
         assert r["rocksdbNumLoadedFromDfs"] == 2, r
@@ -92,6 +95,11 @@ def _replay_after_restart(bootstrap, kafka, tmp_path, name, min_deltas, chunks):
                     min_deltas_for_snapshot=min_deltas, maintenance_interval=1)
     app.stream(f"{name}-in").group_by_key().count(store="c")
     kafka.ensure_topic(f"{name}-in", 1)
+    from statekit.engine.spark_native.engine import native_session, unload_state_stores
+
+    # Spark starts its maintenance thread with the interval in force at the first store load of
+    # the JVM: unloading every store restarts it with this app's 1 s
+    unload_state_stores(native_session(min_deltas, maintenance_interval=1))
     try:
         app.start()
         for i, c in enumerate(chunks[:-1]):

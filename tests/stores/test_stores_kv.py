@@ -150,3 +150,59 @@ def test_typed_ranges_use_byte_order(make_task):
     for k in ["user:1", "user:2", "usr", "user"]:
         p.put(k, 1)
     assert [k for k, _ in p.prefix_scan("user:")] == ["user:1", "user:2"]
+
+
+def test_approximate_count_with_dirty_and_pending_writes(make_task):
+    """Exact on the memory backend (its committed count is exact) whatever the cache and the
+    overlay hold: overwrites, deletes of committed keys, deletes of keys never written."""
+    from statekit.stores import StoreSpec
+
+    stores, db, _ = make_task(StoreSpec("c", backend="memory", key_serde="bytes",
+                                        value_serde="bytes"),
+                              StoreSpec("n", backend="memory", key_serde="bytes",
+                                        value_serde="bytes", caching=False))
+    for name in ("c", "n"):
+        s = stores[name]
+        for i in range(10):
+            s.put(b"k%d" % i, b"v")
+    db.flush()
+    db.commit()
+    for name in ("c", "n"):
+        s = stores[name]
+        assert s.approximate_count() == 10
+        s.put(b"k1", b"w")          # overwrite of a committed key
+        s.delete(b"k2")             # delete of a committed key
+        s.delete(b"nope")           # delete of a key never written
+        s.put(b"new", b"x")         # a new key
+        s.put(b"new2", b"x")
+        s.delete(b"new2")           # new, then deleted again
+        assert s.approximate_count() == len(list(s.all())) == 10, name
+    db.flush()                      # cache entries -> overlay (pending, not committed)
+    for name in ("c", "n"):
+        assert stores[name].approximate_count() == len(list(stores[name].all())) == 10
+        stores[name].delete(b"k3")
+        assert stores[name].approximate_count() == 9
+    db.flush()
+    db.commit()
+    for name in ("c", "n"):
+        assert stores[name].approximate_count() == len(list(stores[name].all())) == 9
+
+
+def test_approximate_count_with_a_pending_segment_drop(make_task):
+    from statekit.stores import StoreSpec
+
+    stores, db, _ = make_task(StoreSpec("w", kind="window", backend="memory", retention_ms=10_000,
+                                        segment_ms=5_000))
+    w = stores["w"]
+    for ws in range(0, 10_000, 1000):
+        w.put("a", ws, ws)
+        w.put("b", ws, ws)
+    db.flush()
+    db.commit()
+    assert w.approximate_count() == 20
+    w.put("a", 1, 30_000)   # stream time 30 s: segments 0 and 1 are dropped (pending)
+    assert w.approximate_count() == len(list(w.all())) == 1
+    db.flush()
+    assert w.approximate_count() == 1
+    db.commit()
+    assert w.approximate_count() == 1

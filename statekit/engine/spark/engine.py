@@ -8,7 +8,12 @@
     stage 2    mapInPandas: the records of task p, sorted by (timestamp, source_index, src_partition,
                offset, seq), go to task_fn(spec, p, batch_id, records) (the runtime's
                run_task_batch); batch_id is the micro-batch id Spark replays after a failure
-    sink       (topic, key, value) rows -> Kafka (statekit-kafka writer) | memory table | nothing
+    sink       (topic, key, value) rows -> Kafka (statekit-kafka writer) | a statekit memory table
+               (foreachBatch keyed by batch id, restartable; `SparkEngine.output(run)`) | nothing
+
+`RunningQuery` wraps the StreamingQuery; errors come out as one-line `StatekitError`s. Progress can
+be forwarded live to a callback (`start(run, on_progress=fn)`, dicts from `progress_dict`).
+Set STATEKIT_ENGINE_TRACE=/path.jsonl to have workers log per-stage timings.
 
 `records` handed to the task function: the `(route, source_partition, offset, timestamp_ms,
 key_pickle, value_pickle)` tuples `Plan.shuffle` made, in that order; it returns

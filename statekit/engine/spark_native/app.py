@@ -26,7 +26,7 @@ from statekit.errors import StatekitError
 class NativeApp:
     def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: int = 2,
                  state_dir: Optional[str] = None, min_deltas_for_snapshot: int = 10,
-                 maintenance_interval="60s", mode: str = "tws"):
+                 maintenance_interval=None, mode: str = "tws"):
         if not name or any(c in name for c in "/\\ "):
             raise StatekitError(f"app name {name!r} must be a non-empty word")
         from statekit.engine.spark_native.engine import SparkNativeEngine
@@ -116,8 +116,20 @@ class NativeApp:
         self.close()
 
     def crash(self, mode: str = "jvm", during_batch: bool = True, wipe_local: bool = True,
-              timeout: float = 30.0) -> dict:
-        """Kill the query's state for real (see SparkNativeEngine.crash); restart() recovers."""
+              timeout: float = 30.0, instance: Optional[int] = None, **_ignored) -> dict:
+        """Kill the query's state for real (see SparkNativeEngine.crash); restart() recovers.
+
+        mode: "jvm" (SIGKILL the Spark JVM, delete Spark's local RocksDB working dirs), "query"
+        (abort the query + unload the state stores + delete the working dirs, same JVM), or the
+        App's names: "disk-loss" = "jvm"; "process" = "jvm" keeping the local dirs (a new JVM
+        never reuses them: the restore work is the same). `instance` must be None or 0 (one
+        instance); the App's other arguments (after_records, point, wait) are ignored."""
+        if instance not in (None, 0):
+            raise StatekitError(f"instance {instance} does not exist: the spark engine runs one instance")
+        if mode == "disk-loss":
+            mode = "jvm"
+        elif mode == "process":
+            mode, wipe_local = "jvm", False
         q = self.query
         if q is None:
             raise StatekitError(f"native app '{self.name}' is not running")
@@ -130,7 +142,7 @@ class NativeApp:
         self.crashes.append(rec)
         return rec
 
-    def restart(self) -> dict:
+    def restart(self, timeout: Optional[float] = None, wait: bool = False, **_ignored) -> dict:
         """Start a new query from the same checkpoint (a new JVM after a jvm crash)."""
         if self.run is None:
             raise StatekitError(f"native app '{self.name}' was never started; use start()")
@@ -141,6 +153,27 @@ class NativeApp:
         rec = {"generation": self.generation, "at": t, "start_s": time.time() - t}
         self.restarts.append(rec)
         return rec
+
+    @property
+    def state(self) -> str:
+        """RUNNING (a query is active), ERROR (the last query died or was crashed), NOT_RUNNING,
+        or CREATED."""
+        if self.query is not None:
+            if self.query.is_active:
+                return "RUNNING"
+            return "ERROR"
+        if self.crashes and self.crashes[-1].get("generation") == self.generation:
+            return "ERROR"
+        return "CREATED" if self.run is None else "NOT_RUNNING"
+
+    def describe(self):
+        return (self.plan or self.builder.compile()).describe(self.name)
+
+    def wait_until_idle(self, timeout: float = 60) -> bool:
+        try:
+            return self.process_all_available(timeout=timeout)
+        except StatekitError:
+            return False
 
     def process_all_available(self, timeout: Optional[float] = None) -> bool:
         if self.query is None:
@@ -241,8 +274,15 @@ class NativeApp:
 
         pdf = self.engine.output(self.run)
         rows = []
+        from statekit.engine.spark_native.translate import gkey_serde
+        from statekit.topology.graph import resolve_serde
+
+        sinks = set(self.plan.sink_topics)
         for batch, topic, kb, vb in zip(pdf["batch"], pdf["topic"], pdf["key"], pdf["value"]):
-            ks, vs = self.plan.sink_serdes(topic)
+            if topic in sinks:
+                ks, vs = self.plan.sink_serdes(topic)
+            else:  # mode="groupby": rows are (store, key, count)
+                ks, vs = resolve_serde(gkey_serde(self.plan, topic)), resolve_serde("int64")
             rows.append((int(batch), topic, None if kb is None else ks.from_bytes(bytes(kb)),
                          None if vb is None else vs.from_bytes(bytes(vb))))
         return pd.DataFrame(rows, columns=["batch", "topic", "key", "value"])

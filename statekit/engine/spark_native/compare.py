@@ -10,10 +10,10 @@ bench/engines.py and notebooks/09_two_engines.ipynb.
 The scenario, on the same topics:
 1. both engines process the same backlog (word count + 40 ms windowed click count), one engine at
    a time (they share 2 cores), with `max_records_per_trigger` records per micro-batch;
-2. more input arrives, then the crash: the changelog engine's instance loses its disk (query
-   aborted, state dirs deleted: it restores from its changelog topics), and the Spark JVM is
-   SIGKILLed while a native micro-batch runs, with Spark's local RocksDB working dirs deleted (it
-   restores from the checkpoint: latest snapshot + changelog files);
+2. the crash: the changelog engine's instance loses its disk (query aborted, state dirs deleted:
+   it restores from its changelog topics); more input arrives and the Spark JVM is SIGKILLed while
+   a native micro-batch runs, with Spark's local RocksDB working dirs deleted (it restores from
+   the checkpoint: latest snapshot + changelog files);
 3. both restart (a new JVM) and catch up; results are checked against plain Python.
 
 Restore time = the state loading each engine reports itself, summed over tasks/partitions: the
@@ -159,12 +159,13 @@ def compare_engines(bootstrap: str, broker_dir: str, work_dir: str, chunks: int 
         res["native"]["steady_records_per_s"] = _steady(native.progress())
         res["changelog"]["steady_records_per_s"] = _steady(list(cl._progress.values()))
         time.sleep(max(1.5, float(maintenance_interval) * 1.5 if isinstance(maintenance_interval, (int, float)) else 1.5))
-        # 2. more input, then the crash
+        # 2. the crash: the changelog engine's instance loses its disk (idle: its query is aborted
+        # and its state dirs deleted at once); more input arrives; the JVM dies mid-batch
+        crec = cl.crash("disk-loss")
+        res["crash"] = {"changelog": {kk: crec.get(kk) for kk in ("mode", "instance", "status")}}
+        res["changelog"]["wiped_files"] = len(crec.get("deleted") or [])
         for c in data[chunks:]:
             produce(k, c)
-        res["crash"] = {"changelog": {kk: v for kk, v in cl.crash("disk-loss").items()
-                                      if kk in ("mode", "instance", "deleted")}}
-        res["changelog"]["wiped_files"] = len(res["crash"]["changelog"].get("deleted") or [])
         lag = native.changelog_lag()
         rec = native.crash(mode="jvm", during_batch=True)
         lag_after = native.changelog_lag()
@@ -172,7 +173,7 @@ def compare_engines(bootstrap: str, broker_dir: str, work_dir: str, chunks: int 
                                   "last_batch_id": rec["last_batch_id"],
                                   "wiped_dirs": rec["wiped"]["dirs"], "wiped_bytes": rec["wiped"]["bytes"]}
         res["native"]["changelog_lag_at_crash"] = lag_after
-        say(f"crash: changelog instance disk lost; Spark JVM {rec['pid']} killed "
+        say(f"crash: changelog instance disk lost ({res['changelog']['wiped_files']} paths deleted); Spark JVM {rec['pid']} killed "
             f"({'mid-batch' if rec['batch_running'] else 'idle'}), {rec['wiped']['dirs']} RocksDB dirs deleted")
         _ = lag
         # 3. restart both
@@ -184,7 +185,9 @@ def compare_engines(bootstrap: str, broker_dir: str, work_dir: str, chunks: int 
         cl.restart()
         cl.process_all_available(timeout)
         res["changelog"]["restart_to_caught_up_s"] = time.time() - t
-        time.sleep(0.5)   # restore_end events trail a little
+        deadline = time.monotonic() + 10   # restore_end events trail the batch a little
+        while time.monotonic() < deadline and len(cl.restore_summary()) == 0:
+            time.sleep(0.2)
         rr = native.restore_report()
         res["native"].update(
             restore_s=(rr.get("rocksdbLoadLatencyMs") or 0) / 1000.0,

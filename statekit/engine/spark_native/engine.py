@@ -1,6 +1,6 @@
 """`SparkNativeEngine`: the same `RunSpec` as `SparkEngine`, state in Spark's RocksDB state store.
 
-    SparkNativeEngine(min_deltas_for_snapshot=10, maintenance_interval="60s").start(run) -> NativeQuery
+    SparkNativeEngine(min_deltas_for_snapshot=10, maintenance_interval=None).start(run) -> NativeQuery
 
 Spark settings it applies (SQL confs, set before every start):
 
@@ -53,13 +53,17 @@ def _interval(v) -> str:
     return str(v)
 
 
-def native_conf(min_deltas_for_snapshot: int = 10, maintenance_interval="60s") -> dict:
-    return {
+def native_conf(min_deltas_for_snapshot: int = 10, maintenance_interval=None) -> dict:
+    """The SQL confs of the native engine; `maintenance_interval` None leaves the session's value
+    (Spark's default: 60 s)."""
+    conf = {
         CONF_PROVIDER: PROVIDER,
         CONF_CHANGELOG: "true",
         CONF_MIN_DELTAS: str(int(min_deltas_for_snapshot)),
-        CONF_MAINTENANCE: _interval(maintenance_interval),
     }
+    if maintenance_interval is not None:
+        conf[CONF_MAINTENANCE] = _interval(maintenance_interval)
+    return conf
 
 
 def default_local_dir() -> str:
@@ -67,7 +71,7 @@ def default_local_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"statekit-spark-local-{os.getuid()}", str(os.getpid()))
 
 
-def native_session(min_deltas_for_snapshot: int = 10, maintenance_interval="60s", local_dir=None):
+def native_session(min_deltas_for_snapshot: int = 10, maintenance_interval=None, local_dir=None):
     """The active SparkSession, or a new one with the native state store settings and a
     statekit-owned spark.local.dir (so the RocksDB working dirs can be found and deleted)."""
     from pyspark.sql import SparkSession
@@ -257,10 +261,11 @@ class NativeQuery(RunningQuery):
 
 class SparkNativeEngine(SparkEngine):
     """`start(run)` runs the plan with Spark's RocksDB state store (see translate.py). Parameters:
-    `min_deltas_for_snapshot`, `maintenance_interval` (seconds or "5s"); `run.extra["native"]` may
+    `min_deltas_for_snapshot`, `maintenance_interval` (seconds or "5s"; None = the session's);
+    `run.extra["native"]` may
     override both per run, and `{"mode": "groupby"}` runs a plain count as groupBy().count()."""
 
-    def __init__(self, spark=None, min_deltas_for_snapshot: int = 10, maintenance_interval="60s",
+    def __init__(self, spark=None, min_deltas_for_snapshot: int = 10, maintenance_interval=None,
                  mode: str = "tws"):
         super().__init__(spark)
         self.min_deltas_for_snapshot = int(min_deltas_for_snapshot)
@@ -303,11 +308,49 @@ class SparkNativeEngine(SparkEngine):
 
     def start(self, run: RunSpec, on_progress=None) -> NativeQuery:
         self.session(run)
-        rq = super().start(run, on_progress=on_progress)
+        if self._opts(run)["mode"] == "groupby":
+            rq = self._start_update(run, on_progress)
+        else:
+            rq = super().start(run, on_progress=on_progress)
         q = NativeQuery(rq.spark, rq.query, run, self)
         _RawListener.subscribe(rq.spark, q)
         return q
 
+
+    def _start_update(self, run: RunSpec, on_progress=None) -> RunningQuery:
+        """groupBy().count() needs outputMode "update"; memory or no sink."""
+        from statekit.engine.spark.engine import _apply_trigger, _Listener
+
+        spark = self.session(run)
+        spark.conf.set("spark.sql.shuffle.partitions", str(run.partitions))
+        name = run.query_name or run.app
+        try:
+            out = self.build(run)
+        except StatekitError:
+            raise
+        except Exception as e:
+            raise one_line(e, f"cannot build {name}") from None
+        w = out.writeStream.queryName(name).option("checkpointLocation", run.checkpoint_dir)
+        if run.sink == "memory":
+            from statekit.engine.spark.sink import memory_table_obj
+
+            table = memory_table_obj(self.memory_table_name(run))
+
+            def write(batch_df, batch_id):
+                table.put(batch_id, batch_df.toPandas())
+
+            w = w.foreachBatch(write)
+        else:
+            w = w.format("noop")
+        w = _apply_trigger(w.outputMode("update"), run.trigger)
+        try:
+            q = w.start()
+        except Exception as e:
+            raise one_line(e, f"cannot start {name}") from None
+        rq = RunningQuery(spark, q, run)
+        if on_progress is not None:
+            _Listener.subscribe(spark, rq.id, on_progress)
+        return rq
 
     # -- what a runtime needs besides start() -------------------------------------------------------
     def crash(self, query: NativeQuery | None, mode: str = "jvm", during_batch: bool = True,
@@ -342,6 +385,11 @@ class SparkNativeEngine(SparkEngine):
             if query is not None:
                 query.abort()
             if spark is not None:
+                # tasks of an interrupted batch may still run (and load a store) for a moment
+                tracker = spark.sparkContext.statusTracker()
+                deadline = time.monotonic() + 15
+                while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 unload_state_stores(spark)
             wiped = wipe_rocksdb_dirs(roots) if wipe_local else {"dirs": 0, "bytes": 0, "paths": []}
             rec = {"pid": None, "killed_at": t, "wiped": wiped}
@@ -352,7 +400,8 @@ class SparkNativeEngine(SparkEngine):
         """A store's committed contents (Spark's state data source reader), decoded."""
         from statekit.engine.spark_native.inspect import read_store
 
-        return read_store(self.session(run), run.checkpoint_dir, run.plan, store)
+        grouped = self._opts(run)["mode"] == "groupby"
+        return read_store(self.session(run), run.checkpoint_dir, run.plan, store, groupby=grouped)
 
     def checkpoint_files(self, run: RunSpec):
         from statekit.engine.spark_native.inspect import checkpoint_files

@@ -117,9 +117,10 @@ def state_metadata(spark, ckpt: str):
     return spark.read.format("state-metadata").load(ckpt).toPandas()
 
 
-def read_store(spark, ckpt: str, plan, store: str, batch_id=None):
+def read_store(spark, ckpt: str, plan, store: str, batch_id=None, groupby: bool = False):
     """A store's contents read by `spark.read.format("statestore")` (stateVarName = the store),
-    decoded: columns key, value, partition (+ window_start for window stores)."""
+    decoded: columns key, value, partition (+ window_start for window stores). `groupby`: the
+    state of a groupBy().count() query (key {gkey}, value {count})."""
     import pandas as pd
 
     from statekit.engine.spark_native.translate import gkey_serde, state_var
@@ -127,11 +128,19 @@ def read_store(spark, ckpt: str, plan, store: str, batch_id=None):
 
     spec = plan.store(store)
     ks, vs = resolve_serde(gkey_serde(plan, store)), resolve_serde(spec.value_serde)
-    r = spark.read.format("statestore").option("stateVarName", state_var(store))
+    r = spark.read.format("statestore")
+    if not groupby:
+        r = r.option("stateVarName", state_var(store))
     if batch_id is not None:
         r = r.option("batchId", int(batch_id))
     pdf = r.load(ckpt).toPandas()
     rows = []
+    if groupby:
+        for k, v, p in zip(pdf["key"], pdf["value"], pdf["partition_id"]):
+            kb = bytes(k["gkey"])
+            rows.append({"key": ks.from_bytes(kb) if kb else None, "value": int(v["count"]),
+                         "partition": int(p)})
+        return pd.DataFrame(rows, columns=["key", "value", "partition"])
     if spec.kind == "window":
         for k, uk, uv, p in zip(pdf["key"], pdf["user_map_key"], pdf["user_map_value"], pdf["partition_id"]):
             kb = bytes(k["gkey"])

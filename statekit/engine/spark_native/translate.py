@@ -363,12 +363,13 @@ def simple_count(plan):
 
 
 def build_groupby_count(src, plan):
-    """groupBy(gkey).count() (StateStoreSaveExec on the RocksDB provider), output rows (gkey, count)
-    encoded as (store, key bytes, int64 bytes) in the output schema."""
+    """groupBy(gkey).count(): Spark's own streaming aggregation (StateStoreSaveExec on the RocksDB
+    provider; state = (gkey) -> count). Output rows (topic = the store name, key = gkey, value =
+    int64 big-endian bytes, like the int64 serde) in outputMode "update"."""
     from pyspark.sql import functions as F
 
     route, store = simple_count(plan)
     staged = src.mapInPandas(make_stage1(plan), STAGE1_SCHEMA).where(F.col("route") == route)
     counts = staged.groupBy("gkey").count()
     return counts.select(F.lit(store).alias("topic"), F.col("gkey").alias("key"),
-                         F.col("count").cast("long").alias("value_long"))
+                         F.unhex(F.lpad(F.hex(F.col("count")), 16, "0")).alias("value"))
