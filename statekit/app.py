@@ -677,10 +677,12 @@ class App:
               timeout: float = 120) -> dict:
         """Kill an instance's work for real.
 
-        With ``after_records`` (or another ``point`` than "records"), write the crash directive: the
-        first task of that instance to reach the point SIGKILLs its worker process mid-batch. With
-        ``after_records=None`` and ``point="records"``: if a batch is running, kill at its next
-        record; when the query is idle, abort it hard (nothing is flushed or committed).
+        With ``after_records=n`` (or another ``point``: "before_send", "after_ack", "after_rocksdb",
+        "mid_restore"), write the crash directive: the first task of that instance that has processed
+        ``n`` records of one batch (or reaches the commit/restore point) SIGKILLs its own worker
+        process mid-batch. With ``after_records=None`` and ``point="records"``: when the query is
+        idle, abort it hard (the worker is killed, nothing in flight is committed); while a batch
+        runs, die at that batch's next commit on the instance ("before_send").
         ``mode="disk-loss"`` also deletes the instance's state directories once the worker is dead.
         With ``wait`` (default) block until the query is dead when the crash was triggered now; a
         directive that needs more input returns at once (feed it; the app goes to ERROR when it fires).

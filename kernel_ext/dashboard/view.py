@@ -195,21 +195,32 @@ def render_restore(m: DashboardModel) -> str:
     return f"<div class='sk-dash'>{head}{t}{summary}</div>"
 
 
+CHANGELOG_TITLES = {
+    "start": "log start offset", "end": "end offset (high watermark)",
+    "in log": "records still in the log (what a restore from scratch reads)",
+    "live keys": "keys in the task's store", "dirty": "share of the log the cleaner has not compacted yet",
+    "cleaner runs": "log cleaner passes over this partition", "removed": "records the cleaner removed",
+}
+
+
 def render_changelog(m: DashboardModel) -> str:
     rows = m.changelog_rows()
     head = "<div class='sk-h'>Changelog partitions</div>"
     if not rows:
         return (f"<div class='sk-dash'>{head}<div class='sk-empty'>no changelog figures "
                 f"(shown for the embedded broker)</div></div>")
-    body = []
-    for r in rows:
-        ratio = f"{100 * r['dirty_ratio']:.0f}%" if isinstance(r["dirty_ratio"], (int, float)) else "–"
-        body.append([_e(r["topic"]), fmt_num(r["partition"]), fmt_num(r["log_start"]), fmt_num(r["end"]),
-                     fmt_num(r["records"]), fmt_num(r["live_keys"]), ratio, fmt_num(r["cleaner_runs"]),
-                     fmt_num(r["records_removed"])])
-    t = table(["topic", "partition", "log start", "end offset", "records in log", "live keys",
-               "dirty", "cleaner runs", "removed"], body, left={0})
-    return f"<div class='sk-dash'>{head}{t}</div>"
+    out = [head]
+    for topic in sorted({r["topic"] for r in rows}):
+        body = []
+        for r in (x for x in rows if x["topic"] == topic):
+            ratio = f"{100 * r['dirty_ratio']:.0f}%" if isinstance(r["dirty_ratio"], (int, float)) else "–"
+            body.append([fmt_num(r["partition"]), fmt_num(r["log_start"]), fmt_num(r["end"]),
+                         fmt_num(r["records"]), fmt_num(r["live_keys"]), ratio, fmt_num(r["cleaner_runs"]),
+                         fmt_num(r["records_removed"])])
+        out.append(f"<div class='sk-note' style='margin:2px 0 1px 2px'><code>{_e(topic)}</code></div>")
+        out.append(table(["partition", "start", "end", "in log", "live keys", "dirty", "cleaner runs",
+                          "removed"], body, titles=CHANGELOG_TITLES))
+    return f"<div class='sk-dash'>{''.join(out)}</div>"
 
 
 def render_events(m: DashboardModel, n: int = 12) -> str:
@@ -349,9 +360,9 @@ class DashboardView:
         self.changelog = W.HTML(layout=lay(width="100%"))
         self.events = W.HTML(layout=lay(width="100%"))
         self.topology = W.Image(format="png", layout=lay(width="100%", max_width="1000px"))
-        self.store_pick = W.Dropdown(options=[], layout=lay(width="150px"))
+        self.store_pick = W.Dropdown(options=[], layout=lay(width="130px"))
         self.sort = W.ToggleButtons(options=[("by value", "value"), ("recent", "recency"), ("by key", "key")],
-                                    value=model.sort_by, style={"button_width": "66px"},
+                                    value=model.sort_by, style={"button_width": "76px"},
                                     tooltips=["largest values first", "most recently changed first", "key order"])
         self.filter = W.Text(placeholder="filter keys…", layout=lay(width="150px"))
         self.stop_button = W.Button(description="stop refreshing", icon="stop", layout=lay(width="150px"),
@@ -367,9 +378,9 @@ class DashboardView:
         controls = W.HBox([self.store_pick, self.sort, self.filter],
                           layout=lay(align_items="center", flex_flow="row wrap"))
         left = W.VBox([self.tasks, controls, self.store], layout=lay(width="58%", padding="0 8px 0 0"))
-        right = W.VBox([self.lag, self.restore], layout=lay(width="42%"))
-        self.tabs = W.Tab(children=[self.changelog, self.topology, self.history.root, self.events])
-        for i, t in enumerate(("Changelog", "Topology", "Key history", "Events")):
+        right = W.VBox([self.lag, self.restore, self.changelog], layout=lay(width="42%"))
+        self.tabs = W.Tab(children=[self.topology, self.history.root, self.events])
+        for i, t in enumerate(("Topology", "Key history", "Events")):
             self.tabs.set_title(i, t)
         footer = W.HBox([self.stop_button, self.status], layout=lay(align_items="center"))
         self.root = W.VBox([self.header, W.HBox([left, right], layout=lay(width="100%")), self.tabs, footer],
@@ -398,7 +409,7 @@ class DashboardView:
 
     def show_history(self, store: str, key):
         """Open the Key history tab on `key`."""
-        self.tabs.selected_index = 2
+        self.tabs.selected_index = 1
         self.history.load(store, key)
 
     # -- rendering ------------------------------------------------------------------------------
@@ -544,6 +555,8 @@ class LiveDashboard:
             self.model.snapshot.error = None
         if self.view is not None:
             self.view.render_header(self.model)
+            self.view.set_status(f"stopped refreshing: the app is {self.model.snapshot.state if self.model.snapshot else state} "
+                                 f"(`%statekit start {self.name}` or `restart` to run it again)")
 
     @property
     def running(self) -> bool:

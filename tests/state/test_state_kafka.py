@@ -124,3 +124,44 @@ def test_pipelined_offsets_and_sends(kafka):
     with pytest.raises(UnknownTopic):
         kafka.send_many([("kc-pipe-a", 1, [(b"z", b"z")]), ("kc-pipe-missing", 0, [(b"z", b"z")])])
     assert kafka.end_offsets("kc-pipe-a", [1]) == {1: 4}
+
+
+def test_record_batches_are_byte_for_byte_kafka_pythons():
+    """The produce path encodes v2 batches itself; they equal MemoryRecordsBuilder's output, also
+    where a batch is split (null keys and values, headers with null values, big values)."""
+    import random
+
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    from statekit.kafka import encode_batches
+
+    def reference(records, headers, batch_bytes, ts):
+        out, builder, count = [], None, 0
+        for rec in records:
+            key, value = rec[0], rec[1]
+            hdrs = list(rec[2]) if len(rec) == 3 and rec[2] else list(headers)
+            if builder is None:
+                builder, count = MemoryRecordsBuilder(2, 0, batch_bytes), 0
+            if builder.append(ts, key, value, hdrs) is None:
+                builder.close()
+                out.append((bytes(builder.buffer()), count))
+                builder, count = MemoryRecordsBuilder(2, 0, batch_bytes), 0
+                builder.append(ts, key, value, hdrs)
+            count += 1
+        if builder is not None and count:
+            builder.close()
+            out.append((bytes(builder.buffer()), count))
+        return out
+
+    r = random.Random(7)
+    recs = []
+    for _ in range(3000):
+        k = None if r.random() < 0.05 else r.randbytes(r.choice([0, 3, 200]))
+        v = None if r.random() < 0.1 else r.randbytes(r.choice([0, 5, 300, 20_000]))
+        h = r.choice([None, [], [("statekit.batch", b"12")], [("a", None), ("statekit.marker", b"1")]])
+        recs.append((k, v) if h is None else (k, v, h))
+    for batch_bytes in (900_000, 50_000, 100):
+        got = encode_batches(recs, [("d", b"x")], batch_bytes, 1_700_000_000_123)
+        assert got == reference(recs, [("d", b"x")], batch_bytes, 1_700_000_000_123)
+        assert sum(n for _b, n in got) == len(recs)
+    assert encode_batches([], None, 1000, 0) == []

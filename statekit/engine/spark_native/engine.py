@@ -197,6 +197,7 @@ def forget_dead_session() -> None:
     eng = sys.modules.get("statekit.engine.spark.engine")
     if eng is not None:
         eng._Listener._installed.clear()
+    _RawListener._installed.clear()
 
 
 def kill_jvm(spark=None, wipe_local: bool = True) -> dict:
@@ -234,7 +235,7 @@ def unload_state_stores(spark) -> None:
 
 class NativeQuery(RunningQuery):
     """A RunningQuery (stop, abort, is_active, exception, process_all_available, recent_progress,
-    last_batch_id) plus the raw progress JSON with `stateOperators` (`state_progress`)."""
+    last_batch_id) plus Spark's raw progress JSON with `stateOperators` (`raw_progress()`)."""
 
     def __init__(self, spark, query, run, engine):
         super().__init__(spark, query, run)
