@@ -1,11 +1,11 @@
 """`SparkEngine`: run a topology `Plan` as one Spark Structured Streaming query.
 
     source(s)  statekit-kafka, every topic of plan.sources in one reader
-    stage 1    mapInPandas: plan.shuffle per record (decode, pre_shuffle, task = partition_for(key
+    stage 1    mapInArrow: plan.shuffle per record (decode, pre_shuffle, task = partition_for(key
                bytes, N)) -> (task, salt, route, source_index, src_partition, offset, timestamp,
                seq, key, value)
     shuffle    repartition(N, "salt"): salt = salts(N)[task], so Spark partition p holds task p only
-    stage 2    mapInPandas: the records of task p, sorted by (timestamp, source_index, src_partition,
+    stage 2    mapInArrow: the records of task p, sorted by (timestamp, source_index, src_partition,
                offset, seq), go to task_fn(spec, p, batch_id, records) (the runtime's
                run_task_batch); batch_id is the micro-batch id Spark replays after a failure
     sink       (topic, key, value) rows -> Kafka (statekit-kafka writer) | a statekit memory table
@@ -58,8 +58,28 @@ def sink_topics(plan) -> list:
     return [_topic_of(s) for s in getattr(plan, "sinks", ()) or ()]
 
 
+_STAGE1_FIELDS = (("task", "int32"), ("salt", "int32"), ("route", "int32"), ("source_index", "int32"),
+                  ("src_partition", "int32"), ("offset", "int64"), ("timestamp", "int64"),
+                  ("seq", "int32"), ("key", "binary"), ("value", "binary"))
+_SORT_KEYS = [("timestamp", "ascending"), ("source_index", "ascending"), ("src_partition", "ascending"),
+              ("offset", "ascending"), ("seq", "ascending")]
+_EMIT_ROWS = 100_000
+
+
+def _trace(entry: dict) -> None:
+    """STATEKIT_ENGINE_TRACE=/path.jsonl: workers append per-stage timings (a debugging aid)."""
+    import os
+
+    path = os.environ.get("STATEKIT_ENGINE_TRACE")
+    if path:
+        import json
+
+        with open(path, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+
 def make_stage1(plan, partitions: int):
-    """Stage 1 (runs where records are read): `plan.shuffle` per source record."""
+    """Stage 1 (mapInArrow, where records are read): `plan.shuffle` per source record."""
     topics = source_topics(plan)
     by_topic: dict = {}
     for i, t in enumerate(topics):
@@ -67,23 +87,23 @@ def make_stage1(plan, partitions: int):
     salt_of = salts(partitions)
     n = partitions
 
-    def stage1(frames):
-        import pandas as pd
-
-        import os
+    def stage1(batches):
         import time as _time
 
+        import pyarrow as pa
+
+        types = [getattr(pa, t)() for _, t in _STAGE1_FIELDS]
+        names = [f for f, _ in _STAGE1_FIELDS]
         shuffle = plan.shuffle
-        trace = os.environ.get("STATEKIT_ENGINE_TRACE")
-        for pdf in frames:
-            t0 = _time.perf_counter()
-            if len(pdf) == 0:
+        for rb in batches:
+            if rb.num_rows == 0:
                 continue
-            cols = ([], [], [], [], [], [], [], [], [])
-            (o_task, o_route, o_src, o_part, o_off, o_ts, o_seq, o_key, o_val) = cols
+            t0 = _time.perf_counter()
+            o_task, o_route, o_src, o_part, o_off, o_ts, o_seq, o_key, o_val = ([] for _ in range(9))
             for key, value, topic, part, off, ts in zip(
-                    pdf["key"].tolist(), pdf["value"].tolist(), pdf["topic"].tolist(),
-                    pdf["partition"].tolist(), pdf["offset"].tolist(), pdf["ts"].tolist()):
+                    rb.column("key").to_pylist(), rb.column("value").to_pylist(),
+                    rb.column("topic").to_pylist(), rb.column("partition").to_pylist(),
+                    rb.column("offset").to_pylist(), rb.column("ts").to_pylist()):
                 for si in by_topic.get(topic, ()):
                     seq = 0
                     for task, rec in shuffle(si, key, value, ts, part, off, n):
@@ -99,72 +119,58 @@ def make_stage1(plan, partitions: int):
                         seq += 1
             if not o_task:
                 continue
-            if trace:
-                import json
-
-                with open(trace, "a") as fh:
-                    fh.write(json.dumps({"stage": 1, "rows": len(pdf), "records": len(o_task),
-                                         "shuffle_s": round(_time.perf_counter() - t0, 3)}) + "\n")
-            yield pd.DataFrame({
-                "task": pd.array(o_task, dtype="int32"),
-                "salt": pd.array([salt_of[t] for t in o_task], dtype="int32"),
-                "route": pd.array(o_route, dtype="int32"),
-                "source_index": pd.array(o_src, dtype="int32"),
-                "src_partition": pd.array(o_part, dtype="int32"),
-                "offset": pd.array(o_off, dtype="int64"),
-                "timestamp": pd.array(o_ts, dtype="int64"),
-                "seq": pd.array(o_seq, dtype="int32"),
-                "key": o_key, "value": o_val,
-            })
+            cols = (o_task, [salt_of[t] for t in o_task], o_route, o_src, o_part, o_off, o_ts, o_seq,
+                    o_key, o_val)
+            out = pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(cols, types)], names=names)
+            _trace({"stage": 1, "rows": rb.num_rows, "records": len(o_task),
+                    "shuffle_s": round(_time.perf_counter() - t0, 3)})
+            yield out
 
     return stage1
 
 
 def make_stage2(run: RunSpec):
-    """Stage 2 (one Spark partition = one task): the task function over the sorted records."""
+    """Stage 2 (mapInArrow; one Spark partition = one task): the task function over the records of
+    the micro-batch, sorted by (timestamp, source_index, src_partition, offset, seq)."""
 
-    def stage2(frames):
-        import os
+    def stage2(batches):
         import time as _time
 
-        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.compute as pc
         from pyspark import TaskContext
 
         t0 = _time.perf_counter()
-        parts = [f for f in frames if len(f)]
-        t1 = _time.perf_counter()
+        parts = [b for b in batches if b.num_rows]
         if not parts:
             return
-        pdf = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+        tbl = pa.Table.from_batches(parts)
+        t1 = _time.perf_counter()
         ctx = TaskContext.get()
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
         pid = ctx.partitionId()
-        tasks = pdf["task"].unique()
-        if len(tasks) != 1 or int(tasks[0]) != pid:
-            raise EngineError(f"shuffle partition {pid} received tasks {sorted(int(t) for t in tasks)}; "
-                              f"the salt mapping does not match this Spark version")
-        pdf = pdf.sort_values(["timestamp", "source_index", "src_partition", "offset", "seq"],
-                              kind="stable")
-        records = list(zip(pdf["route"].tolist(), pdf["src_partition"].tolist(),
-                           pdf["offset"].tolist(), pdf["timestamp"].tolist(),
-                           pdf["key"].tolist(), pdf["value"].tolist()))
+        tasks = pc.unique(tbl.column("task")).to_pylist()
+        if tasks != [pid]:
+            raise EngineError(f"shuffle partition {pid} received tasks {sorted(tasks)}; the salt "
+                              f"mapping does not match this Spark version")
+        tbl = tbl.take(pc.sort_indices(tbl, sort_keys=_SORT_KEYS))
+        records = list(zip(tbl.column("route").to_pylist(), tbl.column("src_partition").to_pylist(),
+                           tbl.column("offset").to_pylist(), tbl.column("timestamp").to_pylist(),
+                           tbl.column("key").to_pylist(), tbl.column("value").to_pylist()))
+        del tbl
         fn = run.resolve_task_fn()
         spec = run.task_spec if run.task_spec is not None else run
         t2 = _time.perf_counter()
         out = fn(spec, pid, batch_id, records)
         t3 = _time.perf_counter()
-        if out:
-            topics, keys, values = zip(*out)
-            yield pd.DataFrame({"topic": list(topics), "key": list(keys), "value": list(values)})
-        trace = os.environ.get("STATEKIT_ENGINE_TRACE")
-        if trace:  # a debugging aid: where a task's time goes
-            import json
-
-            with open(trace, "a") as fh:
-                fh.write(json.dumps({"stage": 2, "task": pid, "batch": batch_id, "records": len(records),
-                                     "outputs": len(out or ()), "input_s": round(t1 - t0, 3),
-                                     "prepare_s": round(t2 - t1, 3), "task_s": round(t3 - t2, 3),
-                                     "emit_s": round(_time.perf_counter() - t3, 3)}) + "\n")
+        for i in range(0, len(out or ()), _EMIT_ROWS):
+            topics, keys, values = zip(*out[i:i + _EMIT_ROWS])
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(topics, pa.string()), pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
+                names=["topic", "key", "value"])
+        _trace({"stage": 2, "task": pid, "batch": batch_id, "records": len(records),
+                "outputs": len(out or ()), "input_s": round(t1 - t0, 3), "prepare_s": round(t2 - t1, 3),
+                "task_s": round(t3 - t2, 3), "emit_s": round(_time.perf_counter() - t3, 3)})
 
     return stage2
 
@@ -409,9 +415,9 @@ class SparkEngine:
         src = self.source_frame(run)
         src = src.select("key", "value", "topic", "partition", "offset",
                          F.unix_millis("timestamp").alias("ts"))
-        staged = src.mapInPandas(make_stage1(run.plan, run.partitions), STAGE1_SCHEMA)
+        staged = src.mapInArrow(make_stage1(run.plan, run.partitions), STAGE1_SCHEMA)
         shuffled = staged.repartition(run.partitions, "salt")
-        return shuffled.mapInPandas(make_stage2(run), OUTPUT_SCHEMA)
+        return shuffled.mapInArrow(make_stage2(run), OUTPUT_SCHEMA)
 
     @staticmethod
     def memory_table_name(run: RunSpec) -> str:
