@@ -59,7 +59,7 @@ pd.DataFrame(sorted(native_conf(min_deltas_for_snapshot=10, maintenance_interval
 
 `compare_engines` (in `statekit.engine.spark_native.compare`, also what `bench/engines.py` runs):
 
-1. 5 chunks of lines and clicks; each engine catches up on its own (they share two cores), 200
+1. 4 chunks of lines and clicks; each engine catches up on its own (they share two cores), 150
    records per micro-batch;
 2. **the crash**: the changelog engine's instance loses its disk (state directories deleted); 2 more
    chunks arrive, and the **Spark JVM is killed with SIGKILL while a micro-batch runs**, with Spark's
@@ -75,8 +75,8 @@ from statekit.engine.spark_native.compare import compare_engines
 home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
 work = os.path.join(home, "apps", "two-engines")
 t0 = time.time()
-r = compare_engines(resolve_bootstrap(), os.path.join(home, "broker"), work, chunks=5, lines=60,
-                    clicks=40, max_records_per_trigger=200, min_deltas_for_snapshot=10,
+r = compare_engines(resolve_bootstrap(), os.path.join(home, "broker"), work, chunks=4, lines=40,
+                    clicks=30, max_records_per_trigger=150, min_deltas_for_snapshot=10,
                     maintenance_interval=1, say=lambda s: print(f"[{time.time() - t0:5.1f}s] {s}"))
 """),
     md("""

@@ -483,6 +483,8 @@ class LiveDashboard:
         self.refreshes = 0
         self.last_refresh_s = 0.0
         self.cpu_s = 0.0  # CPU time spent refreshing (this thread's), for the benchmark
+        self.last_error: str | None = None  # traceback of the last failed refresh
+        self.stop_reason: str | None = None
         self.view = None
         if view:
             topo = None
@@ -511,29 +513,47 @@ class LiveDashboard:
         return snap
 
     def _loop(self):
+        import traceback
+
         terminal_seen = 0
+        failures = 0
+        reason = "stopped"
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 snap = self.refresh()
+                failures = 0
                 terminal_seen = terminal_seen + 1 if snap.state in TERMINAL_STATES else 0
-            except Exception as err:  # never let the thread die silently
                 if self.view is not None:
-                    self.view.set_status(f"refresh failed: {' '.join(str(err).split())[:200]}")
-                terminal_seen += 1
-            if self.view is not None:
-                if self.view.closed:
+                    self.view.set_status(f"refreshed {time.strftime('%H:%M:%S')} · every {self.interval:g} s · "
+                                         f"{self.last_refresh_s * 1000:.0f} ms per refresh")
+            except Exception as err:  # never let the thread die silently; keep trying
+                failures += 1
+                self.last_error = traceback.format_exc()
+                if self.view is not None:
+                    try:
+                        self.view.set_status(f"refresh failed ({failures}x): {type(err).__name__}: "
+                                             f"{' '.join(str(err).split())[:200]}")
+                    except Exception:
+                        pass
+                if failures >= 30:
+                    reason = f"stopped after {failures} failed refreshes ({type(err).__name__}: {err})"
                     break
-                self.view.set_status(f"refreshed {time.strftime('%H:%M:%S')} · every {self.interval:g} s · "
-                                     f"{self.last_refresh_s * 1000:.0f} ms per refresh")
+            if self.view is not None and self.view.closed:
+                reason = "the dashboard was closed"
+                break
             if terminal_seen >= 2:
+                reason = f"the app is {self.model.snapshot.state}"
                 break
             self._stop.wait(max(0.05, self.interval - (time.monotonic() - started)))
+        self.stop_reason = reason
         if self.view is not None:
-            self.view.stop_button.disabled = True
-            self.view.set_status(f"stopped refreshing at {time.strftime('%H:%M:%S')} "
-                                 f"(app {self.model.snapshot.state if self.model.snapshot else '?'}; "
-                                 f"`%statekit watch {self.name}` to follow it again)")
+            try:
+                self.view.stop_button.disabled = True
+                self.view.set_status(f"stopped refreshing at {time.strftime('%H:%M:%S')}: {reason} "
+                                     f"(`%statekit watch {self.name}` to follow it again)")
+            except Exception:
+                pass
 
     def start(self) -> "LiveDashboard":
         if self._thread is None or not self._thread.is_alive():
@@ -555,8 +575,9 @@ class LiveDashboard:
             self.model.snapshot.error = None
         if self.view is not None:
             self.view.render_header(self.model)
+            err = f"; last refresh error: {self.last_error.strip().splitlines()[-1]}" if self.last_error else ""
             self.view.set_status(f"stopped refreshing: the app is {self.model.snapshot.state if self.model.snapshot else state} "
-                                 f"(`%statekit start {self.name}` or `restart` to run it again)")
+                                 f"(`%statekit start {self.name}` or `restart` to run it again){err}")
 
     @property
     def running(self) -> bool:

@@ -26,6 +26,7 @@ from kafka.protocol.metadata import ApiVersionsResponse
 from . import handlers as H
 from .config import BrokerConfig, ConfigError
 from .log import write_json_atomic
+from .schema_check import illegal_null
 from .topics import TopicManager
 
 log = logging.getLogger("statekit.broker")
@@ -355,6 +356,9 @@ class Broker:
             req = req_cls.decode(memoryview(frame)[bio.tell():], version=api_version)
         except Exception as e:  # noqa: BLE001 - any decode failure is the client's
             raise Malformed(f"cannot decode {req_cls.__name__} v{api_version}: {type(e).__name__}: {e}") from None
+        bad = illegal_null(req, api_version)
+        if bad:
+            raise Malformed(f"{req_cls.__name__} v{api_version}: required field {bad} is null")
         if entry is not None:
             resp = await entry[4](self, req, api_version)
         else:

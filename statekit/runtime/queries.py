@@ -150,7 +150,12 @@ class QueryRouter:
     def _handle_for(self, task: int, store: str, stale: bool):
         """The first readable copy of the task that has the store: the active, then (stale) standbys."""
         for inst, _role in self._copies(task, stale):
-            h = self._open(self.app.layout.task_dir(inst, task))
+            d = self.app.layout.task_dir(inst, task)
+            h = self._open(d)
+            if h is not None and store not in h.store_names:
+                # opened while the writer was still creating its column families: open again
+                self._drop(d)
+                h = self._open(d)
             if h is not None and store in h.store_names:
                 return h
         return None

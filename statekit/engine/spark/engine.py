@@ -66,6 +66,11 @@ _SORT_KEYS = [("timestamp", "ascending"), ("source_index", "ascending"), ("src_p
 _EMIT_ROWS = 100_000
 
 
+def _pylist(col) -> list:
+    """An Arrow (chunked) array as a Python list, ~10x faster than `.to_pylist()`."""
+    return col.to_pandas().tolist()
+
+
 def _trace(entry: dict) -> None:
     """STATEKIT_ENGINE_TRACE=/path.jsonl: workers append per-stage timings (a debugging aid)."""
     import os
@@ -101,9 +106,9 @@ def make_stage1(plan, partitions: int):
             t0 = _time.perf_counter()
             o_task, o_route, o_src, o_part, o_off, o_ts, o_seq, o_key, o_val = ([] for _ in range(9))
             for key, value, topic, part, off, ts in zip(
-                    rb.column("key").to_pylist(), rb.column("value").to_pylist(),
-                    rb.column("topic").to_pylist(), rb.column("partition").to_pylist(),
-                    rb.column("offset").to_pylist(), rb.column("ts").to_pylist()):
+                    _pylist(rb.column("key")), _pylist(rb.column("value")),
+                    _pylist(rb.column("topic")), _pylist(rb.column("partition")),
+                    _pylist(rb.column("offset")), _pylist(rb.column("ts"))):
                 for si in by_topic.get(topic, ()):
                     seq = 0
                     for task, rec in shuffle(si, key, value, ts, part, off, n):
@@ -154,9 +159,8 @@ def make_stage2(run: RunSpec):
             raise EngineError(f"shuffle partition {pid} received tasks {sorted(tasks)}; the salt "
                               f"mapping does not match this Spark version")
         tbl = tbl.take(pc.sort_indices(tbl, sort_keys=_SORT_KEYS))
-        records = list(zip(tbl.column("route").to_pylist(), tbl.column("src_partition").to_pylist(),
-                           tbl.column("offset").to_pylist(), tbl.column("timestamp").to_pylist(),
-                           tbl.column("key").to_pylist(), tbl.column("value").to_pylist()))
+        records = list(zip(*(_pylist(tbl.column(c)) for c in
+                             ("route", "src_partition", "offset", "timestamp", "key", "value"))))
         del tbl
         fn = run.resolve_task_fn()
         spec = run.task_spec if run.task_spec is not None else run

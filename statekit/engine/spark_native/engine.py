@@ -207,6 +207,15 @@ def kill_jvm(spark=None, wipe_local: bool = True) -> dict:
     pid = jvm_pid()
     if pid is None:
         raise NativeEngineError("no Spark JVM is running in this process")
+    # the driver's accumulator server would print an EOFError traceback when its JVM connection
+    # drops: a dead JVM is what we want here
+    try:
+        from pyspark import SparkContext
+
+        srv = SparkContext._active_spark_context._accumulatorServer
+        srv.handle_error = lambda *a, **kw: None
+    except Exception:
+        pass
     t = time.time()
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
