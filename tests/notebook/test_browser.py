@@ -136,7 +136,7 @@ def test_notebook_01_in_jupyterlab(lab):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+            page = browser.new_page(viewport={"width": 1440, "height": 1300}, device_scale_factor=1)
             page.goto(url, wait_until="domcontentloaded", timeout=120_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
             # wait for the kernel, then run every cell
@@ -146,12 +146,24 @@ def test_notebook_01_in_jupyterlab(lab):
                 " w.sessionContext.session && w.sessionContext.session.kernel &&"
                 " w.sessionContext.session.kernel.status === 'idle'); }", timeout=120_000)
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            # the dashboard appears (a widget) and fills in while the notebook runs
-            page.wait_for_selector(".statekit-dashboard .sk-head", timeout=240_000)
-            # the last cell (`%statekit down`) prints "stopped:": the whole notebook ran
-            page.wait_for_function(
-                "() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
-                ".some(e => e.textContent.includes('stopped: '))", timeout=300_000)
+            # the last cell (`%statekit down`) prints "stopped:": the whole notebook ran; meanwhile
+            # the dashboard refreshes (its footer says when; printed with `pytest -s`)
+            done = ("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+                    ".some(e => e.textContent.includes('stopped: '))")
+            deadline = time.monotonic() + 300
+            while True:
+                trace = page.evaluate(
+                    "() => { const d = document.querySelector('.statekit-dashboard');"
+                    " if (!d) return null; const h = d.querySelector('.sk-head');"
+                    " const f = Array.from(d.querySelectorAll('.sk-note')).map(e => e.textContent).filter(t => t.includes('refresh'));"
+                    " return (h ? h.textContent : '') + ' | ' + f.slice(-1).join(''); }")
+                print(f"[{time.strftime('%H:%M:%S')}] {trace}", flush=True)
+                if page.evaluate(done):
+                    break
+                assert time.monotonic() < deadline, "notebook 01 did not finish within 300 s"
+                time.sleep(3)
+            # the dashboard (a widget) rendered
+            page.wait_for_selector(".statekit-dashboard .sk-head", timeout=60_000)
             errors = page.evaluate(
                 "() => Array.from(document.querySelectorAll('.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stderr\"], .jp-RenderedText[data-mime-type=\"application/vnd.jupyter.error\"]'))"
                 ".map(e => e.textContent).filter(t => t.includes('%statekit') || t.includes('Traceback') || t.includes('Error'))")
