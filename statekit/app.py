@@ -88,7 +88,8 @@ class App:
     ``engine``: ``"changelog"`` (default: statekit's RocksDB stores + changelog topics, run on Spark),
     ``"local"`` (the same stores and protocol, micro-batches in a worker subprocess, no Spark), or
     ``"spark"`` (Spark's own RocksDB state store: returns a ``statekit.engine.spark_native.NativeApp``,
-    which has no instances or standby replicas)."""
+    which has no instances or standby replicas; ``engine_options`` passes its knobs, e.g.
+    ``{"min_deltas_for_snapshot": 5, "maintenance_interval": "5s"}``)."""
 
     def __new__(cls, *args, **kwargs):
         import inspect
@@ -106,13 +107,14 @@ class App:
                 from statekit.engine.spark_native import NativeApp
 
                 kw = {k: a[k] for k in ("bootstrap", "partitions", "state_dir") if k in a}
+                kw.update(a.get("engine_options") or {})
                 return NativeApp(a["name"], **kw)
         return super().__new__(cls)
 
     def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: int = 4,
                  instances: int = 1, standby_replicas: int = 0, state_dir: Optional[str] = None,
                  commit_interval: Optional[float] = None, cache_bytes: int = 10 << 20,
-                 engine: Any = "changelog"):
+                 engine: Any = "changelog", engine_options: Optional[dict] = None):
         if not name or any(c in name for c in "/\\ "):
             raise StatekitError(f"app name {name!r} must be a non-empty word (it prefixes topic names)")
         if int(partitions) < 1:
@@ -266,8 +268,9 @@ class App:
             from statekit.runtime.local_query import LocalStreamingEngine
 
             self._engine = LocalStreamingEngine()
-        elif e == "spark":  # App(engine="spark") is a NativeApp (see __new__); not reached
-            raise StatekitError("engine 'spark' is served by statekit.engine.spark_native.NativeApp")
+        else:  # "spark" never gets here: App(engine="spark") is a NativeApp (see __new__)
+            raise StatekitError(f"unknown engine {e!r}: use 'changelog' (Kafka changelogs, the default), "
+                                "'spark' (Spark's own RocksDB state store) or 'local' (no Spark)")
         return self._engine
 
     def _spark_engine(self) -> bool:

@@ -29,6 +29,7 @@ class Snapshot:
     stores: dict[str, dict] = field(default_factory=dict)  # store -> {key: value}
     events: list[dict] = field(default_factory=list)  # new events since the last snapshot
     changelog: list[dict] = field(default_factory=list)  # one dict per changelog partition
+    task_rows: dict = field(default_factory=dict)  # (task, store) -> keys, counted from the store read
     error: str | None = None
 
 
@@ -420,6 +421,8 @@ class DashboardModel:
             self.events.append(e)
             self._on_event(e, snap.t)
         for r in snap.tasks:
+            if r["role"] == "active" and r["rows"] is None and (r["task"], r["store"]) in snap.task_rows:
+                r["rows"] = snap.task_rows[(r["task"], r["store"])]
             info = self.task_info.get((r["task"], r["store"]))
             if info and r["role"] == "active":
                 if r["rows"] is None:
@@ -722,9 +725,11 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
     snap.tasks = guard("lag", lambda: _records(app.lag())) or []
     names = list(stores) if stores is not None else guard("stores", lambda: _store_names(app)) or []
     for name in names:
-        rows = guard(f"store {name}", lambda: _read_store(app, name, max_rows))
-        if rows is not None:
-            snap.stores[name] = rows
+        got = guard(f"store {name}", lambda: _read_store(app, name, max_rows))
+        if got is not None:
+            snap.stores[name], per_task = got
+            for t, n in per_task.items():
+                snap.task_rows[(t, name)] = n
     if events is not None:
         snap.events = guard("events", events.poll) or []
     if changelog is not None:
@@ -748,22 +753,30 @@ def _store_names(app) -> list[str]:
     return [n for n in names if n]
 
 
-def _read_store(app, name: str, max_rows: int) -> dict:
+def _read_store(app, name: str, max_rows: int) -> tuple[dict, dict]:
+    """({key: value} for up to max_rows keys, {task: number of keys}) of one store."""
     res = app.query_all(name)
+    per_task: dict = {}
     if hasattr(res, "to_dict") and hasattr(res, "columns"):
         cols = list(res.columns)
+        if "task" in cols:
+            per_task = {int(t): int(n) for t, n in res["task"].value_counts().items()}
         kcol = "key" if "key" in cols else cols[0]
         vcol = "value" if "value" in cols else cols[-1]
-        return {_hashable(k): v for k, v in zip(res[kcol].head(max_rows), res[vcol].head(max_rows))}
+        if "window_start" in cols:
+            keys = list(zip(res[kcol].head(max_rows), res["window_start"].head(max_rows)))
+        else:
+            keys = list(res[kcol].head(max_rows))
+        return {_hashable(k): v for k, v in zip(keys, res[vcol].head(max_rows))}, per_task
     if isinstance(res, dict):
-        return {_hashable(k): v for k, v in list(res.items())[:max_rows]}
+        return {_hashable(k): v for k, v in list(res.items())[:max_rows]}, per_task
     out = {}
     for i, kv in enumerate(res):
         if i >= max_rows:
             break
         k, v = kv
         out[_hashable(k)] = v
-    return out
+    return out, per_task
 
 
 def _hashable(k):

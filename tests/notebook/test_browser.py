@@ -145,12 +145,14 @@ def test_notebook_01_in_jupyterlab(lab):
                 " const w = a.shell.currentWidget; return !!(w && w.sessionContext &&"
                 " w.sessionContext.session && w.sessionContext.session.kernel &&"
                 " w.sessionContext.session.kernel.status === 'idle'); }", timeout=120_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            # fire and forget: the command's promise resolves only when every cell has run
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }")
             # the last cell (`%statekit down`) prints "stopped:": the whole notebook ran; meanwhile
             # the dashboard refreshes (its footer says when; printed with `pytest -s`)
             done = ("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
                     ".some(e => e.textContent.includes('stopped: '))")
             deadline = time.monotonic() + 300
+            seen = []  # distinct dashboard headers while the notebook runs: it refreshes live
             while True:
                 trace = page.evaluate(
                     "() => { const d = document.querySelector('.statekit-dashboard');"
@@ -158,12 +160,16 @@ def test_notebook_01_in_jupyterlab(lab):
                     " const f = Array.from(d.querySelectorAll('.sk-note')).map(e => e.textContent).filter(t => t.includes('refresh'));"
                     " return (h ? h.textContent : '') + ' | ' + f.slice(-1).join(''); }")
                 print(f"[{time.strftime('%H:%M:%S')}] {trace}", flush=True)
+                head_now = trace.split(" | ")[0] if trace else None
+                if head_now and (not seen or seen[-1] != head_now):
+                    seen.append(head_now)
                 if page.evaluate(done):
                     break
                 assert time.monotonic() < deadline, "notebook 01 did not finish within 300 s"
-                time.sleep(3)
-            # the dashboard (a widget) rendered
+                time.sleep(2)
+            # the dashboard (a widget) rendered, and changed while the notebook ran
             page.wait_for_selector(".statekit-dashboard .sk-head", timeout=60_000)
+            assert len(seen) >= 2, f"the dashboard never refreshed in the browser: {seen}"
             errors = page.evaluate(
                 "() => Array.from(document.querySelectorAll('.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stderr\"], .jp-RenderedText[data-mime-type=\"application/vnd.jupyter.error\"]'))"
                 ".map(e => e.textContent).filter(t => t.includes('%statekit') || t.includes('Traceback') || t.includes('Error'))")
