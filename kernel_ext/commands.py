@@ -449,8 +449,12 @@ class Session:
     def cmd_stop(self, cmd: Command):
         app = self.app(cmd.name)
         d = self.dashboards.pop(cmd.name, None)
-        if d is not None:  # its last picture stays; it must not query a store being closed
+        if d is not None:  # one last picture while the stores are open, then it stays as is
             d.stop(timeout=5)
+            try:
+                d.refresh()
+            except Exception:
+                pass
         app.stop()
         if d is not None:
             d.final(app.state)
