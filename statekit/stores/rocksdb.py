@@ -574,7 +574,20 @@ class ReadOnlyTaskDB:
 
     def __init__(self, path: str) -> None:
         self.path = resolve_db_dir(path)
-        if not os.path.exists(os.path.join(self.path, "CURRENT")):
+        self._db = None
+        self._open(path)
+
+    def _manifest(self) -> Optional[bytes]:
+        """The MANIFEST the writer uses now (the CURRENT file), None when there is none."""
+        try:
+            with open(os.path.join(self.path, "CURRENT"), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def _open(self, path: str) -> None:
+        self._manifest_seen = self._manifest()
+        if self._manifest_seen is None:
             raise CorruptState(f"no RocksDB state in {path}: the task has not committed yet or its "
                                f"state dir is elsewhere")
         self._secondary = tempfile.mkdtemp(prefix="statekit-secondary-")
@@ -606,7 +619,14 @@ class ReadOnlyTaskDB:
         return cf
 
     def refresh(self) -> None:
-        """Catch up with the writer's latest commit."""
+        """Catch up with the writer's latest commit. A writer that reopened the DB since writes a new
+        MANIFEST, which a secondary instance does not follow (it would still replay the new WAL, so
+        the meta would look current while flushed data stayed old): then open afresh."""
+        current = self._manifest()
+        if current is not None and current != self._manifest_seen:
+            self.close()
+            self._open(self.path)
+            return
         self._db.try_catch_up_with_primary()
 
     def read_meta(self) -> dict:

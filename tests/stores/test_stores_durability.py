@@ -403,3 +403,31 @@ def test_inspection_decodes_with_recorded_serdes_or_shows_bytes(tmp_path):
         assert db.to_pandas("w", limit=0).empty
     finally:
         db.close()
+
+
+def test_secondary_follows_a_writer_that_closes_and_reopens(tmp_path):
+    """The contract interactive queries rely on: the task runner opens and closes a task's RocksDB
+    every micro-batch (a new MANIFEST each time), and one long-lived reader still sees every commit.
+    (The cross-process case that once served stale values is tests/runtime/test_app.py's
+    test_interactive_queries_while_the_query_runs.)"""
+    stores, db = reopen(tmp_path)
+    for k in range(50):
+        stores["a"].put(k, 0)
+    db.flush()
+    db.commit({"batch": 0})
+    db.close()
+    with open_readonly(str(tmp_path)) as ro:
+        for batch in range(1, 6):
+            stores, db = reopen(tmp_path)
+            for k in range(50):
+                stores["a"].put(k, batch)
+            db.flush()
+            db.commit({"batch": batch})
+            ro.refresh()  # while the writer still has the DB open, as a query does mid-run
+            assert {int.from_bytes(k, "big"): v for k, v in ro.items("a")} == \
+                {k: str(batch).encode() for k in range(50)}
+            db.close()
+            ro.refresh()
+            assert ro.read_meta() == {"batch": batch}
+            assert {int.from_bytes(k, "big"): v for k, v in ro.items("a")} == \
+                {k: str(batch).encode() for k in range(50)}
