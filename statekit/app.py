@@ -89,7 +89,11 @@ class App:
     ``"local"`` (the same stores and protocol, micro-batches in a worker subprocess, no Spark), or
     ``"spark"`` (Spark's own RocksDB state store: returns a ``statekit.engine.spark_native.NativeApp``,
     which has no instances or standby replicas; ``engine_options`` passes its knobs, e.g.
-    ``{"min_deltas_for_snapshot": 5, "maintenance_interval": "5s"}``)."""
+    ``{"min_deltas_for_snapshot": 5, "maintenance_interval": "5s"}``).
+
+    ``commit_interval`` (seconds) is Kafka Streams' ``commit.interval.ms``: tasks commit at the end of
+    every micro-batch, so it is the default micro-batch trigger interval (``start(trigger=...)``
+    overrides it)."""
 
     def __new__(cls, *args, **kwargs):
         import inspect
@@ -425,7 +429,9 @@ class App:
             task_instances=dict(a.active),
             cache_bytes=self.cache_bytes,
             commit_interval=self.commit_interval,
-            trigger=opts.get("trigger"),
+            # a task commits at the end of every micro-batch, so Kafka Streams' commit interval is
+            # the micro-batch trigger interval here
+            trigger=opts.get("trigger") if opts.get("trigger") is not None else self.commit_interval,
             max_records_per_trigger=opts.get("max_records_per_trigger"),
             starting_offsets=opts.get("starting_offsets") or "earliest",
             sink=sink,

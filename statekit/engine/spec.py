@@ -22,7 +22,8 @@ class RunSpec:
     state_dirs: dict[int, str] = field(default_factory=dict)  # task -> state dir of its active instance
     task_instances: dict[int, Any] = field(default_factory=dict)  # task -> instance that runs it
     cache_bytes: int = 10 << 20              # record cache per task
-    commit_interval: float | None = None     # seconds; None = commit at the end of every micro-batch
+    commit_interval: float | None = None     # seconds; the App's default trigger (tasks commit at
+    #                                          the end of every micro-batch)
     trigger: Any = None                      # None (as fast as possible) | "availableNow" | "once" |
     #                                          "2 seconds" / 2.0 (processing time)
     max_records_per_trigger: int | None = None

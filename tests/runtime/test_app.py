@@ -429,3 +429,23 @@ def test_available_now_trigger_ends_in_not_running(shared_broker, kafka, tmp_pat
         assert app.query_all("counts").set_index("key")["value"].to_dict() == reference(LINES)
     finally:
         app.stop()
+
+
+def test_commit_interval_is_the_micro_batch_trigger(shared_broker, kafka, tmp_path):
+    topic = unique("lines")
+    kafka.ensure_topic(topic, 1)
+    app = wordcount_app(shared_broker, tmp_path, topic, commit_interval=0.25)
+    try:
+        app.start()
+        assert app._run.trigger == 0.25
+        kafka.send(topic, 0, [(None, b"a b a")])
+        assert app.process_all_available()
+        assert app.query("counts", "a") == 2
+    finally:
+        app.stop()
+    app2 = wordcount_app(shared_broker, tmp_path / "two", topic, commit_interval=0.25)
+    try:
+        app2.start(trigger="availableNow")
+        assert app2._run.trigger == "availableNow"  # an explicit trigger wins
+    finally:
+        app2.stop()
