@@ -90,7 +90,8 @@ class LagChart:
         self.lines: dict = {}
         self._sig = None
         self._drawn_at = 0.0
-        self.fig.tight_layout(pad=0.6)
+        # fixed margins (tight_layout once would clip wider tick labels later): room for 6 digits
+        self.fig.subplots_adjust(left=0.15, right=0.98, top=0.88, bottom=0.2)
 
     def _line(self, key, i: int, standby: bool):
         ln = self.lines.get(key)
