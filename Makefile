@@ -7,7 +7,7 @@ STAMP := $(VENV)/.statekit-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: lab demo test test-slow test-browser bench java clean venv
+.PHONY: lab demo test test-slow test-native test-browser bench java clean venv
 
 venv: $(STAMP)
 
@@ -30,7 +30,10 @@ demo: $(STAMP) java
 	$(PY) -m statekit.demo
 
 test: $(STAMP) java
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow and not native" -q
+
+test-native: $(STAMP) java
+	$(PY) -m pytest -m "native" -q
 
 test-slow: $(STAMP) java
 	$(PY) -m pytest -m "slow" -q

@@ -9,7 +9,7 @@ import pytest
 
 import nativehelpers as H
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.native]
 
 
 def _topics(kafka):

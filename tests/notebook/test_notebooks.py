@@ -14,7 +14,14 @@ PATHS = notebook_paths()
 BUDGET = float(os.environ.get("STATEKIT_NOTEBOOK_BUDGET", "180"))
 
 
-@pytest.mark.parametrize("path", PATHS, ids=[os.path.basename(p).split(".")[0] for p in PATHS])
+# 09 runs both engines, two JVM cold starts: it belongs to `make test-native`
+_NATIVE = ("09_",)
+CASES = [pytest.param(p, id=os.path.basename(p).split(".")[0],
+                      marks=[pytest.mark.native] if os.path.basename(p).startswith(_NATIVE) else [])
+         for p in PATHS]
+
+
+@pytest.mark.parametrize("path", CASES)
 def test_notebook_runs_and_checks_hold(path, tmp_path):
     r = run_notebook(path, out_dir=str(tmp_path / "build"), timeout=240, home=str(tmp_path / "home"))
     assert not r.errors, f"{r.name}: " + " | ".join(r.errors)
