@@ -6,7 +6,12 @@ engine in tests).
 1. open the task's state (``statekit.state.TaskState``): restoration, with restore events;
 2. a batch id already applied (Spark replays a batch after a failure) is skipped, and the outputs
    that batch produced are re-emitted from the task's *outbox*;
-3. otherwise the records (as given: the engine orders them) run through ``plan.new_processor``;
+3. otherwise the records (as given: the engine orders them) run through ``plan.new_processor``,
+   then the processor is flushed. Forwarding rule (``statekit.topology.plan.TaskProcessor``): an
+   aggregation whose store has caching on (the default; the task's ``cache_bytes > 0``) forwards only
+   the latest value of each key it updated in the batch, once, at that flush, in first-update order
+   (one output per key per commit, as Kafka Streams' KTable cache); with caching off
+   (``caching=False`` or ``cache_bytes <= 0``) it forwards every update;
 4. the batch's outputs are written to the outbox and the task's stream time saved, then
    ``TaskState.commit(batch_id)`` commits them with the stores' data in one RocksDB WriteBatch
    (and their changelog, like every store);
@@ -325,13 +330,15 @@ class _RestoreEvents:
 
 
 class _TaskContext:
-    """What plan.new_processor gets: task/batch ids, stores, forward to sinks, stream time."""
+    """What plan.new_processor gets: task/batch ids, stores, forward to sinks, stream time, and the
+    task's record cache size (`cache_bytes > 0`: aggregations over caching stores forward on flush)."""
 
-    def __init__(self, task, batch_id, state, stream_time) -> None:
+    def __init__(self, task, batch_id, state, stream_time, cache_bytes=0) -> None:
         self.task_id = task
         self.batch_id = batch_id
         self._state = state
         self.stream_time = stream_time
+        self.cache_bytes = cache_bytes
         self.outputs: list = []
 
     def get_store(self, name: str):
@@ -470,22 +477,22 @@ def run_task_batch(spec, task: int, batch_id: int, records: Iterable) -> list:
             raw = tstore.get(b"stream_time")
             if raw is not None:
                 stream_time = _Q.unpack(raw)[0]
-        ctx = _TaskContext(task, batch_id, state, stream_time)
+        ctx = _TaskContext(task, batch_id, state, stream_time, spec.cache_bytes)
         t_proc = time.perf_counter()
         proc = plan.new_processor(ctx)
-        n = 0
         threshold = _records_threshold(crash.pending(), instance)
         if threshold is not None and threshold <= 0:
             crash.check("records", 0)
             threshold = None  # claimed by another worker (or we are dead)
-        process_record = proc.process_record
-        for rec in records:
-            process_record(rec)
-            n += 1
-            if threshold is not None and n >= threshold:
-                crash.records = n
-                crash.check("records", n)
-                threshold = None
+        on_record = None
+        if threshold is not None:
+            def on_record(i, _t=[threshold]):
+                if _t[0] is not None and i >= _t[0]:
+                    crash.records = i
+                    crash.check("records", i)
+                    _t[0] = None
+        n = proc.process_records(records, on_record)
+        proc.flush()   # cached aggregations forward the latest value per key, once per batch
         proc.close()
         crash.records = n
         outputs = _serialize_outputs(plan, ctx.outputs)

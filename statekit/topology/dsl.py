@@ -240,7 +240,12 @@ class KGroupedStream:
         return KTable(self._b, node)
 
     def count(self, store: Any = None) -> "KTable":
-        """Count per key (records with a None key or value are skipped, as in Kafka Streams)."""
+        """Count per key (records with a None key or value are skipped, as in Kafka Streams).
+
+        Downstream (to_stream()) sees, with the store's caching on (the default), the latest count
+        of each key once per commit (micro-batch), in first-update order; with
+        `store=kv_store(name, caching=False)` (or no record cache) every update. The same rule holds
+        for reduce/aggregate and the windowed aggregations (see `TaskProcessor`)."""
         return self._agg("count", None, store, "int64", f"{self._node.origin}-count")
 
     def reduce(self, fn: Callable, store: Any = None, value_serde: Any = None) -> "KTable":

@@ -21,6 +21,11 @@ Engines use the bytes-level pair:
 
 `record` = (route, source_partition, offset, timestamp, key_pickle, value_pickle): the Python key and
 value pickled for the trip through the shuffle only (never stored: stores use their serdes).
+
+Forwarding rule (see `TaskProcessor`): an aggregation whose store has caching on (the default) in a
+task with a record cache (`context.cache_bytes > 0`) forwards, at `TaskProcessor.flush()` (once per
+commit, i.e. per micro-batch), the latest value of each key it updated, in first-update order; with
+caching off it forwards every update as it happens — Kafka Streams' KTable cache behaviour.
 """
 from __future__ import annotations
 
@@ -37,6 +42,11 @@ from statekit.topology.processor import ProcessorContext
 _DUMPS = pickle.dumps
 _LOADS = pickle.loads
 _PROTO = pickle.HIGHEST_PROTOCOL
+
+_NONE_PICKLE = _DUMPS(None, _PROTO)
+_MEMO_MAX = 1 << 16          # entries per shuffle memo (key bytes -> task, str -> pickle)
+_PICKLE_MEMO_LEN = 64        # only str keys/values this short have their pickle memoized
+_LOADS_MEMO_BYTES = 80       # only pickles this short are memoized (to a str) in a task's batch
 
 # Names reserved for stores statekit adds to a task (`_task`: the outbox and stream time).
 RESERVED_PREFIX = "_"
@@ -395,6 +405,9 @@ class Plan:
         self._stores = None
         self._pre = None
         self._serdes = None
+        self._task_memo = None          # {partitions: {key bytes: task}} (shuffle's memo)
+        self._pickle_memo: dict = {}    # {short str: its pickle}
+        self._route_to_bytes = None
 
     # pickling: only the graph travels; compiled closures and serde objects are rebuilt
     def __getstate__(self):
@@ -402,9 +415,15 @@ class Plan:
         st["_stores"] = None
         st["_pre"] = None
         st["_serdes"] = None
+        st["_task_memo"] = None
+        st["_pickle_memo"] = {}
+        st["_route_to_bytes"] = None
         return st
 
     def __setstate__(self, st):
+        st.setdefault("_task_memo", None)
+        st.setdefault("_pickle_memo", {})
+        st.setdefault("_route_to_bytes", None)
         self.__dict__.update(st)
 
     # -- static facts ---------------------------------------------------------------------------
@@ -511,9 +530,13 @@ class Plan:
             yield k, v
 
     def shuffle(self, source_index: int, key_bytes: Optional[bytes], value_bytes: Optional[bytes],
-                timestamp: int, partition: int, offset: int, partitions: int) -> Iterator:
+                timestamp: int, partition: int, offset: int, partitions: int) -> list:
         """Stage 1 at the bytes level: decode with the source serdes, run pre_shuffle, pick the task.
-        Yields (task, record); `record` is what run_task_batch takes."""
+        Returns a list of (task, record) (iterate it); `record` is what run_task_batch takes.
+
+        Hot path (once per source record): the task of a key's bytes is memoized per `partitions`
+        (murmur2 in Python is the expensive part; a bounded dict, cleared when full), and so is the
+        pickle of a short `str` key or value (words repeat)."""
         ks, vs = self.source_serdes(source_index)
         try:
             key = None if key_bytes is None else ks.from_bytes(key_bytes)
@@ -524,23 +547,70 @@ class Plan:
                 f"cannot decode a record of {src.topic} partition {partition} offset {offset} with "
                 f"serdes {serde_label(src.key_serde)}/{serde_label(src.value_serde)}: "
                 f"{type(e).__name__}: {e} (key={_abbrev(key_bytes)} value={_abbrev(value_bytes)})") from e
-        rserdes = self._serde_cache()["route"]
-        for r, k, v in self.pre_shuffle_routed(source_index, key, value, timestamp, partition, offset):
+        rec, out, funcs = self._pre or self._pre_funcs()
+        rec.topic = self.sources[source_index].topic
+        rec.partition, rec.offset, rec.timestamp = partition, offset, timestamp
+        out.clear()
+        funcs[source_index](key, value)
+        if not out:
+            return []
+        memo = self._task_memo.get(partitions) if self._task_memo is not None else None
+        if memo is None:
+            memo = self._memo_for(partitions)
+        pk = self._pickle_memo
+        to_bytes = self._route_to_bytes or self._route_encoders()
+        result = []
+        for r, k, v in out:
             if k is None:
                 if self.routes[r].keyed:
                     continue  # Kafka Streams skips records with a null key before keyed steps
                 task = partition % partitions
+                kp = _NONE_PICKLE
             else:
                 try:
-                    kb = rserdes[r].to_bytes(k)
+                    kb = to_bytes[r](k)
                 except Exception as e:
+                    out.clear()
                     raise ProcessorError(
                         f"key {_abbrev(k)} ({type(k).__name__}) from {self.sources[source_index].topic} "
                         f"partition {partition} offset {offset} cannot be serialized with key serde "
                         f"{serde_label(self.routes[r].key_serde)!r} to pick its task; pass key_serde= "
                         f"to the map/group_by that made it: {type(e).__name__}: {e}") from e
-                task = partition_for(kb, partitions)
-            yield task, (r, partition, offset, timestamp, _DUMPS(k, _PROTO), _DUMPS(v, _PROTO))
+                task = memo.get(kb)
+                if task is None:
+                    if len(memo) >= _MEMO_MAX:
+                        memo.clear()
+                    task = memo[kb] = partition_for(kb, partitions)
+                if type(k) is str and len(k) <= _PICKLE_MEMO_LEN:
+                    kp = pk.get(k)
+                    if kp is None:
+                        if len(pk) >= _MEMO_MAX:
+                            pk.clear()
+                        kp = pk[k] = _DUMPS(k, _PROTO)
+                else:
+                    kp = _DUMPS(k, _PROTO)
+            if v is k:
+                vp = kp
+            elif type(v) is str and len(v) <= _PICKLE_MEMO_LEN:
+                vp = pk.get(v)
+                if vp is None:
+                    if len(pk) >= _MEMO_MAX:
+                        pk.clear()
+                    vp = pk[v] = _DUMPS(v, _PROTO)
+            else:
+                vp = _DUMPS(v, _PROTO)
+            result.append((task, (r, partition, offset, timestamp, kp, vp)))
+        out.clear()
+        return result
+
+    def _memo_for(self, partitions: int) -> dict:
+        if self._task_memo is None:
+            self._task_memo = {}
+        return self._task_memo.setdefault(partitions, {})
+
+    def _route_encoders(self) -> list:
+        self._route_to_bytes = [s.to_bytes for s in self._serde_cache()["route"]]
+        return self._route_to_bytes
 
     def task_for_key(self, key: Any, partitions: int, key_serde: Any) -> int:
         """The task owning `key` (interactive queries): partition_for(serde bytes)."""
@@ -642,7 +712,26 @@ class Plan:
 class TaskProcessor:
     """The task half of a plan, for one task and one batch. `process(route, key, value, timestamp,
     offset, partition)` runs a record through the task's steps; `process_record(record)` takes the
-    tuples `Plan.shuffle` yields. `stream_time` is the highest timestamp seen (persist it)."""
+    tuples `Plan.shuffle` yields. `stream_time` is the highest timestamp seen (persist it).
+    `flush()` at the end of the batch (before its commit) forwards what cached aggregations held
+    back; `close()` flushes too, then closes the user processors.
+
+    Forwarding rule of aggregations (count/reduce/aggregate, windowed or not), as Kafka Streams'
+    KTable record cache does:
+
+    * caching on — the store was declared with `caching=True` (the default) *and* the task has a
+      record cache (`context.cache_bytes > 0`; a context without `cache_bytes`, e.g. the Spark-native
+      engine's, has none): an update is not forwarded when it happens; `flush()` forwards the latest
+      value of every key updated in the batch, once per key (per (key, window start) for windowed
+      aggregations), in **first-update order** (the order in which keys were first updated in the
+      batch), each with the metadata (timestamp, offset, partition, topic) of that key's last update.
+      With one commit per micro-batch that is one output per key per commit. Aggregations are flushed
+      in topology order, so a cached aggregation downstream of another one sees its flushed updates
+      and is flushed after it. Unlike Kafka Streams, an eviction from a full store cache does not
+      forward early: outputs come only at flush.
+    * caching off (`caching=False`, or `cache_bytes <= 0`): every update is forwarded at once.
+
+    Table sources (`builder.table`) and joins forward every update either way."""
 
     def __init__(self, plan: Plan, context) -> None:
         self.plan = plan
@@ -651,6 +740,8 @@ class TaskProcessor:
         self.batch_id = getattr(context, "batch_id", None)
         st = getattr(context, "stream_time", None)
         self.stream_time = -1 if st is None else int(st)
+        cb = getattr(context, "cache_bytes", None)
+        self.record_cache = cb is not None and cb > 0   # forward-on-flush for caching stores
         self.rec = _Rec()
         self.dropped_late = 0      # records dropped for windows that had closed
         self.skipped_null = 0      # records skipped for a None key/value before a keyed step
@@ -658,6 +749,8 @@ class TaskProcessor:
         self._stores: dict = {}
         self._processors: list = []
         self._entry = {}
+        self._held: list = []      # (node index, node, {key: (value, ts, offset, partition, topic)}, down)
+        self._loads_memo: dict = {}
         self._build()
 
     def store(self, name: str):
@@ -683,8 +776,10 @@ class TaskProcessor:
 
         for r in plan.routes:
             self._entry[r.index] = build(plan._by_name[r.target])
+        self._held.sort(key=lambda h: h[0])   # flush upstream aggregations first
         self._topics = [s.topic for s in plan.sources]
         self._route_src = [r.source_index for r in plan.routes]
+        self._route_topic = [self._topics[i] for i in self._route_src]
         for inst, ctx, n in self._processors:   # init user processors once everything exists
             init = getattr(inst, "init", None)
             if init is None:
@@ -696,6 +791,43 @@ class TaskProcessor:
             except Exception as e:
                 raise ProcessorError(f"{n.name} ({_describe_step(n)}): init() failed in task "
                                      f"{self.task_id}: {type(e).__name__}: {e}") from e
+
+    def _holder(self, n: Node, down):
+        """For an aggregation n: (emit(k, v), cached). Caching on: emit remembers the latest value per
+        key (and its record's metadata) for flush(); caching off: emit is `down`."""
+        if not (self.record_cache and n.stores[0].caching):
+            return down, False
+        held: dict = {}
+        idx = next(i for i, m in enumerate(self.plan.nodes) if m is n)
+        self._held.append((idx, n, held, down))
+        rec = self.rec
+
+        def emit(k, v):
+            held[k] = (v, rec.timestamp, rec.offset, rec.partition, rec.topic)
+        return emit, True
+
+    def flush(self) -> int:
+        """Forward what cached aggregations held back (see the class docstring); returns how many
+        records were forwarded. Call it once the batch's records are processed, before the outputs
+        are read and committed."""
+        if not self._held:
+            return 0
+        rec = self.rec
+        saved = (rec.topic, rec.partition, rec.offset, rec.timestamp)
+        n = 0
+        try:
+            for _i, _node, held, down in self._held:
+                if not held:
+                    continue
+                items = list(held.items())
+                held.clear()
+                n += len(items)
+                for k, (v, ts, off, part, topic) in items:
+                    rec.topic, rec.partition, rec.offset, rec.timestamp = topic, part, off, ts
+                    down(k, v)
+        finally:
+            rec.topic, rec.partition, rec.offset, rec.timestamp = saved
+        return n
 
     def _stateful(self, n: Node, down):
         rec = self.rec
@@ -718,13 +850,28 @@ class TaskProcessor:
         if kind == g.AGGREGATE:
             store = self.store(n.stores[0].name)
             op = n.params["op"]
+            down, cached = self._holder(n, down)
             if op == "count":
+                get, put = store.get, store.put
+                if cached:
+                    held = self._held[-1][2]
+
+                    def f(k, v):
+                        if k is None or v is None:
+                            tp.skipped_null += 1
+                            return
+                        c = get(k)
+                        c = 1 if c is None else c + 1
+                        put(k, c)
+                        held[k] = (c, rec.timestamp, rec.offset, rec.partition, rec.topic)
+                    return f
+
                 def f(k, v):
                     if k is None or v is None:
                         tp.skipped_null += 1
                         return
-                    c = (store.get(k) or 0) + 1
-                    store.put(k, c)
+                    c = (get(k) or 0) + 1
+                    put(k, c)
                     down(k, c)
             elif op == "reduce":
                 fn = n.fn
@@ -766,6 +913,7 @@ class TaskProcessor:
             return f
         if kind == g.WINDOW_AGGREGATE:
             store = self.store(n.stores[0].name)
+            down, _cached = self._holder(n, down)
             op = n.params["op"]
             windows = n.params["windows"]
             size = windows.size_ms
@@ -883,7 +1031,48 @@ class TaskProcessor:
         r, p, o, ts, kp, vp = record
         self.process(r, _LOADS(kp), _LOADS(vp), ts, o, p)
 
+    def process_records(self, records, on_record=None) -> int:
+        """Every tuple of `records` (as process_record), in order; the per-record path of a batch.
+        A short `str` key or value is unpickled once per batch (memoized by its pickle).
+        `on_record(n)`, when given, is called after the n-th record. Returns the count."""
+        rec = self.rec
+        topics = self._route_topic
+        entry = self._entry
+        memo = self._loads_memo
+        loads = _LOADS
+        st = self.stream_time
+        n = 0
+        try:
+            for r, p, o, ts, kp, vp in records:
+                k = memo.get(kp)
+                if k is None:
+                    k = loads(kp)
+                    if type(k) is str and len(kp) <= _LOADS_MEMO_BYTES and len(memo) < _MEMO_MAX:
+                        memo[kp] = k
+                if vp == kp and type(k) is str:   # word count: value == key (a str is immutable)
+                    v = k
+                else:
+                    v = memo.get(vp)
+                    if v is None:
+                        v = loads(vp)
+                        if type(v) is str and len(vp) <= _LOADS_MEMO_BYTES and len(memo) < _MEMO_MAX:
+                            memo[vp] = v
+                rec.topic = topics[r]
+                rec.partition = p
+                rec.offset = o
+                rec.timestamp = ts
+                if ts is not None and ts > st:
+                    st = self.stream_time = ts
+                n += 1
+                entry[r](k, v)
+                if on_record is not None:
+                    on_record(n)
+        finally:
+            self.records += n
+        return n
+
     def close(self) -> None:
+        self.flush()
         errors = []
         for inst, _ctx, n in self._processors:
             close = getattr(inst, "close", None)

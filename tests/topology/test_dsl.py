@@ -50,9 +50,14 @@ class FakeWindow:
 
 
 class FakeCtx:
-    def __init__(self, plan, task_id=0, batch_id=0):
+    """No `cache_bytes`: no record cache, so aggregations forward every update (unless a test sets
+    cache_bytes > 0 and calls the processor's flush())."""
+
+    def __init__(self, plan, task_id=0, batch_id=0, cache_bytes=None):
         self.task_id = task_id
         self.batch_id = batch_id
+        if cache_bytes is not None:
+            self.cache_bytes = cache_bytes
         self.stores = {s.name: (FakeWindow() if s.kind == "window" else FakeKV()) for s in plan.stores}
         self.out = []
 
@@ -63,8 +68,9 @@ class FakeCtx:
         self.out.append((topic, k, v))
 
 
-def run_local(plan, records, partitions=1):
-    """records: (topic, key, value, ts). Runs stage 1 and one TaskProcessor per task over fakes."""
+def run_local(plan, records, partitions=1, cache_bytes=None):
+    """records: (topic, key, value, ts). Runs stage 1 and one TaskProcessor per task over fakes
+    (then flushes them: the end of the batch)."""
     ctxs, procs = {}, {}
     for i, (topic, k, v, ts) in enumerate(records):
         si = plan.source_index(topic)
@@ -73,9 +79,11 @@ def run_local(plan, records, partitions=1):
         vb = None if v is None else vs.to_bytes(v)
         for task, rec in plan.shuffle(si, kb, vb, ts, 0, i, partitions):
             if task not in procs:
-                ctxs[task] = FakeCtx(plan, task)
+                ctxs[task] = FakeCtx(plan, task, cache_bytes=cache_bytes)
                 procs[task] = plan.new_processor(ctxs[task])
             procs[task].process_record(rec)
+    for p in procs.values():
+        p.flush()
     return ctxs, procs
 
 
@@ -369,6 +377,56 @@ def test_aggregations_forward_every_update():
     assert c.out == [("sums", "a", 3), ("sums", "a", 8), ("sums", "b", 1)]
     assert c.stores["sum"].d == {"a": 8, "b": 1}
     assert c.stores["agg"].d == {"a": {"n": 2, "max": 5}, "b": {"n": 1, "max": 1}}
+
+
+def test_aggregations_forward_on_flush_with_a_record_cache():
+    """cache_bytes > 0 and caching stores: nothing is forwarded until flush(), then the latest value
+    per key, once, in first-update order, with the metadata of the key's last update; a store with
+    caching=False still forwards every update; a cached aggregation downstream of another one is
+    flushed after it."""
+    seen = []
+
+    class Stamp(Processor):
+        def process(self, k, v):
+            seen.append((k, v, self.context.timestamp, self.context.offset))
+            self.context.forward(k, v)
+
+    b = TopologyBuilder()
+    g = b.stream("nums", value_serde="json").group_by_key()
+    sums = g.reduce(lambda a, v: a + v, store="sum")
+    sums.to_stream().process(Stamp).to("sums", value_serde="json")
+    g.count(store=kv_store("raw", caching=False)).to_stream().to("raw", value_serde="int64")
+    (g.windowed_by(tumbling(10)).count(store="w")
+     .to_stream().to("w", key_serde=WindowedSerde("str"), value_serde="int64"))
+    sums.to_stream().group_by_key().count(store="sum-updates").to_stream().to("n", value_serde="int64")
+    plan = b.compile()
+    recs = [("nums", "a", 3, 1), ("nums", "b", 1, 2), ("nums", "a", 5, 13), ("nums", None, 9, 14),
+            ("nums", "b", 2, 15), ("nums", "a", 1, 16)]
+    ctx = FakeCtx(plan, cache_bytes=1 << 20)
+    proc = plan.new_processor(ctx)
+    for i, (topic, k, v, ts) in enumerate(recs):
+        for _task, rec in plan.shuffle(0, plan.source_serdes(0)[0].to_bytes(k) if k else None,
+                                       plan.source_serdes(0)[1].to_bytes(v), ts, 0, i, 1):
+            proc.process_record(rec)
+    # before the flush: only the uncached store's updates went out
+    assert ctx.out == [("raw", "a", 1), ("raw", "b", 1), ("raw", "a", 2), ("raw", "b", 2),
+                       ("raw", "a", 3)]
+    assert ctx.stores["sum"].d == {"a": 9, "b": 3}      # the stores are up to date all along
+    ctx.out.clear()
+    assert proc.flush() == 2 + 4 + 2
+    assert ctx.out == [("sums", "a", 9), ("sums", "b", 3),                       # first-update order
+                       ("w", ("a", 0), 1), ("w", ("b", 0), 1), ("w", ("a", 10), 2),
+                       ("w", ("b", 10), 1),
+                       ("n", "a", 1), ("n", "b", 1)]                              # flushed after "sum"
+    assert seen == [("a", 9, 16, 5), ("b", 3, 15, 4)]  # timestamp/offset of the key's last update
+    assert proc.flush() == 0 and proc.rec.offset == 5  # nothing held; metadata restored
+    # the same records over a context without a record cache: every update, at once
+    ctxs, _ = run_local(plan, recs)
+    assert [o for o in ctxs[0].out if o[0] == "sums"] == [("sums", "a", 3), ("sums", "b", 1),
+                                                          ("sums", "a", 8), ("sums", "b", 3),
+                                                          ("sums", "a", 9)]
+    assert [o for o in ctxs[0].out if o[0] == "n"] == [("n", "a", 1), ("n", "b", 1), ("n", "a", 2),
+                                                       ("n", "b", 2), ("n", "a", 3)]
 
 
 def test_windowed_grace_drops_late_records():

@@ -64,11 +64,32 @@ def end_offsets(broker, topics):
 
 # -- word count ----------------------------------------------------------------------------------
 
-def wordcount_plan():
+def wordcount_plan(caching=True):
     b = TopologyBuilder()
     (b.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w)
-     .count(store="counts").to_stream().to("counts-out", value_serde="int64"))
+     .count(store=kv_store("counts", caching=caching)).to_stream().to("counts-out", value_serde="int64"))
     return b.compile()
+
+
+def wordcount_outputs(batches, partitions, every_update=False):
+    """The exact outputs of the word count, batch by batch (tasks in order, as LocalEngine runs
+    them; within a task, records in input order). Caching on: per batch and task, the final count of
+    each word updated in the batch, once, in first-update order. `every_update`: every count."""
+    running = Counter()
+    want = []
+    for batch in batches:
+        per_task = defaultdict(dict)   # task -> {word: count}, insertion order = first update
+        updates = defaultdict(list)    # task -> [(word, count)]
+        for _t, _k, line, _ts in batch:
+            for w in line.split():
+                running[w] += 1
+                task = partition_for(w.encode(), partitions)
+                per_task[task][w] = running[w]
+                updates[task].append((w, running[w]))
+        for task in sorted(per_task):
+            pairs = updates[task] if every_update else per_task[task].items()
+            want.extend(("counts-out", w, c) for w, c in pairs)
+    return want
 
 
 def word_batches(seed, n_batches=4, lines=50):
@@ -99,17 +120,60 @@ def test_wordcount_exact(broker, tmp_path):
             ref.update(line.split())
     assert eng.store("counts") == dict(ref)
     check_partitioning(eng, "counts")
-    # every update is forwarded: per word, 1, 2, ..., n in order
+    # the store caches (the default): one output per word per batch, its count at the end of the
+    # batch, in first-update order within each task
+    assert outputs == wordcount_outputs(data, 3)
+    assert len(outputs) < sum(ref.values())
     for topic, k, v in outputs:
-        assert topic == "counts-out"
         seq[k].append(v)
-    assert {k: v for k, v in seq.items()} == {k: list(range(1, n + 1)) for k, n in ref.items()}
+    assert {k: v[-1] for k, v in seq.items()} == dict(ref)
     # the changelog holds the same state (latest value per key)
     from statekit.stores import get_serde
 
     cl = changelog_latest(broker, "wc-counts-changelog", 3)
     ks, vs = get_serde("str"), get_serde("int64")
     assert {ks.from_bytes(k): vs.from_bytes(v) for k, v in cl.items()} == dict(ref)
+
+
+@pytest.mark.parametrize("how", ["caching on", "store caching=False", "cache_bytes=0"])
+def test_forwarding_rule_cache_on_vs_off(broker, tmp_path, how):
+    """Kafka Streams' KTable cache: with caching, an aggregation forwards the latest value per key
+    once per commit (here: per batch); without (the store's caching=False, or no record cache in the
+    task), every update."""
+    plan = wordcount_plan(caching=(how != "store caching=False"))
+    kw = {"cache_bytes": 0} if how == "cache_bytes=0" else {}
+    eng = make_engine(plan, broker, tmp_path, "fwd", partitions=2, **kw)
+    data = [[("lines", None, "a b a", 1), ("lines", None, "a c b", 2)],
+            [("lines", None, "b b", 3)],
+            [("lines", None, "c a", 4)]]
+    outs = [eng.decode(eng.run_batch(b)) for b in data]
+    assert eng.store("counts") == {"a": 4, "b": 4, "c": 2}
+    task = {w: partition_for(w.encode(), 2) for w in "abc"}
+
+    def ordered(pairs):   # tasks in order, records in input order within a task
+        return [("counts-out", w, n) for t in (0, 1) for w, n in pairs if task[w] == t]
+
+    if how == "caching on":
+        assert outs == [ordered([("a", 3), ("b", 2), ("c", 1)]),   # a: 1,2,3 -> 3; b: 1,2 -> 2
+                        ordered([("b", 4)]),
+                        ordered([("c", 2), ("a", 4)])]
+    else:
+        assert outs == [ordered([("a", 1), ("b", 1), ("a", 2), ("a", 3), ("c", 1), ("b", 2)]),
+                        ordered([("b", 3), ("b", 4)]),
+                        ordered([("c", 2), ("a", 4)])]
+    assert outs == _split(wordcount_outputs(data, 2, every_update=(how != "caching on")),
+                          [len(o) for o in outs])
+    # a replayed batch re-emits exactly what it forwarded (the outbox)
+    assert eng.decode(eng.replay()) == outs[-1]
+
+
+def _split(items, sizes):
+    out, i = [], 0
+    for n in sizes:
+        out.append(items[i:i + n])
+        i += n
+    assert i == len(items)
+    return out
 
 
 def test_replay_skips_and_reemits_outbox(broker, tmp_path):
@@ -180,19 +244,26 @@ def window_events(seed, n=400, keys=6, late_every=7):
     return out
 
 
-def window_reference(batches, windows, grace, partitions):
+def window_reference(batches, windows, grace, partitions, outputs=None):
+    """The window store after `batches`; `outputs` (a list), when given, gets what a caching window
+    store forwards: per batch and task (in order), the final count of each (key, window start) the
+    batch updated, once, in first-update order."""
     store = Counter()
     stream_time = defaultdict(lambda: -1)
     for batch in batches:
         by_task = defaultdict(list)
         for i, (_t, k, _v, ts) in enumerate(batch):
             by_task[partition_for(k.encode(), partitions)].append((ts, i, k))
-        for task, recs in by_task.items():
-            for ts, _i, k in sorted(recs):
+        for task in sorted(by_task):
+            updated = {}
+            for ts, _i, k in sorted(by_task[task]):
                 stream_time[task] = max(stream_time[task], ts)
                 for start in windows.starts(ts):
                     if start + windows.size_ms > stream_time[task] - grace:
                         store[(k, start)] += 1
+                        updated[(k, start)] = store[(k, start)]
+            if outputs is not None:
+                outputs.extend(updated.items())
     return dict(store)
 
 
@@ -210,12 +281,14 @@ def test_windowed_count_exact(broker, tmp_path, windows):
     outs = []
     for batch in batches:
         outs.extend(eng.decode(eng.run_batch(batch)))
-    ref = window_reference(batches, windows, 3_000, 3)
+    want_outs = []
+    ref = window_reference(batches, windows, 3_000, 3, want_outs)
     got = eng.store("wcount")
     assert got == ref
     assert any(len(windows.starts(ts)) > 1 for *_x, ts in ev) == (windows.kind == "hopping")
     check_partitioning(eng, "wcount")
-    # the forwarded updates end with the final count of every window
+    # caching store: one output per (key, window) per batch, with its count at the end of the batch
+    assert [(kw, v) for _t, kw, v in outs] == want_outs
     last = {}
     for _t, (k, start), v in outs:
         last[(k, start)] = v
