@@ -3,6 +3,7 @@ its own `Figure` on an Agg canvas, so drawing from the refresh thread touches no
 from __future__ import annotations
 
 import io
+import math
 from typing import Iterable
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -90,6 +91,9 @@ class LagChart:
         self.lines: dict = {}
         self._sig = None
         self._drawn_at = 0.0
+        self._layout = None
+        self._background = None
+        self.full_draws = 0
         # fixed margins (tight_layout once would clip wider tick labels later): room for 6 digits
         self.fig.subplots_adjust(left=0.15, right=0.98, top=0.88, bottom=0.2)
 
@@ -100,10 +104,18 @@ class LagChart:
                                  linestyle="--" if standby else "-",
                                  label=f"{'standby' if standby else 'task'} {key[1]}")
             self.lines[key] = ln
-            self.ax.legend(fontsize=7, frameon=False, ncol=4, loc="upper right")
+            # above the plot, right of the title: drawn with the background, never over a line
+            self.ax.legend(fontsize=7, frameon=False, ncol=4, loc="lower right", bbox_to_anchor=(1.0, 1.0),
+                           borderaxespad=0.1)
         return ln
 
     def png(self, series: dict, standby: dict | None = None, now: float | None = None) -> bytes | None:
+        """PNG of the chart, or None when nothing visible changed and the last picture is recent.
+
+        Cheap in the steady state: the axes limits are rounded up to "nice" values, so most
+        refreshes keep the same axes, ticks and labels; then only the lines are redrawn over a
+        saved background (blitting) and the canvas is encoded at a low PNG compression. A full
+        draw happens only when a limit, the set of lines or the placeholder text changes."""
         import time as _time
 
         now = _time.monotonic() if now is None else now
@@ -114,17 +126,51 @@ class LagChart:
             return None  # the same lags: a redraw would only stretch the time axis
         self._sig, self._drawn_at = sig, now
         xmax, ymax = 1.0, 0
+        n_lines = len(self.lines)
         for key, i, sb, xs, ys in data:
             self._line(key, i, sb).set_data(xs, ys)
             if xs:
                 xmax = max(xmax, xs[-1])
                 ymax = max(ymax, max(ys))
-        self.empty.set_visible(not any(xs for *_r, xs, _ys in data))
-        self.ax.set_xlim(0, xmax)
-        self.ax.set_ylim(0, max(4, ymax * 1.15))
+        empty = not any(xs for *_r, xs, _ys in data)
+        limits = (axis_limit(xmax, floor=30.0), axis_limit(max(4, ymax * 1.15), floor=4))
+        layout = (limits, len(self.lines), empty)
+        if layout != self._layout or n_lines != len(self.lines) or self._background is None:
+            self._layout = layout
+            self.empty.set_visible(empty)
+            self.ax.set_xlim(0, limits[0])
+            self.ax.set_ylim(0, limits[1])
+            for ln in self.lines.values():
+                ln.set_visible(False)
+            self.canvas.draw()  # axes, ticks, labels, grid, legend (outside the axes): the background
+            self._background = self.canvas.copy_from_bbox(self.ax.bbox)
+            for ln in self.lines.values():
+                ln.set_visible(True)
+            self.full_draws += 1
+        else:
+            self.canvas.restore_region(self._background)
+        for ln in self.lines.values():
+            self.ax.draw_artist(ln)
+        return self._encode()
+
+    def _encode(self) -> bytes:
+        from PIL import Image
+
+        w, h = self.canvas.get_width_height()
+        img = Image.frombuffer("RGBA", (w, h), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
         buf = io.BytesIO()
-        self.canvas.print_png(buf)
+        img.convert("RGB").save(buf, format="png", compress_level=1)
         return buf.getvalue()
+
+
+def axis_limit(v: float, floor: float = 1.0) -> float:
+    """`v` rounded up to a multiple of a 1-2-5 step of about a fifth of it (so an axis that grows
+    a little each second keeps its limit, ticks and labels for a while): 37 -> 40, 123 -> 150."""
+    v = max(float(v), floor)
+    raw = v / 5.0
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    return math.ceil(v / step - 1e-9) * step
 
 
 def bar_figure(labels: list, values: list, title: str, ylabel: str, width=5.0, height=2.6,

@@ -8,6 +8,7 @@ column layout of the topology graph.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import deque
@@ -392,9 +393,10 @@ class DashboardModel:
         # changed rows
         for store, rows in snap.stores.items():
             before = self.previous.stores.get(store) if self.previous else None
-            d = diff_rows(before, rows)
-            if before is None:  # first sight: nothing is "changed" yet
+            if before is None or before is rows:  # first sight, or not re-read (no commit since)
                 d = Diff()
+            else:
+                d = diff_rows(before, rows)
             self.diffs[store] = d
             times = self.last_change.setdefault(store, {})
             for k in d.touched:
@@ -583,19 +585,22 @@ class DashboardModel:
         d = self.diffs.get(store, Diff())
         times = self.last_change.get(store, {})
         flt = self.key_filter.strip().lower()
-        items = [(k, v) for k, v in rows.items() if not flt or flt in str(k).lower()]
+        items = rows.items() if not flt else [(k, v) for k, v in rows.items() if flt in str(k).lower()]
         if self.sort_by == "recency":
-            items.sort(key=lambda kv: (-(times.get(kv[0]) or 0), str(kv[0])))
+            def order(kv):
+                return (-(times.get(kv[0]) or 0), str(kv[0]))
         elif self.sort_by == "key":
-            items.sort(key=lambda kv: str(kv[0]))
+            def order(kv):
+                return str(kv[0])
         else:
-            def by_value(kv):
+            def order(kv):
                 sv = _sort_value(kv[1])
                 return (sv is None, -(sv or 0), str(kv[0]))
 
-            items.sort(key=by_value)
+        # the top k without sorting the whole store (same result as sorted(...)[:k])
+        items = heapq.nsmallest(self.top_k, items, key=order)
         out = []
-        for k, v in items[: self.top_k]:
+        for k, v in items:
             status = "new" if k in d.added else "changed" if k in d.changed else None
             out.append(StoreRow(k, v, status, times.get(k)))
         return out
@@ -705,10 +710,75 @@ def _accepts(fn, name: str) -> bool:
         return False
 
 
+class StoreCache:
+    """Re-reads a store only after a commit. A store's contents only change when one of its tasks
+    commits, and every commit moves what `signature` looks at: the task's changelog checkpoint
+    (lag table), the last completed micro-batch and generation (metrics) or the app state. While the signature of
+    a store is the one it was read at, `collect` reuses the rows read then (the very same dict, so
+    the model knows nothing changed). An unknown signature (no checkpoint or batch figures) always
+    reads; `max_age` bounds how long rows are reused in any case."""
+
+    def __init__(self, max_age: float = 30.0):
+        self.max_age = max_age
+        self._read: dict[str, tuple] = {}  # store -> (signature, time read, (rows, per_task))
+        self.reads = 0
+        self.skips = 0
+
+    @staticmethod
+    def signature(name: str, state: str, metrics: dict, tasks: list[dict]):
+        batch = None
+        for k in ("last_batch_id", "batch_id", "batchId"):
+            if metrics.get(k) is not None:
+                batch = metrics[k]
+                break
+        cps = []
+        for raw in tasks:
+            r = normalize_task(raw)
+            if r["store"] != name or r["role"] != "active":
+                continue
+            cps.append((r["task"], r["instance"], r["checkpoint"]))
+        if batch is None and (not cps or any(c[2] is None for c in cps)):
+            return None  # nothing tells us when it committed: read every time
+        # the generation: batch ids start again after a restart
+        return (state, metrics.get("generation"), batch, tuple(sorted(cps, key=repr)))
+
+    def get(self, name: str, sig, now: float):
+        """The (rows, per_task) read at `sig`, or None when the store must be read again."""
+        got = self._read.get(name)
+        if sig is None or got is None or got[0] != sig or now - got[1] > self.max_age:
+            return None
+        self.skips += 1
+        return got[2]
+
+    def put(self, name: str, sig, now: float, value) -> None:
+        self.reads += 1
+        self._read[name] = (sig, now, value)
+
+
+class Throttled:
+    """Calls `fn` at most every `every` seconds; in between, returns its last result (the heavy
+    panels: changelog figures scan the broker's log segments)."""
+
+    def __init__(self, fn, every: float = 5.0, clock=time.monotonic):
+        self.fn, self.every, self.clock = fn, every, clock
+        self._at: float | None = None
+        self._last = None
+        self.calls = 0
+
+    def __call__(self):
+        now = self.clock()
+        if self._at is None or now - self._at >= self.every:
+            self._at = now  # also on failure: a failing panel is not retried every second
+            self.calls += 1
+            self._last = self.fn()
+        return self._last
+
+
 def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
-            events: EventCursor | None = None, changelog=None) -> Snapshot:
+            events: EventCursor | None = None, changelog=None, cache: StoreCache | None = None) -> Snapshot:
     """A Snapshot of `app` (a statekit.App). Never raises: a failing part leaves its panel empty
-    and the message in `snapshot.error`."""
+    and the message in `snapshot.error`. With a `cache`, a store is only read again after one of
+    its tasks committed (see `StoreCache`)."""
     snap = Snapshot(t=time.time())
     errors = []
 
@@ -725,7 +795,14 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
     snap.tasks = guard("lag", lambda: _records(app.lag())) or []
     names = list(stores) if stores is not None else guard("stores", lambda: _store_names(app)) or []
     for name in names:
-        got = guard(f"store {name}", lambda: _read_store(app, name, max_rows))
+        sig = got = None
+        if cache is not None:
+            sig = StoreCache.signature(name, snap.state, snap.metrics, snap.tasks)
+            got = cache.get(name, sig, snap.t)
+        if got is None:
+            got = guard(f"store {name}", lambda: _read_store(app, name, max_rows))
+            if got is not None and cache is not None:
+                cache.put(name, sig, snap.t, got)
         if got is not None:
             snap.stores[name], per_task = got
             for t, n in per_task.items():

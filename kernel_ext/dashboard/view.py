@@ -15,8 +15,8 @@ from typing import Callable
 import ipywidgets as W
 
 from kernel_ext.dashboard import charts
-from kernel_ext.dashboard.model import (DashboardModel, EventCursor, Snapshot, collect, fmt_eta,
-                                        fmt_num)
+from kernel_ext.dashboard.model import (DashboardModel, EventCursor, Snapshot, StoreCache, Throttled,
+                                        collect, fmt_eta, fmt_num)
 
 TERMINAL_STATES = {"NOT_RUNNING", "ERROR", "STOPPED", "DEAD", "CRASHED", "FAILED"}
 STATE_COLORS = {"RUNNING": "#2e7d32", "RESTORING": "#ef6c00", "REBALANCING": "#ef6c00",
@@ -469,13 +469,16 @@ class LiveDashboard:
 
     def __init__(self, app, name: str | None = None, interval: float = 1.0, top: int = 15,
                  history_fn: Callable | None = None, changelog_fn: Callable | None = None,
-                 stores: list[str] | None = None, max_rows: int = 2000, view: bool = True):
+                 stores: list[str] | None = None, max_rows: int = 2000, view: bool = True,
+                 heavy_interval: float = 5.0):
         self.app = app
         self.name = name or getattr(app, "name", "app")
         self.interval = interval
         self.model = DashboardModel(top_k=top)
         self.cursor = EventCursor(app)
-        self.changelog_fn = changelog_fn
+        # changelog figures scan the broker's segments: every few seconds, not every refresh
+        self.changelog_fn = Throttled(changelog_fn, heavy_interval) if changelog_fn is not None else None
+        self.store_cache = StoreCache()  # a store is read again only after a commit
         self.stores = stores
         self.max_rows = max_rows
         self._stop = threading.Event()
@@ -503,7 +506,7 @@ class LiveDashboard:
         t0 = time.perf_counter()
         c0 = time.thread_time()
         snap = collect(self.app, stores=self.stores, max_rows=self.max_rows, events=self.cursor,
-                       changelog=self.changelog_fn)
+                       changelog=self.changelog_fn, cache=self.store_cache)
         self.model.update(snap)
         if self.view is not None:
             self.view.render(self.model)

@@ -190,3 +190,101 @@ def test_restore_events_as_the_task_runner_sends_them():
         {"type": "restore_end", "task": 1, "store": "counts", "restored": 5, "duration_s": 0.1,
          "from": "standby", "start_offset": 0, "end_offset": 5, "ts": 70.5}]))
     assert m.restore_summary.from_standby == 1 and "from a standby" in m.restore_summary.line()
+
+
+class _CommitApp:
+    """Two tasks of one store; a store read is counted; commits move the checkpoint offsets."""
+
+    state = "RUNNING"
+
+    def __init__(self):
+        self.batch = 3
+        self.checkpoints = {0: 10, 1: 20}
+        self.rows = {"a": 1, "b": 2}
+        self.store_reads = 0
+
+    def metrics(self):
+        return {"last_batch_id": self.batch}
+
+    def lag(self):
+        return [{"task": t, "instance": 0, "role": "active", "store": "counts", "checkpoint_offset": cp,
+                 "changelog_end": cp, "lag": 0} for t, cp in self.checkpoints.items()]
+
+    def query_all(self, store):
+        self.store_reads += 1
+        return dict(self.rows)
+
+
+def test_a_store_is_read_again_only_after_a_commit():
+    from kernel_ext.dashboard.model import StoreCache, collect
+
+    app, cache, m = _CommitApp(), StoreCache(max_age=30.0), DashboardModel()
+    s1 = collect(app, stores=["counts"], cache=cache)
+    m.update(s1)
+    assert (app.store_reads, cache.reads, cache.skips) == (1, 1, 0)
+    # nothing committed: no read, the very same rows, nothing highlighted
+    s2 = collect(app, stores=["counts"], cache=cache)
+    m.update(s2)
+    assert (app.store_reads, cache.reads, cache.skips) == (1, 1, 1)
+    assert s2.stores["counts"] is s1.stores["counts"]
+    assert m.changed_count("counts") == 0
+    # task 1 commits (its checkpoint moves): read again, the changed row is highlighted
+    app.rows["b"] = 5
+    app.checkpoints[1] = 21
+    m.update(collect(app, stores=["counts"], cache=cache))
+    assert (app.store_reads, cache.reads, cache.skips) == (2, 2, 1)
+    assert m.diffs["counts"].changed == {"b"} and m.diffs["counts"].added == set()
+    assert [(r.key, r.value, r.status) for r in m.store_rows()] == [("b", 5, "changed"), ("a", 1, None)]
+    # the next refresh without a commit: no read, and "changed since the last refresh" is empty again
+    m.update(collect(app, stores=["counts"], cache=cache))
+    assert (app.store_reads, cache.skips) == (2, 2)
+    assert m.changed_count("counts") == 0
+    # a new micro-batch (even with the same checkpoints) reads again
+    app.batch = 4
+    collect(app, stores=["counts"], cache=cache)
+    assert app.store_reads == 3
+    # a state change reads again
+    app.state = "RESTORING"
+    collect(app, stores=["counts"], cache=cache)
+    assert app.store_reads == 4
+
+
+def test_store_cache_reads_every_time_without_commit_figures_and_after_max_age():
+    from kernel_ext.dashboard.model import StoreCache, collect
+
+    app = _CommitApp()
+    app.metrics = lambda: {}
+    app.checkpoints = {0: None, 1: 20}  # task 0 never committed: no signature
+    cache = StoreCache()
+    for _ in range(3):
+        collect(app, stores=["counts"], cache=cache)
+    assert (app.store_reads, cache.reads, cache.skips) == (3, 3, 0)
+    assert StoreCache.signature("counts", "RUNNING", {}, app.lag()) is None
+    assert StoreCache.signature("counts", "RUNNING", {"last_batch_id": 7, "generation": 2}, app.lag()) == \
+        ("RUNNING", 2, 7, ((0, 0, None), (1, 0, 20)))
+    assert StoreCache.signature("counts", "RUNNING", {"last_batch_id": 7}, app.lag()) == \
+        ("RUNNING", None, 7, ((0, 0, None), (1, 0, 20)))
+    # a known signature is reused for at most max_age seconds
+    c = StoreCache(max_age=30.0)
+    c.put("counts", ("RUNNING", 1, ()), 100.0, ({"a": 1}, {}))
+    assert c.get("counts", ("RUNNING", 1, ()), 130.0) == ({"a": 1}, {})
+    assert c.get("counts", ("RUNNING", 1, ()), 130.5) is None
+    assert c.get("counts", ("RUNNING", 2, ()), 101.0) is None
+    assert c.get("other", ("RUNNING", 1, ()), 101.0) is None
+    assert (c.reads, c.skips) == (1, 1)
+
+
+def test_throttled_heavy_panel_and_nice_axis_limits():
+    from kernel_ext.dashboard.charts import axis_limit
+    from kernel_ext.dashboard.model import Throttled
+
+    now = [0.0]
+    calls = []
+    th = Throttled(lambda: calls.append(now[0]) or len(calls), every=5.0, clock=lambda: now[0])
+    got = []
+    for t in (0.0, 1.0, 4.9, 5.0, 6.0, 11.0):
+        now[0] = t
+        got.append(th())
+    assert got == [1, 1, 1, 2, 2, 3] and calls == [0.0, 5.0, 11.0] and th.calls == 3
+    assert [axis_limit(v, floor=30.0) for v in (1, 29, 31, 37, 41, 123, 599)] == [30, 30, 40, 40, 50, 150, 600]
+    assert [axis_limit(v, floor=4) for v in (0, 4.6, 115, 575.0)] == [4, 5, 150, 600]
