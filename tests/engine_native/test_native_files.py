@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 
+from kernel_ext.dashboard.model import normalize_task
 from statekit.engine.spark_native.inspect import changelog_lag, checkpoint_bytes, checkpoint_files, \
-    restore_metrics, state_operator_metrics
+    lag_table, restore_metrics, state_operator_metrics
 
 
 def _touch(path, n=10):
@@ -30,6 +31,11 @@ def test_changelog_lag_counts_versions_since_last_snapshot(tmp_path):
     assert lag.loc[0, "changelog_lag"] == 4 and lag.loc[0, "snapshots"] == 1
     assert lag.loc[1, "changelog_lag"] == 3 and lag.loc[1, "latest_version"] == 3
     assert checkpoint_bytes(ck) >= 7 * 10 + 10 + 100
+    # the same rows in App.lag()'s shape, which the dashboard's task table and lag chart read
+    table = lag_table(changelog_lag(ck, f), ["counts"])
+    rows = sorted((normalize_task(r) for r in table.to_dict("records")), key=lambda r: r["task"])
+    assert [(r["task"], r["store"], r["checkpoint"], r["changelog_end"], r["lag"]) for r in rows] == \
+        [(0, "counts", 3, 7, 4), (1, "counts", 0, 3, 3)]
 
 
 def test_progress_frames():

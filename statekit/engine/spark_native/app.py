@@ -211,6 +211,15 @@ class NativeApp:
     def changelog_lag(self):
         return self.engine.changelog_lag(self.run)
 
+    def lag(self):
+        """``App.lag()``'s table from Spark's checkpoint: per state partition, the changelog versions
+        since the last snapshot (what a restore replays)."""
+        from statekit.engine.spark_native.inspect import lag_table
+
+        plan = getattr(self, "plan", None)
+        stores = [s.name for s in plan.stores] if plan is not None and getattr(plan, "stores", None) else []
+        return lag_table(self.changelog_lag(), stores)
+
     def bytes_on_disk(self) -> int:
         from statekit.engine.spark_native.inspect import checkpoint_bytes
 

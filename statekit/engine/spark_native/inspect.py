@@ -98,6 +98,24 @@ def changelog_lag(ckpt: str, files=None):
                                        "changelog_lag", "changelog_files", "snapshots", "bytes"])
 
 
+def lag_table(lag, stores=()):
+    """The changelog engine's lag table (``App.lag()``), filled from Spark's checkpoint, so the same
+    dashboard panels work for both engines: a task is a state partition, its "checkpoint" is the
+    version of the last uploaded snapshot, its "changelog end" the latest version, and its lag the
+    changelog files a restore would replay (versions, not records: Spark's changelog unit)."""
+    import pandas as pd
+
+    store = ",".join(stores) if stores else None
+    rows = [{"task": int(r.partition), "instance": 0, "role": "active",
+             "store": store or f"operator {r.operator}",
+             "checkpoint": int(r.last_snapshot) if pd.notna(r.last_snapshot) else 0,
+             "changelog_end": int(r.latest_version), "lag": int(r.changelog_lag),
+             "unit": "changelog versions"}
+            for r in lag.itertuples()]
+    return pd.DataFrame(rows, columns=["task", "instance", "role", "store", "checkpoint",
+                                       "changelog_end", "lag", "unit"])
+
+
 def checkpoint_bytes(ckpt: str) -> int:
     """Bytes of the state dir of a checkpoint (changelogs, snapshots, SSTs, metadata)."""
     total = 0
