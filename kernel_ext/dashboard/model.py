@@ -563,6 +563,10 @@ class DashboardModel:
             "batch_id": pick("last_batch_id", "batch_id", "batchId"),
             "rows": sum(r["rows"] or 0 for r in s.tasks if r["role"] == "active"),
             "lag": sum(r["lag"] or 0 for r in s.tasks if r["role"] == "active"),
+            # Spark's state operator figures (the native engine reports them; the changelog engine not)
+            "state_rows": pick("state_rows"),
+            "state_memory_bytes": pick("state_memory_bytes"),
+            "commit_ms": pick("commit_ms"),
             "error": s.error,
         }
 

@@ -108,6 +108,10 @@ def render_header(name: str, m: DashboardModel, note: str = "") -> str:
         ("store rows", fmt_num(h["rows"])),
         ("changelog lag", fmt_num(h["lag"])),
     ]
+    if h.get("state_rows") is not None:  # Spark's own state store: its state operator metrics
+        kpis += [("state rows (Spark)", fmt_num(h["state_rows"])),
+                 ("state memory", f"{fmt_num(round((h['state_memory_bytes'] or 0) / 1024))} KiB"),
+                 ("state commit", f"{fmt_num(h['commit_ms'])} ms")]
     k = "".join(f"<div class='sk-kpi'><b>{v}</b><span>{label}</span></div>" for label, v in kpis)
     err = f"<div class='sk-err'>{_e(h['error'])}</div>" if h.get("error") else ""
     note = f"<span class='sk-note'>{_e(note)}</span>" if note else ""
