@@ -457,36 +457,44 @@ class SparkEngine:
             raise
         except Exception as e:
             raise one_line(e, f"cannot build {name}") from None
-        w = out.writeStream.queryName(name).option("checkpointLocation", run.checkpoint_dir)
-        if run.sink == "kafka":
-            w = w.format("statekit-kafka").option("bootstrap", run.bootstrap).outputMode("append")
-        elif run.sink == "memory":
-            from statekit.engine.spark.sink import memory_table_obj
+        return launch(spark, out, run, self.memory_table_name(run), on_progress=on_progress)
 
-            table = memory_table_obj(self.memory_table_name(run))
 
-            def write(batch_df, batch_id):
-                table.put(batch_id, batch_df.toPandas())
+def launch(spark, out, run: RunSpec, memory_table: str, output_mode: str = "append",
+           sink: str | None = None, on_progress: Callable[[dict], None] | None = None) -> RunningQuery:
+    """Write `out` to a sink (default: the run's) and start the query: one place for the sink
+    choice, the trigger and the one-line start error, shared by both Spark engines."""
+    name = run.query_name or run.app
+    sink = run.sink if sink is None else sink
+    w = out.writeStream.queryName(name).option("checkpointLocation", run.checkpoint_dir)
+    if sink == "kafka":
+        w = w.format("statekit-kafka").option("bootstrap", run.bootstrap)
+    elif sink == "memory":
+        from statekit.engine.spark.sink import memory_table_obj
 
-            w = w.foreachBatch(write).outputMode("append")
-        elif run.sink in ("none", "noop", None):
-            w = w.format("noop").outputMode("append")
-        else:
-            raise EngineError(f"unknown sink {run.sink!r}: use 'kafka', 'memory' or 'none'")
-        w = _apply_trigger(w, run.trigger)
-        try:
-            q = w.start()
-        except Exception as e:
-            raise one_line(e, f"cannot start {name}") from None
-        rq = RunningQuery(spark, q, run)
-        if on_progress is not None:
-            _Listener.subscribe(spark, rq.id, on_progress)
-        return rq
+        table = memory_table_obj(memory_table)
 
+        def write(batch_df, batch_id):
+            table.put(batch_id, batch_df.toPandas())
+
+        w = w.foreachBatch(write)
+    elif sink in ("none", "noop", None):
+        w = w.format("noop")
+    else:
+        raise EngineError(f"unknown sink {sink!r}: use 'kafka', 'memory' or 'none'")
+    w = _apply_trigger(w.outputMode(output_mode), run.trigger)
+    try:
+        q = w.start()
+    except Exception as e:
+        raise one_line(e, f"cannot start {name}") from None
+    rq = RunningQuery(spark, q, run)
+    if on_progress is not None:
+        _Listener.subscribe(spark, rq.id, on_progress)
+    return rq
 
 def start(run: RunSpec, on_progress=None) -> RunningQuery:
     return SparkEngine().start(run, on_progress)
 
 
-__all__ = ["SparkEngine", "RunningQuery", "RunSpec", "EngineError", "SparkFailure", "start",
+__all__ = ["SparkEngine", "RunningQuery", "RunSpec", "EngineError", "SparkFailure", "start", "launch",
            "progress_dict", "make_stage1", "make_stage2"]

@@ -329,7 +329,7 @@ class SparkNativeEngine(SparkEngine):
 
     def _start_update(self, run: RunSpec, on_progress=None) -> RunningQuery:
         """groupBy().count() needs outputMode "update"; memory or no sink."""
-        from statekit.engine.spark.engine import _apply_trigger, _Listener
+        from statekit.engine.spark.engine import launch
 
         spark = self.session(run)
         spark.conf.set("spark.sql.shuffle.partitions", str(run.partitions))
@@ -340,27 +340,8 @@ class SparkNativeEngine(SparkEngine):
             raise
         except Exception as e:
             raise one_line(e, f"cannot build {name}") from None
-        w = out.writeStream.queryName(name).option("checkpointLocation", run.checkpoint_dir)
-        if run.sink == "memory":
-            from statekit.engine.spark.sink import memory_table_obj
-
-            table = memory_table_obj(self.memory_table_name(run))
-
-            def write(batch_df, batch_id):
-                table.put(batch_id, batch_df.toPandas())
-
-            w = w.foreachBatch(write)
-        else:
-            w = w.format("noop")
-        w = _apply_trigger(w.outputMode("update"), run.trigger)
-        try:
-            q = w.start()
-        except Exception as e:
-            raise one_line(e, f"cannot start {name}") from None
-        rq = RunningQuery(spark, q, run)
-        if on_progress is not None:
-            _Listener.subscribe(spark, rq.id, on_progress)
-        return rq
+        return launch(spark, out, run, self.memory_table_name(run), output_mode="update",
+                      sink="memory" if run.sink == "memory" else "none", on_progress=on_progress)
 
     # -- what a runtime needs besides start() -------------------------------------------------------
     def crash(self, query: NativeQuery | None, mode: str = "jvm", during_batch: bool = True,
