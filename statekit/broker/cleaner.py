@@ -1,9 +1,12 @@
 """The log cleaner: compaction of `cleanup.policy=compact` topics, never changing an offset.
 
 A pass over one partition:
-1. snapshot the closed segments (the active one is never rewritten) and build a key -> latest offset
-   map over the whole log, active segment included, so a key's older values in closed segments go
-   as soon as a newer one exists anywhere;
+1. snapshot the cleanable segments and build a key -> latest offset map over their dirty part. As
+   in Kafka, the cleanable range ends at the first uncleanable offset: the active segment's base,
+   or earlier, the first segment holding a record younger than `min.compaction.lag.ms`. Records past
+   it neither go nor make others go: the newest records of a log may still be undecided (a commit
+   that crashed before its marker, in statekit's changelogs), and they must not cost the committed
+   value of their key its place before the writer has had its chance to settle them;
 2. rewrite each closed segment keeping only records that are the latest for their key (a batch
    whose records all survive is copied byte for byte; one that loses some is rebuilt with the same
    base offset and offset deltas; one that loses all is dropped). Tombstones that are the latest
@@ -13,8 +16,8 @@ A pass over one partition:
    the first segment of each group while the others are deleted. A crash mid-swap is rolled
    forward on the next start (see `recover_swap`).
 
-Steps 1-2 run in a worker thread (they only read immutable closed segments and the active one up
-to its snapshot size); the swap runs on the event loop between requests.
+Steps 1-2 run in a worker thread (they only read immutable closed segments); the swap runs on the
+event loop between requests.
 A pass runs every `log.cleaner.backoff.ms` for partitions whose dirty ratio (bytes of closed
 segments not cleaned yet / bytes of all closed segments) is at least `min.cleanable.dirty.ratio`,
 and at once, for every compacted partition, when `request_clean` drops `DIR/clean-request`.
@@ -126,18 +129,20 @@ class LogCleaner:
             await self.clean_partition(plog)
 
     async def clean_partition(self, plog) -> None:
-        closed = list(plog.segments[:-1])
-        active = plog.active
+        now_ms = int(time.time() * 1000)
+        closed = cleanable_segments(plog, now_ms)
+        if not closed:
+            return
+        upper = plog.segments[len(closed)].base  # the first uncleanable offset
         job = {
             "dir": plog.dir,
             "closed": [(s.base, s.log_path, s.size) for s in closed],
-            "active": (active.log_path, active.size),
-            "active_base": active.base,
+            "upper": upper,
             "clean_offset": plog.cleaner_state.get("clean_offset", 0),
             "log_start": plog.log_start_offset,
             "segment_bytes": plog.config.get("segment.bytes"),
             "delete_retention_ms": plog.config.get("delete.retention.ms"),
-            "now_ms": int(time.time() * 1000),
+            "now_ms": now_ms,
         }
         result = await asyncio.to_thread(build_cleaned, job)
         # the world may have moved while the thread ran: only swap what is still there
@@ -147,7 +152,7 @@ class LogCleaner:
             return
         self._swap(plog, closed, result)
         st = plog.cleaner_state
-        st["clean_offset"] = active.base
+        st["clean_offset"] = upper
         st["cleaner_runs"] = st.get("cleaner_runs", 0) + 1
         st["records_removed"] = st.get("records_removed", 0) + result["removed"]
         st["last_cleaned_at"] = time.time()
@@ -185,11 +190,24 @@ class LogCleaner:
         plog.segments = new
 
 
+def cleanable_segments(plog, now_ms: int) -> list:
+    """The closed segments before the first uncleanable offset (Kafka's rule): the active segment
+    is never cleanable, nor is a segment holding a record younger than ``min.compaction.lag.ms``,
+    nor anything after such a segment."""
+    lag = plog.config.get("min.compaction.lag.ms")
+    out = []
+    for seg in plog.segments[:-1]:
+        if lag > 0 and seg.max_timestamp >= 0 and now_ms - seg.max_timestamp < lag:
+            break
+        out.append(seg)
+    return out
+
+
 def _is_dirty(job, base: int) -> bool:
-    """A closed segment holding any offset at or past the clean offset."""
+    """A cleanable segment holding any offset at or past the clean offset."""
     bases = [b for b, _, _ in job["closed"]]
     i = bases.index(base)
-    end = bases[i + 1] if i + 1 < len(bases) else job["active_base"]
+    end = bases[i + 1] if i + 1 < len(bases) else job["upper"]
     return end > job["clean_offset"]
 
 
@@ -304,16 +322,15 @@ CACHE_BYTES = 256 << 20  # parsed dirty segments kept between the two passes, at
 
 def build_cleaned(job: dict) -> dict:
     """Runs in a worker thread: writes `<base>.log.cleaned` files, returns the swap plan."""
-    # pass 1: key -> latest offset over the dirty part and the active segment. The clean part
+    # pass 1: key -> latest offset over the dirty part of the cleanable range. The clean part
     # already holds one record per key, and each of them loses to any newer one in the map.
     latest: dict = {}
     clean_offset = job["clean_offset"]
     cache: dict[int, list] = {}
     cached = 0
     dirty = [(b, p, sz) for b, p, sz in job["closed"] if _is_dirty(job, b)]
-    ab, (apath, asize) = job["active_base"], job["active"]
-    for base, path, size in dirty + [(ab, apath, asize)]:
-        keep_it = base != ab and cached + size <= CACHE_BYTES
+    for base, path, size in dirty:
+        keep_it = cached + size <= CACHE_BYTES
         entries = []
         for h, raw in _iter_file_batches(path, size):
             if h.attributes & R.ATTR_CONTROL:

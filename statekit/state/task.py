@@ -398,9 +398,11 @@ class TaskState:
         """Re-commit the keys of dropped changelog records. Log compaction keeps the *latest*
         record per key, and a dropped record (an uncommitted tail, or a batch another store did
         not commit) is later than the committed value it shadows: once the cleaner runs, that
-        committed value would be gone from the log. So after a restore that dropped records, each
-        such key gets its restored value (or a tombstone) again, closed by a marker at the task's
-        batch. Window stores too: their changelog key is ``key + window_start``, so a crashed
+        committed value would be gone from the log. Until the task writes again the dropped records
+        sit in the active segment, past the first uncleanable offset (the broker's cleaner, like
+        Kafka's, never maps them), so this is the moment to act: after a restore that dropped
+        records, each such key gets its restored value (or a tombstone) again, closed by a marker
+        at the task's batch. Window stores too: their changelog key is ``key + window_start``, so a crashed
         attempt's record of a window shadows that window's committed value in the same way; their
         restored values are read in changelog form (``TaskDB.changelog_items``). A window that has
         expired locally gets a tombstone (a restore from scratch drops it by retention anyway)."""

@@ -254,10 +254,10 @@ def test_kill9_during_produce_keeps_every_acked_record(tmp_path):
         h.kill()  # SIGKILL mid-load
         stop.set()
         t.join(10)
-        try:
-            producer.close(timeout=2)
-        except Exception:  # noqa: BLE001 - unsent records time out: the broker is dead
-            pass
+        # the broker is dead: fail the unsent records now (KafkaProducer.close() would first flush
+        # them, time out and raise, and try again from __del__ at garbage collection)
+        producer._accumulator.abort_incomplete_batches()
+        producer.close(timeout=0)
     finally:
         h.stop()
     with lock:
@@ -421,3 +421,43 @@ def test_concurrent_starts_share_one_broker(tmp_path):
         for h in handles:
             if h is not None:
                 h.stop(force=True)
+
+
+def test_cleaner_stops_at_the_first_uncleanable_offset(broker):
+    """Kafka's rule: records in the active segment, or in a segment younger than
+    min.compaction.lag.ms, neither go nor make older values of their key go."""
+    create_topic(broker.bootstrap, "uncl", configs={
+        "cleanup.policy": "compact", "segment.bytes": "1000", "delete.retention.ms": "0"})
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    for i in range(60):
+        producer.send("uncl", key=b"k%d" % (i % 3), value=b"v%03d" % i, partition=0).get(timeout=10)
+    # newer values of k0 and k1 (a tombstone) land in the active segment (the log rolls before it)
+    seg_files = lambda: sorted(glob.glob(os.path.join(broker.dir, "logs", "uncl-0", "*.log")))  # noqa: E731
+    before = len(seg_files())
+    producer.send("uncl", key=b"pad", value=b"x" * 1000, partition=0).get(timeout=10)
+    producer.send("uncl", key=b"k0", value=b"new", partition=0).get(timeout=10)
+    producer.send("uncl", key=b"k1", value=None, partition=0).get(timeout=10)
+    producer.close()
+    assert len(seg_files()) > before
+    active_base = int(os.path.basename(seg_files()[-1])[:-4])
+    assert active_base <= 61  # pad, k0=new and k1=None are all in the active segment
+    st = next(s for s in broker_mod.request_clean(broker.dir) if s["topic"] == "uncl")
+    assert st["cleaner_runs"] >= 1
+    got = consume_all(broker.bootstrap, "uncl", [0])[0]
+    closed = [(o, k, v) for o, k, v in got if o < active_base]
+    # one record per key below the active segment: the latest there, the active one's did not count
+    assert sorted((k, v) for _, k, v in closed if k != b"pad") == [
+        (b"k0", b"v057"), (b"k1", b"v058"), (b"k2", b"v059")]
+    assert [(k, v) for o, k, v in got if o >= active_base][-2:] == [(b"k0", b"new"), (b"k1", None)]
+    assert st["records_removed"] == 57
+
+    # min.compaction.lag.ms: every closed segment is younger than an hour -> nothing is cleanable
+    create_topic(broker.bootstrap, "lagged", configs={
+        "cleanup.policy": "compact", "segment.bytes": "1000", "min.compaction.lag.ms": "3600000"})
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    for i in range(60):
+        producer.send("lagged", key=b"k%d" % (i % 3), value=b"v%03d" % i, partition=0).get(timeout=10)
+    producer.close()
+    st = next(s for s in broker_mod.request_clean(broker.dir) if s["topic"] == "lagged")
+    assert st["records_removed"] == 0 and st["records"] == 60
+    assert len(consume_all(broker.bootstrap, "lagged", [0])[0]) == 60

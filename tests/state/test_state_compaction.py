@@ -13,6 +13,27 @@ from statekit.stores import StoreSpec
 KEYS = [f"k{i:02d}" for i in range(40)]
 
 
+def _sixty_commits(k, app: str, state: str) -> dict:
+    """Batches 0-59 of a count over small segments; k00-k04 are written only in batches 0-2, so
+    their committed values sit in long-closed segments. Returns the committed counts."""
+    cfg = {"segment.bytes": "2048", "min.cleanable.dirty.ratio": "0.01",
+           "delete.retention.ms": "0", "min.compaction.lag.ms": "0"}
+    ref: dict = {}
+    with TaskState(app, 0, [StoreSpec("counts")], state_dir=state, kafka=k,
+                   topic_configs=cfg) as t:
+        for b in range(60):
+            for key in KEYS[:5] if b < 3 else KEYS[10 + b % 20: 12 + b % 20]:
+                ref[key] = ref.get(key, 0) + 1
+                t["counts"].put(key, ref[key])
+            t.commit(b)
+    return ref
+
+
+def _crash_mid_send(k, topic: str) -> None:
+    """Batch 60 crashed mid-send: new values for k00 and k01 reached the log, the marker did not."""
+    k.send(topic, 0, [(b'"k00"', b"999"), (b'"k01"', None)], headers=[("statekit.batch", b"60")])
+
+
 def test_restore_after_compaction(broker, tmp_path):
     k = Kafka(broker.bootstrap)
     try:
@@ -65,20 +86,9 @@ def test_dropped_tail_is_sealed_before_the_cleaner_can_eat_committed_values(brok
     k = Kafka(broker.bootstrap)
     topic = "seal-counts-changelog"
     try:
-        cfg = {"segment.bytes": "2048", "min.cleanable.dirty.ratio": "0.01",
-               "delete.retention.ms": "0", "min.compaction.lag.ms": "0"}
-        ref = {}
         state = str(tmp_path / "s")
-        with TaskState("seal", 0, [StoreSpec("counts")], state_dir=state, kafka=k,
-                       topic_configs=cfg) as t:
-            for b in range(60):
-                for key in KEYS[:5] if b < 3 else KEYS[10 + b % 20: 12 + b % 20]:
-                    ref[key] = ref.get(key, 0) + 1
-                    t["counts"].put(key, ref[key])
-                t.commit(b)
-        # batch 60 crashed mid-send: new values for k00 and k01 reached the log, the marker did not
-        k.send(topic, 0, [(b'"k00"', b"999"), (b'"k01"', None)],
-               headers=[("statekit.batch", b"60")])
+        ref = _sixty_commits(k, "seal", state)
+        _crash_mid_send(k, topic)
         with TaskState("seal", 0, [StoreSpec("counts")], state_dir=state, kafka=k) as t:
             m = t.restore_metrics["counts"]
             assert m.dropped_uncommitted == 2 and m.as_dict()["sealed"] == 2
@@ -87,6 +97,32 @@ def test_dropped_tail_is_sealed_before_the_cleaner_can_eat_committed_values(brok
         shutil.rmtree(tmp_path / "s")  # then the disk is lost
         with TaskState("seal", 0, [StoreSpec("counts")], state_dir=state, kafka=k) as t:
             assert t.replayed_from == "scratch"
+            assert dict(t["counts"].all()) == ref
+            assert t.last_batch == 59
+    finally:
+        k.close()
+
+
+def test_crash_then_cleaner_then_disk_loss_before_any_reopen_loses_nothing(broker, tmp_path):
+    """The double failure the seal cannot cover (the task never reopens in between): a commit crashes
+    mid-send, the cleaner runs, then the local state is lost. The crashed records are the newest of
+    their keys, but they sit past the cleaner's first uncleanable offset (the active segment), so
+    they cannot make the committed values go; a restore from scratch drops them and is exact."""
+    k = Kafka(broker.bootstrap)
+    topic = "dbl-counts-changelog"
+    try:
+        state = str(tmp_path / "s")
+        ref = _sixty_commits(k, "dbl", state)
+        assert ref["k00"] == 3 and "k01" in ref  # written only in batches 0-2: long since closed
+        _crash_mid_send(k, topic)
+        stats = broker_mod.request_clean(broker.dir)
+        st = next(s for s in stats if s["topic"] == topic)
+        assert st["cleaner_runs"] >= 1 and st["records_removed"] > 0
+        shutil.rmtree(tmp_path / "s")  # the disk is lost before the task ever opens again
+        with TaskState("dbl", 0, [StoreSpec("counts")], state_dir=state, kafka=k) as t:
+            m = t.restore_metrics["counts"]
+            assert t.replayed_from == "scratch"
+            assert m.dropped_uncommitted == 2
             assert dict(t["counts"].all()) == ref
             assert t.last_batch == 59
     finally:
