@@ -30,7 +30,7 @@ demo: $(STAMP) java
 	$(PY) -m statekit.demo
 
 test: $(STAMP) java
-	$(PY) -m pytest -m "not slow and not native" -q
+	$(PY) -m pytest -m "not slow" -q
 
 test-native: $(STAMP) java
 	$(PY) -m pytest -m "native" -q

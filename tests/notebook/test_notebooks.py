@@ -14,7 +14,7 @@ PATHS = notebook_paths()
 BUDGET = float(os.environ.get("STATEKIT_NOTEBOOK_BUDGET", "180"))
 
 
-# 09 runs both engines, two JVM cold starts: it belongs to `make test-native`
+# 09 runs Spark's own state store engine too: also part of `make test-native`
 _NATIVE = ("09_",)
 CASES = [pytest.param(p, id=os.path.basename(p).split(".")[0],
                       marks=[pytest.mark.native] if os.path.basename(p).startswith(_NATIVE) else [])

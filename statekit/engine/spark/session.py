@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 
 from statekit.errors import StatekitError
 
@@ -139,7 +140,11 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                 spark = b.getOrCreate()
             except Exception as exc:  # the JVM did not come up
                 raise one_line(exc, "Spark did not start") from None
-            pass  # levels come from our log4j2 file (setLogLevel would print to the console)
+            # levels come from our log4j2 file (setLogLevel would print to the console). A
+            # micro-batch that fails in a Python worker reaches the user once, as statekit's one-line
+            # error; pyspark's own warning about the Arrow conversion it interrupted is noise.
+            warnings.filterwarnings("ignore", message="toPandas attempted Arrow optimization",
+                                    category=UserWarning)
         elif shuffle_partitions:
             spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
         from statekit.engine.spark.source import register
