@@ -129,21 +129,11 @@ class LogCleaner:
             await self.clean_partition(plog)
 
     async def clean_partition(self, plog) -> None:
-        now_ms = int(time.time() * 1000)
-        closed = cleanable_segments(plog, now_ms)
-        if not closed:
+        job = clean_job(plog, int(time.time() * 1000))
+        if job is None:
             return
-        upper = plog.segments[len(closed)].base  # the first uncleanable offset
-        job = {
-            "dir": plog.dir,
-            "closed": [(s.base, s.log_path, s.size) for s in closed],
-            "upper": upper,
-            "clean_offset": plog.cleaner_state.get("clean_offset", 0),
-            "log_start": plog.log_start_offset,
-            "segment_bytes": plog.config.get("segment.bytes"),
-            "delete_retention_ms": plog.config.get("delete.retention.ms"),
-            "now_ms": now_ms,
-        }
+        closed = plog.segments[:len(job["closed"])]
+        upper = job["upper"]
         result = await asyncio.to_thread(build_cleaned, job)
         # the world may have moved while the thread ran: only swap what is still there
         if plog.deleted or plog.segments[:len(closed)] != closed or any(s.size != sz for s, (_, _, sz) in zip(closed, job["closed"])):
@@ -201,6 +191,24 @@ def cleanable_segments(plog, now_ms: int) -> list:
             break
         out.append(seg)
     return out
+
+
+def clean_job(plog, now_ms: int) -> dict | None:
+    """What a pass over ``plog`` works on (plain data, for the worker thread); None: nothing is
+    cleanable yet."""
+    closed = cleanable_segments(plog, now_ms)
+    if not closed:
+        return None
+    return {
+        "dir": plog.dir,
+        "closed": [(s.base, s.log_path, s.size) for s in closed],
+        "upper": plog.segments[len(closed)].base,  # the first uncleanable offset
+        "clean_offset": plog.cleaner_state.get("clean_offset", 0),
+        "log_start": plog.log_start_offset,
+        "segment_bytes": plog.config.get("segment.bytes"),
+        "delete_retention_ms": plog.config.get("delete.retention.ms"),
+        "now_ms": now_ms,
+    }
 
 
 def _is_dirty(job, base: int) -> bool:

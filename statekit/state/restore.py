@@ -18,6 +18,11 @@ is ahead are dropped, and Spark replays that batch). Records of older batches ar
 their group is committed — also when compaction dropped the markers in between and merged groups:
 batch ids never decrease along a changelog, so a record whose batch is older than the marker that
 closes its group belongs to a commit that completed (possibly on a re-run with the same values).
+The one exception is the *seal* (see ``TaskState._seal_dropped``): after a crashed attempt of batch
+b, the reopened task re-writes the dropped keys and closes them with a marker of its batch, below b.
+So a record whose batch is *newer* than the marker closing its group is a crashed attempt that a seal
+superseded: it is skipped, never applied (applied, a window of it could move stream time ahead and
+expire committed windows before the seal's values arrive).
 
 Progress is written with the data (``TaskDB.write_batch_raw(store, items, meta)``: one atomic
 WriteBatch), as ``changelog.<store> = {"offset": o, "batch": b}`` where ``o`` is a point from which
@@ -82,6 +87,7 @@ class StoreReplay:
         self.held_safe = offset         # safe offset to report while `held` is not applied
         self.records_read = 0
         self.records_applied = 0
+        self.superseded = 0             # crashed-attempt records skipped at a seal's marker
         self.markers = 0
 
     def feed(self, records, next_offset: int | None = None) -> list:
@@ -129,6 +135,9 @@ class StoreReplay:
         else:
             for rec in pending:
                 b = _record_batch(rec[4])
+                if b is not None and b > m:
+                    self.superseded += 1
+                    continue
                 if b is None or b >= M:
                     held.append((rec[2], rec[3]))
                 else:
@@ -185,6 +194,7 @@ class RestoreMetrics:
     records_remaining: int = 0
     duration_s: float = 0.0
     dropped_uncommitted: int = 0
+    superseded: int = 0         # records of a crashed attempt that a seal after them superseded
     # keys of the dropped records (uncommitted tail, or a batch another store did not commit)
     dropped_keys: set = field(default_factory=set, repr=False)
 
@@ -260,6 +270,7 @@ def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, cras
             items = []
         db.write_batch_raw(store, items, {meta_key(store): rp.meta(), "batch": task_batch})
         m.records_applied = rp.records_applied
+        m.superseded = rp.superseded
         if listener is not None:
             listener.on_restore_end(store, partition, m.records_restored)
     return metrics, task_batch

@@ -194,7 +194,11 @@ class SegmentedStore(StoreBase):
         segs = self._segments
         for ck, v in items:
             ts = _unpack_from(ck, len(ck) - 8)[0]
-            self._advance(ts)
+            if v is not None:
+                # a tombstone is no evidence that stream time got there: it may be a seal's
+                # (statekit.state.task) for a window only a crashed attempt wrote. The committed
+                # stream time comes from the task meta (stream_time_source) when the task reopens.
+                self._advance(ts)
             seg = ts // self.segment_ms
             if seg < self.min_live:
                 self.expired_dropped += 1

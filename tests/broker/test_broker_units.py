@@ -8,7 +8,7 @@ import time
 import pytest
 
 from statekit.broker import records as R
-from statekit.broker.cleaner import SWAP_FILE, build_cleaned
+from statekit.broker.cleaner import SWAP_FILE, build_cleaned, clean_job
 from statekit.broker.config import ConfigError, TopicConfig, validate_topic_configs
 from statekit.broker.log import PartitionLog, ProduceError
 
@@ -78,22 +78,13 @@ def test_idempotent_state_survives_reopen(tmp_path):
     plog.close()
 
 
-def _clean_job(plog):
-    active = plog.active
-    return {"dir": plog.dir, "closed": [(s.base, s.log_path, s.size) for s in plog.segments[:-1]],
-            "active": (active.log_path, active.size), "active_base": active.base,
-            "clean_offset": plog.cleaner_state["clean_offset"], "log_start": plog.log_start_offset,
-            "segment_bytes": plog.config.get("segment.bytes"),
-            "delete_retention_ms": plog.config.get("delete.retention.ms"), "now_ms": int(time.time() * 1000)}
-
-
 @pytest.mark.parametrize("finished_renames", [0, 1])
 def test_swap_interrupted_by_a_crash_is_rolled_forward(tmp_path, finished_renames):
     plog = _log(tmp_path, **{"cleanup.policy": "compact", "segment.bytes": "600"})
     for i in range(60):
         _append(plog, [(b"k%d" % (i % 5), b"%d" % i)])
     plog.roll()
-    plan = build_cleaned(_clean_job(plog))
+    plan = build_cleaned(clean_job(plog, int(time.time() * 1000)))
     groups = plan["groups"]
     assert groups and plan["removed"] == 55
     plog.close()

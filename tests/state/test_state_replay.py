@@ -48,6 +48,17 @@ def test_merged_groups_after_compaction_apply_older_batches_at_once():
     assert rp.held == [(b"c", b"9")]
 
 
+
+def test_a_crashed_attempt_before_a_seal_is_skipped():
+    # batch 5 crashed mid-send (a, b reached the log); the reopened task sealed a and b at its
+    # batch 4: a record newer than the marker closing its group is never applied
+    rp = StoreReplay("s", 0)
+    applied = rp.feed(log(("d", b"a", b"1", 4), ("m", 4), ("d", b"a", b"9", 5), ("d", b"b", b"9", 5),
+                          ("d", b"a", b"1", 4), ("d", b"b", None, 4), ("m", 4)))
+    assert applied == []
+    assert rp.held == [(b"a", b"1"), (b"a", b"1"), (b"b", None)]
+    assert rp.superseded == 2 and rp.batch == 4 and not rp.pending
+
 def test_a_rerun_of_a_batch_accumulates_in_held():
     rp = StoreReplay("s", 0)
     rp.feed(log(("d", b"a", b"1", 4), ("m", 4), ("d", b"a", b"1", 4), ("d", b"b", b"2", 4), ("m", 4)))

@@ -101,6 +101,37 @@ def test_window_dropped_tail_is_sealed_before_the_cleaner_eats_committed_windows
         k.close()
 
 
+
+def test_a_sealed_crashed_window_far_ahead_does_not_expire_committed_windows(broker, tmp_path):
+    """A crashed attempt wrote a window ten hours ahead (retention: one hour); the reopened task
+    sealed it with a tombstone; then the disk is lost. Restoring from scratch must give exactly the
+    committed windows: the crashed record is skipped (superseded by the seal) and the seal's
+    tombstone does not move stream time, so nothing committed expires."""
+    k = Kafka(broker.bootstrap)
+    topic = "wfar-clicks-changelog"
+    try:
+        ref, tot = {}, {}
+        state = str(tmp_path / "s")
+        with TaskState("wfar", 0, _specs(), state_dir=state, kafka=k) as t:
+            for b in range(10):
+                _apply(t, b, ref, tot)
+                t.commit(b)
+            stream_time = t["clicks"].segmented.stream_time
+        assert stream_time == max(ws for _u, ws in ref)
+        k.send(topic, 0, [(_wkey("u0", 10 * 3_600_000), b"5")], headers=[("statekit.batch", b"10")])
+        with TaskState("wfar", 0, _specs(), state_dir=state, kafka=k) as t:
+            assert t.restore_metrics["clicks"].as_dict()["sealed"] == 1
+            assert _windows(t) == ref
+        shutil.rmtree(tmp_path / "s")
+        with TaskState("wfar", 0, _specs(), state_dir=state, kafka=k) as t:
+            m = t.restore_metrics["clicks"]
+            assert t.replayed_from == "scratch" and m.superseded == 1
+            assert _windows(t) == ref and dict(t["totals"].all()) == tot
+            assert t["clicks"].segmented.stream_time == stream_time
+            assert t.last_batch == 9
+    finally:
+        k.close()
+
 def test_lost_window_changelog_is_reseeded_from_the_local_store(shared_broker, tmp_path):
     k = Kafka(shared_broker.bootstrap)
     app = "wreseed"

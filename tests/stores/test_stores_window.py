@@ -142,6 +142,19 @@ def test_window_restore_translates_keys_and_applies_retention(make_task, backend
     assert sink.records == []  # restoring does not write the changelog
 
 
+
+def test_a_restored_tombstone_does_not_move_stream_time(make_task, backend):
+    # a seal's tombstone for a window only a crashed attempt wrote, far ahead: restoring it must
+    # not expire the committed windows (stream time stays where the values put it)
+    stores, db, sink = make_task(wspec(backend=backend, retention_ms=250, segment_ms=100))
+    log = [(window_key(b"k", ts), struct.pack(">q", ts)) for ts in [0, 120, 200]]
+    log.append((window_key(b"k", 100_000), None))
+    assert db.write_batch_raw("w", log) == 4
+    w = stores["w"]
+    assert w.segmented.stream_time == 200
+    assert list(w.fetch("k", 0, 10**6)) == [(0, 0), (120, 120), (200, 200)]
+    assert w.segmented.segments() == [0, 1, 2, 1000]
+
 def test_segmented_store_on_memory_directly():
     inner = MemoryStore("m")
     seg = SegmentedStore(inner, segment_ms=10, retention_ms=None)
