@@ -160,6 +160,10 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
         _cleanup(home)
         if own_home and not keep_home:
             shutil.rmtree(home, ignore_errors=True)
+    if getattr(client, "_async_cleanup_kernel_future", None) is not None:
+        # nbclient's own SIGINT/SIGTERM handler shut the kernel down, and the cell failed: the
+        # user (Ctrl-C) or the system meant stop, not "this notebook failed, run the next one"
+        raise KeyboardInterrupt
     charts_dir = os.path.join(out_dir, "charts") if out_dir else None
     analyze(nb, result, charts_dir)
     _widget_pngs(nb, result, charts_dir)

@@ -27,3 +27,41 @@ def test_notebook_runs_and_checks_hold(path, tmp_path):
     assert not r.errors, f"{r.name}: " + " | ".join(r.errors)
     assert r.ok_checks >= 1, f"{r.name}: the reference check did not print OK"
     assert r.seconds < BUDGET, f"{r.name} took {r.seconds:.0f} s (budget {BUDGET:.0f} s)"
+
+
+def test_ctrl_c_stops_the_runner_and_everything_it_started(tmp_path):
+    """Ctrl-C during `make demo` / `make test`: nbclient's handler shuts the kernel down and fails
+    the cell; the runner must then stop (KeyboardInterrupt), not go on to the next notebook, and the
+    broker the notebook started must be gone."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from statekit.broker.process import pid_alive
+
+    home = tmp_path / "home"
+    code = ("import sys; from statekit.demo import run_notebook; "
+            f"run_notebook({PATHS[0]!r}, timeout=120, home={str(home)!r}); print('RETURNED')")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    info = home / "broker" / "broker.json"
+    try:
+        deadline = time.monotonic() + 90
+        while not info.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert info.exists(), "the notebook did not start its broker"
+        broker_pid = int(json.loads(info.read_text())["pid"])
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0 and "RETURNED" not in out
+    assert err.rstrip().splitlines()[-1] == "KeyboardInterrupt", err[-500:]
+    deadline = time.monotonic() + 15
+    while pid_alive(broker_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not pid_alive(broker_pid)
