@@ -129,7 +129,7 @@ class StoreReplay:
         pending = self.pending
         # the common case: every record of the group carries exactly the header of batch M
         hm = ((BATCH_HEADER, str(M).encode()),)
-        same = [(r[2], r[3]) for r in pending if r[4] == hm]
+        same = [(r[2], r[3]) for r in pending if r[4] == hm] if m == M else ()
         if len(same) == len(pending):
             held.extend(same)
         else:

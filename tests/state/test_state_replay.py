@@ -58,6 +58,11 @@ def test_a_crashed_attempt_before_a_seal_is_skipped():
     assert applied == []
     assert rp.held == [(b"a", b"1"), (b"a", b"1"), (b"b", None)]
     assert rp.superseded == 2 and rp.batch == 4 and not rp.pending
+    # the same rule when the store had already seen a newer marker (it committed batch 6, another
+    # store did not; the reopened task went back to 5): records of batch 6 before marker 5 are skipped
+    rp = StoreReplay("s", 0)
+    rp.feed(log(("d", b"a", b"1", 6), ("m", 6), ("d", b"a", b"2", 6), ("m", 5)))
+    assert rp.held == [(b"a", b"1")] and rp.superseded == 1
 
 def test_a_rerun_of_a_batch_accumulates_in_held():
     rp = StoreReplay("s", 0)
