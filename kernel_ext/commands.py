@@ -519,6 +519,18 @@ class Session:
         import pandas as pd
 
         app = self.app(cmd.name)
+        windowed = cmd.window_from is not None or cmd.window_to is not None
+        if cmd.key is not None and not windowed and hasattr(app, "store_spec"):
+            windowed = getattr(app.store_spec(cmd.store), "kind", "kv") == "window"
+        if cmd.key is not None and windowed:
+            key = self._key(cmd.key, cmd.key_type)
+            lo = cmd.window_from or 0
+            hi = cmd.window_to if cmd.window_to is not None else 2 ** 62
+            rows = list(app.query_window(cmd.store, key, lo, hi))
+            df = pd.DataFrame(rows[: cmd.limit], columns=["window_start", "value"])
+            print(f"{cmd.store}[{key!r}]: {len(rows)} window(s)"
+                  + (f"; first {cmd.limit}" if len(rows) > cmd.limit else ""))
+            return df
         if cmd.key is not None:
             key = self._key(cmd.key, cmd.key_type)
             value = app.query(cmd.store, key)

@@ -239,7 +239,9 @@ def _build() -> _Parser:
 
     p = sub.add_parser("query", help="interactive query: one key, a key range, or everything",
                        description="Read an app's store while it runs: `query NAME STORE KEY`, "
-                                   "`query NAME STORE --range LO HI` or `query NAME STORE --all`.")
+                                   "`query NAME STORE --range LO HI` or `query NAME STORE --all`. "
+                                   "For a window store, KEY gives the key's windows (all, or those "
+                                   "starting between --from and --to, epoch ms).")
     p.add_argument("name", type=_name, metavar="NAME")
     p.add_argument("store", type=_name, metavar="STORE")
     p.add_argument("key", nargs="?", metavar="KEY")
@@ -248,6 +250,10 @@ def _build() -> _Parser:
     p.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="rows to show (default 50)")
     p.add_argument("--key-type", choices=("str", "int", "json"), default="str",
                    help="how to read KEY / LO / HI (default str)")
+    p.add_argument("--from", type=_non_negative_int, dest="window_from", metavar="MS",
+                   help="window stores: windows starting at or after MS (epoch ms)")
+    p.add_argument("--to", type=_non_negative_int, dest="window_to", metavar="MS",
+                   help="window stores: windows starting at or before MS (epoch ms)")
 
     p = sub.add_parser("lag", help="changelog lag per task (checkpoint vs changelog end)",
                        description="Show the changelog lag table of an app.")
@@ -297,6 +303,13 @@ def _validate(cmd: Command) -> None:
         if chosen != 1:
             raise ParseError(f"{PROG} query: give exactly one of KEY, --range LO HI or --all "
                              f"(try `{PROG} query --help`)")
+        if (a["window_from"] is not None or a["window_to"] is not None) and a["key"] is None:
+            raise ParseError(f"{PROG} query: --from/--to pick the windows of one KEY of a window "
+                             f"store: give the KEY (try `{PROG} query --help`)")
+        if (a["window_from"] is not None and a["window_to"] is not None
+                and a["window_from"] > a["window_to"]):
+            raise ParseError(f"{PROG} query: --from {a['window_from']} is after --to "
+                             f"{a['window_to']}: swap them")
     if cmd.command == "start" and a.get("trigger") is not None:
         t = a["trigger"]
         if t not in ("availableNow", "once"):

@@ -511,11 +511,13 @@ ax.set_title("clicks per one-second window (sum over users, from the window stor
 for s in ("top", "right"):
     ax.spines[s].set_visible(False)
 """),
+    md("""
+The same read from the magic: `%statekit query APP STORE KEY` on a window store gives the key's
+windows (`--from MS --to MS` to narrow them by start time).
+"""),
     code("""
 top = max(users, key=lambda u: sum(n for (x, _), n in actual.items() if x == u))
-print(f"windows of the busiest user, {top}:")
-for start, n in app.query_window("per-second", top, t_lo, t_hi):
-    print(f"  {pd.Timestamp(start, unit='ms'):%H:%M:%S}  {n} clicks")
+%statekit query windows per-second {top} --limit 10
 """),
     code("%statekit stop windows"),
     DOWN,

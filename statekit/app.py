@@ -292,6 +292,17 @@ class App:
         plan = self.plan or self._compile()
         return {s.name: s for s in plan.stores}
 
+    def store_spec(self, store: str):
+        """The ``StoreSpec`` of ``store`` (``.kind`` says which query reads it: ``query`` for
+        "kv", ``query_window`` for "window")."""
+        from statekit.runtime.queries import UnknownStore
+
+        specs = self._store_specs()
+        if store not in specs:
+            known = ", ".join(sorted(specs)) or "none"
+            raise UnknownStore(f"no store named '{store}' in app '{self.name}' (stores: {known})")
+        return specs[store]
+
     def _check_topics(self, plan, sink: str) -> None:
         topics = self.kafka.topics()
         for src in plan.sources:

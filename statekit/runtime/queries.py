@@ -47,11 +47,7 @@ class QueryRouter:
 
     # -- routing
     def _spec(self, store: str):
-        specs = self.app._store_specs()
-        if store not in specs:
-            known = ", ".join(sorted(specs)) or "none"
-            raise UnknownStore(f"no store named '{store}' in app '{self.app.name}' (stores: {known})")
-        return specs[store]
+        return self.app.store_spec(store)
 
     @staticmethod
     def _serde(spec, which: str):

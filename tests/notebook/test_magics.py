@@ -23,6 +23,14 @@ class FakeApp:
     def query_range(self, store, lo, hi):
         return [("a", 1), ("b", 2)]
 
+    WINDOWS = {"u1": [(1000, 2), (2000, 1), (3000, 5)]}
+
+    def store_spec(self, store):
+        return type("Spec", (), {"kind": "window" if store == "clicks" else "kv"})()
+
+    def query_window(self, store, key, t_from, t_to):
+        return [(w, n) for w, n in self.WINDOWS.get(key, []) if t_from <= w <= t_to]
+
     def query_all(self, store):
         return pd.DataFrame({"key": ["a", "b"], "value": [1, 2]})
 
@@ -59,6 +67,16 @@ def test_range_and_all_return_frames(ip):
     assert list(df["key"]) == ["a", "b"]
     assert len(ip.run_line_magic("statekit", "query fake counts --all --limit 1")) == 1
     assert list(ip.run_line_magic("statekit", "lag fake")["lag"]) == [0]
+
+
+def test_query_of_a_window_store_returns_the_key_windows(ip, capsys):
+    df = ip.run_line_magic("statekit", "query fake clicks u1")
+    assert df.values.tolist() == [[1000, 2], [2000, 1], [3000, 5]]
+    assert list(df.columns) == ["window_start", "value"]
+    assert "clicks['u1']: 3 window(s)" in capsys.readouterr().out
+    df = ip.run_line_magic("statekit", "query fake clicks u1 --from 1500 --to 3000 --limit 1")
+    assert df.values.tolist() == [[2000, 1]]
+    assert "2 window(s); first 1" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("line,expect", [
