@@ -503,8 +503,13 @@ def bench_compact(bootstrap: str, admin, broker_dir: str, n: int, keys: int = 10
         from kafka.record.util import calc_crc32c as crc32c
 
     topic = "bench-compact"
+    rounds = max(1, n // keys)
+    total = rounds * keys
+    # 8 MB segments for the real run (1M records: 15 of them); a small run still gets several
+    # closed segments, since the active one is never cleaned
+    seg_bytes = min(8 << 20, max(1 << 16, total * (VALUE_SIZE + 20) // 8))
     admin.create_topics([NewTopic(topic, 1, 1, topic_configs={
-        "cleanup.policy": "delete", "segment.bytes": str(8 << 20)})])
+        "cleanup.policy": "delete", "segment.bytes": str(seg_bytes)})])
     per_batch = keys // 2
     key_list = [b"key-%06d" % k for k in range(keys)]
     marker = b"ROUND=000000|"
@@ -522,8 +527,6 @@ def bench_compact(bootstrap: str, admin, broker_dir: str, n: int, keys: int = 10
             pos += 6
         assert len(found) == per_batch
         spots.append(found)
-    rounds = max(1, n // keys)
-    total = rounds * keys
     conn = Conn(bootstrap)
     frames = [produce_frame(topic, 0, t) for t in templates]
     # the batch sits at the end of the Produce frame: patch the values and the CRC there
@@ -580,13 +583,20 @@ def bench_compact(bootstrap: str, admin, broker_dir: str, n: int, keys: int = 10
     log(f"segments: {len(segs)} files, {nbytes / 1e6:.0f} MB; read once {raw_read:.3f} s; "
         f"read + decode keys once {base:.2f} s ({seen:,} records)")
 
-    before = broker_mod.log_stats(broker_dir, topic)[0]
+    deadline = time.monotonic() + 30  # the broker refreshes its stats file every second
+    while True:
+        before = next(iter(broker_mod.log_stats(broker_dir, topic)), None)
+        if (before is not None and before["high_watermark"] == total) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if before is None:
+        raise RuntimeError(f"no log stats for {topic} after 30 s")
     log(f"before cleaning: records={before['records']:,} segments={before['segments']} "
         f"bytes={before['bytes']:,} cleaner_runs={before['cleaner_runs']}")
     b0 = proc_cpu(BROKER_PID)
     t0 = time.perf_counter()
     admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={
-        "cleanup.policy": "compact", "segment.bytes": str(8 << 20)})])
+        "cleanup.policy": "compact", "segment.bytes": str(seg_bytes)})])
     stats = broker_mod.request_clean(broker_dir, timeout=300)  # returns once a full pass is done
     dt = time.perf_counter() - t0
     log(f"broker CPU during the cleaning: {proc_cpu(BROKER_PID) - b0:.2f} s")

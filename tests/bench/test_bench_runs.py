@@ -1,0 +1,56 @@
+"""Every bench/*.py still runs on its own and ends with its RESULT line (tiny sizes: this checks
+that the benches work, not how fast anything is; speed is only ever read from `make bench`)."""
+from __future__ import annotations
+
+import glob
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# small arguments per bench, and the RESULT names it must print (in order)
+SMALL = {
+    "broker": (["--records-in", "40000", "--client-records", "20000", "--compact-records", "20000"],
+               {}, ["broker_in", "broker_out", "client_produce", "client_consume", "compact_1m"]),
+    "stores": ([], {"STATEKIT_BENCH_RECORDS": "20000"}, ["stores_cached_ops"]),
+    "restore": (["--records", "20000", "--keys", "2000"], {}, ["restore"]),
+    "task_cycle": (["--cycles", "5"], {}, ["task_cycle"]),
+    "pipeline": (["--words", "20000", "--batch-words", "5000", "--warmup-words", "5000",
+                  "--rounds", "1"], {}, ["pipeline_wordcount"]),
+    "dashboard": (["--records", "4000", "--per-batch", "1000", "--rounds", "1",
+                   "--warmup-phases", "1"], {}, ["dashboard_overhead"]),
+    "engines": (["--chunks", "2", "--lines", "20", "--clicks", "10", "--per-trigger", "100"], {},
+                ["engines_restore"]),
+}
+NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+LINE = re.compile(rf"^RESULT name=(\w+) value=({NUM}) unit=(\S+) baseline=({NUM}) ratio=({NUM})$")
+
+
+def test_every_bench_has_small_arguments_here():
+    names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "bench", "*.py")))
+    assert names == sorted(SMALL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_bench_runs_and_ends_with_its_result_lines(name, tmp_path):
+    args, env, expected = SMALL[name]
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", f"{name}.py"), *args],
+                          cwd=str(tmp_path), env={**os.environ, **env, "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:]
+    assert proc.stdout.rstrip().splitlines()[-1] == lines[-1]  # the summary ends the output
+    got = [LINE.match(ln) for ln in lines]
+    assert all(got), lines
+    assert [m.group(1) for m in got] == expected
+    for m in got:
+        # a measured figure and a measured, positive baseline (an overhead may come out negative
+        # on a run this small: noise, not a failure)
+        assert math.isfinite(float(m.group(2))) and float(m.group(4)) > 0, m.group(0)
