@@ -113,29 +113,11 @@ class Session:
             self._start_spark()
 
     def _start_spark(self):
-        """The local Spark session. The JVM inherits the kernel's stderr at launch, and would print
-        its banner and warnings into whichever cell runs; it gets a log file instead (Spark's own
-        log already goes to a file, errors reach the notebook as one-line StatekitErrors)."""
-        from statekit.engine.spark.session import get_session, log_dir
+        """The local Spark session (its JVM writes to a log file, not into the cell that runs:
+        statekit.engine.spark.session.jvm_stderr_path)."""
+        from statekit.engine.spark.session import get_session
 
-        path = os.path.join(log_dir(), f"jvm-stderr-{os.getpid()}.log")
-        sys_stderr = None
-        try:
-            import sys
-
-            sys.stderr.flush()
-            sys_stderr = os.dup(2)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(fd, 2)
-            os.close(fd)
-        except OSError:
-            sys_stderr = None
-        try:
-            self.spark = get_session()
-        finally:
-            if sys_stderr is not None:
-                os.dup2(sys_stderr, 2)
-                os.close(sys_stderr)
+        self.spark = get_session()
 
     def app(self, name: str):
         from statekit.errors import StatekitError

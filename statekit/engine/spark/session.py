@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -65,6 +66,33 @@ def log_dir() -> str:
 def log_path() -> str:
     """Where the JVM of this process writes its log (Java stack traces end up here)."""
     return os.path.join(log_dir(), f"spark-{os.getpid()}.log")
+
+
+def jvm_stderr_path() -> str:
+    """Where the JVM started by this process writes its stderr (banner, warnings, Python workers'
+    prints): a file, not the terminal or the notebook cell that happened to start Spark."""
+    return os.path.join(log_dir(), f"jvm-stderr-{os.getpid()}.log")
+
+
+@contextlib.contextmanager
+def _stderr_to_file(path: str):
+    """fd 2 points at ``path`` while the JVM is launched (it inherits fd 2, and so do its Python
+    workers); this process's own stderr is put back right after."""
+    saved = None
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    except (OSError, ValueError):
+        saved = None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def check_java() -> str:
@@ -137,9 +165,10 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
             for k, v in (extra_conf or {}).items():
                 b = b.config(k, str(v))
             try:
-                spark = b.getOrCreate()
+                with _stderr_to_file(jvm_stderr_path()):
+                    spark = b.getOrCreate()
             except Exception as exc:  # the JVM did not come up
-                raise one_line(exc, "Spark did not start") from None
+                raise one_line(exc, f"Spark did not start (the JVM's output: {jvm_stderr_path()})") from None
             # levels come from our log4j2 file (setLogLevel would print to the console). A
             # micro-batch that fails in a Python worker reaches the user once, as statekit's one-line
             # error; pyspark's own warning about the Arrow conversion it interrupted is noise.

@@ -1,0 +1,35 @@
+"""Starting Spark from statekit prints nothing to the terminal or the notebook cell that started
+it: the JVM's stderr (banner, warnings, Python workers' prints) goes to a log file."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+CODE = """
+import os
+from statekit.engine.spark.session import get_session, jvm_stderr_path, stop_session
+spark = get_session()
+try:
+    assert spark.range(3).count() == 3
+    print(jvm_stderr_path())
+finally:
+    stop_session()
+"""
+
+
+def test_the_jvm_writes_to_its_log_file_not_to_our_stderr(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # log_dir() under tmp_path: this run's files only
+    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.strip() == "", proc.stderr[-2000:]
+    path = proc.stdout.strip().splitlines()[-1]
+    assert path.startswith(str(tmp_path)) and os.path.basename(path).startswith("jvm-stderr-")
+    with open(path) as f:
+        jvm_said = f.read()
+    assert "Setting default log level" in jvm_said  # the banner went there
