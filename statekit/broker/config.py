@@ -74,7 +74,7 @@ TOPIC_CONFIGS = {
         ConfigDef("retention.ms", "604800000", _long(-1), "-1 keeps segments forever"),
         ConfigDef("retention.bytes", "-1", _long(-1), "per partition; -1 means no size limit"),
         ConfigDef("segment.bytes", "1073741824", _long(14), "roll the active segment at this size"),
-        ConfigDef("segment.ms", "604800000", _long(1), "roll the active segment at this age"),
+        ConfigDef("segment.ms", "604800000", _long(1), "roll the active segment at this age, on the next append"),
         ConfigDef("segment.index.bytes", "10485760", _long(4)),
         ConfigDef("index.interval.bytes", "4096", _long(0), "bytes between offset index entries"),
         ConfigDef("delete.retention.ms", "86400000", _long(0), "how long tombstones survive cleaning"),

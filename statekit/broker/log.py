@@ -584,7 +584,6 @@ class PartitionLog:
         removed = 0
         retention_ms = cfg.get("retention.ms")
         retention_bytes = cfg.get("retention.bytes")
-        # roll an old active segment so that it can expire (Kafka rolls on segment.ms at append)
         while len(self.segments) > 1:
             seg = self.segments[0]
             expired = retention_ms >= 0 and seg.max_timestamp >= 0 and now_ms - seg.max_timestamp > retention_ms
@@ -606,8 +605,18 @@ class PartitionLog:
         return removed
 
     def maybe_roll_by_time(self, now_ms: int) -> None:
+        """Kafka's rule: `segment.ms` rolls a segment when a record is appended (see `append`), never
+        an idle one; an idle active segment is rolled only when retention would delete all of it
+        (cleanup.policy includes delete, every record past `retention.ms`). A compacted log's newest
+        records therefore stay out of the cleaner's reach until its writer appends again: in a
+        statekit changelog they may be a crashed commit the reopening task must settle first."""
         seg = self.active
-        if seg.size and now_ms - seg.created_ms >= self.config.get("segment.ms"):
+        cfg = self.config
+        retention_ms = cfg.get("retention.ms")
+        if not seg.size or not cfg.delete or retention_ms < 0:
+            return
+        newest = seg.max_timestamp if seg.max_timestamp >= 0 else seg.created_ms
+        if now_ms - newest > retention_ms:
             self.roll()
 
     def flush(self) -> None:

@@ -50,37 +50,41 @@ def test_compaction_keeps_latest_per_key_with_original_offsets(broker):
     producer.close()
     print("produced", time.monotonic() - t0)
     end = n + len(tombstoned)
-    # close the active segment so that the whole log is cleanable
+    # make the whole log cleanable: as in Kafka, segment.ms rolls the active segment at the next
+    # append (an idle one never rolls), so one more record, of its own key, starts a new segment
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
         admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "compacted", {"segment.ms": "100"})], incremental=True)
     finally:
         admin.close()
-    # the retention check rolls the active segment once segment.ms has passed
-    t0 = time.monotonic()
-    assert _wait(lambda: glob.glob(os.path.join(broker.dir, "logs", "compacted-0", "%020d.log" % end)))
-    print("roll", time.monotonic() - t0)
+    time.sleep(0.3)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    assert producer.send("compacted", key=b"roll", value=b"%d" % end, partition=0).get(timeout=10).offset == end
+    producer.close()
+    assert glob.glob(os.path.join(broker.dir, "logs", "compacted-0", "%020d.log" % end))
     t0 = time.monotonic()
     stats = broker_mod.request_clean(broker.dir)
     print("clean", time.monotonic() - t0)
     st = next(s for s in stats if s["topic"] == "compacted")
     live = {k: v for k, v in expected.items() if v is not None}
-    assert st["high_watermark"] == end
+    assert st["high_watermark"] == end + 1
     assert st["cleaner_runs"] >= 1
-    assert st["records"] == len(live)
+    assert st["records"] == len(live) + 1
     assert st["records_removed"] == end - len(live)
     got = consume_all(broker.bootstrap, "compacted", [0])[0]
     # exactly one record per live key, at the offset it was produced at, with its latest value
-    assert len(got) == len(live)
-    assert {k: int(v) for _, k, v in got} == live
+    assert len(got) == len(live) + 1
+    assert {k: int(v) for _, k, v in got} == {**live, b"roll": end}
     assert all(off == int(v) for off, _, v in got)
-    assert [o for o, _, _ in got] == sorted(live.values())
-    # a consumer reaches the end offset although the last records were compacted away
+    assert [o for o, _, _ in got] == sorted(live.values()) + [end]
+    assert max(live.values()) < n  # the records just before the active segment were removed
+    # a consumer goes on past the records compacted away, to the end offset
     c = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
     tp = TopicPartition("compacted", 0)
+    end += 1
     assert c.end_offsets([tp])[tp] == end
     c.assign([tp])
-    c.seek(tp, got[-1][0])
+    c.seek(tp, got[-2][0])
     deadline = time.monotonic() + 10
     while c.position(tp) < end and time.monotonic() < deadline:
         c.poll(200)
@@ -102,7 +106,7 @@ def test_compaction_keeps_latest_per_key_with_original_offsets(broker):
                 eof_at = m.offset()
             else:
                 seen += 1
-        assert (seen, eof_at) == (len(live), end)
+        assert (seen, eof_at) == (len(live) + 1, end)
     finally:
         cc.close()
     # producing continues at the next offset
@@ -461,3 +465,31 @@ def test_cleaner_stops_at_the_first_uncleanable_offset(broker):
     st = next(s for s in broker_mod.request_clean(broker.dir) if s["topic"] == "lagged")
     assert st["records_removed"] == 0 and st["records"] == 60
     assert len(consume_all(broker.bootstrap, "lagged", [0])[0]) == 60
+
+
+def test_idle_segments_roll_only_for_retention(broker):
+    """segment.ms rolls at the next append, as in Kafka: an idle compacted log keeps its active
+    segment (its newest records stay out of the cleaner's reach), while an idle `delete` log whose
+    records are all past retention.ms is rolled and emptied (Kafka deletes an expired active segment)."""
+    old = int(time.time() * 1000) - 3_600_000
+    create_topic(broker.bootstrap, "idle-c", configs={"cleanup.policy": "compact"})
+    create_topic(broker.bootstrap, "idle-d", configs={"retention.ms": "60000"})
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    for i in range(5):
+        producer.send("idle-c", key=b"k", value=b"%d" % i, partition=0).get(timeout=10)
+        producer.send("idle-d", key=b"k", value=b"%d" % i, partition=0, timestamp_ms=old).get(timeout=10)
+    producer.close()
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, {"segment.ms": "100"})
+                             for t in ("idle-c", "idle-d")], incremental=True)
+    finally:
+        admin.close()
+    st = _wait(lambda: (lambda s: s if s["log_start_offset"] == 5 else None)(_stats(broker, "idle-d")))
+    assert st and st["high_watermark"] == 5 and st["records"] == 0, _stats(broker, "idle-d")
+    assert consume_all(broker.bootstrap, "idle-d", [0])[0] == []
+    time.sleep(1.5)  # well past segment.ms, several retention checks later
+    files = glob.glob(os.path.join(broker.dir, "logs", "idle-c-0", "*.log"))
+    assert len(files) == 1  # never rolled
+    st = next(s for s in broker_mod.request_clean(broker.dir) if s["topic"] == "idle-c")
+    assert st["records"] == 5 and st["records_removed"] == 0
