@@ -586,9 +586,7 @@ class PartitionLog:
         retention_bytes = cfg.get("retention.bytes")
         while len(self.segments) > 1:
             seg = self.segments[0]
-            expired = retention_ms >= 0 and seg.max_timestamp >= 0 and now_ms - seg.max_timestamp > retention_ms
-            expired = expired or (retention_ms >= 0 and seg.size and seg.max_timestamp < 0
-                                  and now_ms - seg.created_ms > retention_ms)
+            expired = _past_retention(seg, now_ms, retention_ms)
             too_big = retention_bytes >= 0 and self.size_bytes - seg.size >= retention_bytes
             if not (expired or too_big):
                 break
@@ -610,13 +608,7 @@ class PartitionLog:
         (cleanup.policy includes delete, every record past `retention.ms`). A compacted log's newest
         records therefore stay out of the cleaner's reach until its writer appends again: in a
         statekit changelog they may be a crashed commit the reopening task must settle first."""
-        seg = self.active
-        cfg = self.config
-        retention_ms = cfg.get("retention.ms")
-        if not seg.size or not cfg.delete or retention_ms < 0:
-            return
-        newest = seg.max_timestamp if seg.max_timestamp >= 0 else seg.created_ms
-        if now_ms - newest > retention_ms:
+        if self.config.delete and _past_retention(self.active, now_ms, self.config.get("retention.ms")):
             self.roll()
 
     def flush(self) -> None:
@@ -645,3 +637,12 @@ class PartitionLog:
             "last_cleaned_at": self.cleaner_state.get("last_cleaned_at"),
             "cleanup_policy": self.config.raw("cleanup.policy"),
         }
+
+
+def _past_retention(seg, now_ms: int, retention_ms: int) -> bool:
+    """Every record of a non-empty ``seg`` is older than ``retention.ms`` (by its newest record
+    timestamp, or by the segment's age when its records carry none)."""
+    if retention_ms < 0 or not seg.size:
+        return False
+    newest = seg.max_timestamp if seg.max_timestamp >= 0 else seg.created_ms
+    return now_ms - newest > retention_ms

@@ -78,21 +78,22 @@ def jvm_stderr_path() -> str:
 def _stderr_to_file(path: str):
     """fd 2 points at ``path`` while the JVM is launched (it inherits fd 2, and so do its Python
     workers); this process's own stderr is put back right after."""
-    saved = None
     try:
         sys.stderr.flush()
-        saved = os.dup(2)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
-    except (OSError, ValueError):
-        saved = None
+    except (OSError, ValueError):  # no log file: the JVM keeps our stderr
+        fd = None
+    if fd is None:
+        yield
+        return
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    os.close(fd)
     try:
         yield
     finally:
-        if saved is not None:
-            os.dup2(saved, 2)
-            os.close(saved)
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def check_java() -> str:

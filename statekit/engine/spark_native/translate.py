@@ -149,8 +149,8 @@ def _other_key(store: str, k: Any, cur: Any) -> ProcessorError:
                           f"for processors that touch other keys")
 
 
-class ValueStateStore:
-    """A KV store seen through one ValueState per grouping key."""
+class _KeyScopedStore:
+    """A store over Spark state that exists per grouping key: only that key may be touched."""
 
     def __init__(self, name: str, state, value_serde, scope: _Scope) -> None:
         self.name = name
@@ -161,6 +161,10 @@ class ValueStateStore:
     def _check(self, k):
         if k != self.scope.key:
             raise _other_key(self.name, k, self.scope.key)
+
+
+class ValueStateStore(_KeyScopedStore):
+    """A KV store seen through one ValueState per grouping key."""
 
     def get(self, k):
         self._check(k)
@@ -192,18 +196,8 @@ class ValueStateStore:
     all = range = prefix_scan = approximate_num_entries = _unsupported
 
 
-class MapStateWindowStore:
+class MapStateWindowStore(_KeyScopedStore):
     """A window store seen through one MapState (window_start -> value) per grouping key."""
-
-    def __init__(self, name: str, state, value_serde, scope: _Scope) -> None:
-        self.name = name
-        self.state = state
-        self.serde = value_serde
-        self.scope = scope
-
-    def _check(self, k):
-        if k != self.scope.key:
-            raise _other_key(self.name, k, self.scope.key)
 
     def get(self, k, window_start):
         self._check(k)
