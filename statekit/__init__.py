@@ -13,4 +13,8 @@ def __getattr__(name):  # lazy: importing statekit must not pull in Spark
         from statekit.app import App
 
         return App
+    if name == "NativeApp":
+        from statekit.engine.spark_native import NativeApp
+
+        return NativeApp
     raise AttributeError(f"module 'statekit' has no attribute {name!r}")

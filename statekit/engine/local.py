@@ -3,23 +3,24 @@
 The same path as the Spark engine, minus Spark: every input record is serialized with its source's
 serdes, goes through `Plan.shuffle` (stage 1: pre-shuffle steps, task = murmur2 of the key bytes),
 each task's records are sorted as the Spark engine sorts them (timestamp, source, partition, offset,
-sequence) and handed to `statekit.runtime.task_runner.run_task_batch` with an incrementing batch
-id. Stores, changelogs, commits, restoration and the outbox are the real ones, so the whole stack is
-testable in seconds:
+sequence) and handed to `statekit.worker.task.run_task_batch` with an incrementing batch id (each
+task opened, run and closed in this process). Stores, changelogs, commits and restoration are the
+real ones, so the whole stack is testable in seconds:
 
     eng = LocalEngine(plan, "wordcount", broker.bootstrap, state_dir=tmp, partitions=4)
     out = eng.run_batch([("lines", None, "a b a", 1000), ("lines", None, "b", 1001)])
     eng.decode(out)               # [(topic, key, value)] with the sink serdes
     eng.store("lines-count")      # {key: value} merged over the tasks (committed state)
-    eng.replay()                  # the last batch again, same id: skipped, outbox re-emitted
+    eng.replay()                  # the last batch again, same id: skipped, nothing re-applied
 """
 from __future__ import annotations
 
 import os
 from typing import Iterable, Optional
 
+from statekit.contracts import TaskId
 from statekit.partition import partition_for
-from statekit.runtime.task_runner import TaskRunSpec, _kafka, run_task_batch, store_specs
+from statekit.worker.task import WorkerSpec, run_task_batch, store_specs
 
 
 class LocalEngine:
@@ -28,17 +29,36 @@ class LocalEngine:
                  source_partitions: int = 1, task_instances: Optional[dict] = None,
                  state_dirs: Optional[dict] = None, first_batch_id: int = 0) -> None:
         self.plan = plan
+        self.application = application
+        self.bootstrap = bootstrap
         self.partitions = int(partitions)
         self.source_partitions = int(source_partitions)
-        self.spec = TaskRunSpec(application=application, bootstrap=bootstrap,
-                                partitions=self.partitions, plan=plan,
-                                state_dirs=dict(state_dirs or {}), state_dir=state_dir,
-                                task_instances=dict(task_instances or {}), cache_bytes=cache_bytes,
-                                control_dir=control_dir, events=events)
+        self.state_dir = state_dir
+        self.state_dirs = dict(state_dirs or {})
+        self.task_instances = dict(task_instances or {})
+        self.events = events
+        self.spec = WorkerSpec(application=application, bootstrap=bootstrap, plans={0: plan},
+                               partitions=self.partitions, control_dir=control_dir or "",
+                               cache_bytes=cache_bytes, sink="none", events=events)
         self.next_batch_id = int(first_batch_id)
         self._offsets: dict = {}
         self.last_batch: Optional[tuple] = None   # (batch_id, {task: records})
-        self.task_fn = run_task_batch
+        self._kafka = None
+
+    def state_dir_for(self, task: int) -> str:
+        return self.state_dirs.get(task, self.state_dir)
+
+    def _publisher(self):
+        if not self.events:
+            return None
+        from statekit.event_bus import EventPublisher
+
+        return EventPublisher(self.bootstrap, self.application).publish
+
+    def task_fn(self, task: int, batch_id: int, records) -> list:
+        return run_task_batch(self.spec, TaskId(0, task), batch_id, records,
+                              state_dir=self.state_dir_for(task),
+                              instance=self.task_instances.get(task), publish=self._publisher())
 
     # -- input -----------------------------------------------------------------------------------
     def _encode(self, records: Iterable) -> dict:
@@ -70,7 +90,7 @@ class LocalEngine:
     def run_tasks(self, batch_id: int, by_task: dict) -> list:
         outputs = []
         for task in sorted(by_task):
-            outputs.extend(self.task_fn(self.spec, task, batch_id, by_task[task]))
+            outputs.extend(self.task_fn(task, batch_id, by_task[task]))
         return outputs
 
     def run_batch(self, records: Iterable, batch_id: Optional[int] = None) -> list:
@@ -113,9 +133,9 @@ class LocalEngine:
         return out
 
     def task_dir(self, task: int) -> str:
-        from statekit.state import task_dir_for
+        from statekit.contracts import task_dir
 
-        return task_dir_for(self.spec.state_dir_for(task), self.spec.application, task)
+        return task_dir(self.state_dir_for(task), self.application, TaskId(0, task))
 
     def store_by_task(self, name: str) -> dict:
         """{task: {key: value}} ({(key, window_start): value} for window stores) as committed,
@@ -127,8 +147,8 @@ class LocalEngine:
         for task in range(self.partitions):
             if not os.path.isdir(self.task_dir(task)):
                 continue
-            st = TaskState(self.spec.application, task, store_specs(self.plan),
-                           state_dir=self.spec.state_dir_for(task), kafka=_kafka(self.spec.bootstrap),
+            st = TaskState(self.application, TaskId(0, task), store_specs(self.plan),
+                           state_dir=self.state_dir_for(task), kafka=self._client(),
                            num_tasks=self.partitions, restore=False)
             try:
                 store = st.store(name)
@@ -146,5 +166,14 @@ class LocalEngine:
             merged.update(rows)
         return merged
 
+    def _client(self):
+        if self._kafka is None:
+            from statekit.kafka import Kafka
+
+            self._kafka = Kafka(self.bootstrap)
+        return self._kafka
+
     def close(self) -> None:
-        pass
+        if self._kafka is not None:
+            self._kafka.close()
+            self._kafka = None

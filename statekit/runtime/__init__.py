@@ -1,16 +1,13 @@
-"""The runtime: an application's lifecycle, instances, assignment, crashes, restarts, standbys,
-interactive queries and lag (``statekit.app`` + this package), and the task runner that executes one
-task's micro-batch inside an engine worker (``task_runner``, ``events``).
+"""The control side of an application (``statekit.app.App`` is its façade).
 
-- ``assignment``  sticky task assignment (a pure function), standbys never with their active
-- ``lifecycle``   CREATED -> RESTORING -> RUNNING -> ERROR / PENDING_SHUTDOWN -> NOT_RUNNING
-- ``layout``      ``<state_dir>/instance-<i>/<app>/<task>``, the engine checkpoint, the control dir
-- ``crash``       crash directives (``<control_dir>/crash.json``): written by ``App.crash``, claimed
-                  by the first matching task, which SIGKILLs its own worker process
-- ``standbys``    one ``state.StandbyReplica`` thread per (task, standby instance); promotion
+- ``coordinator`` membership (instances start, die, join, leave), rebalances with generations,
+                  probing rebalances for warmups; writes ``control/assignment.json``
+- ``assignor``    the high-availability assignment (a pure function): sticky, balanced, actives
+                  move only to caught-up copies, warmups, standbys never with their active
+- ``supervisor``  instance processes: start, stop, SIGKILL
+- ``lifecycle``   CREATED -> RESTORING -> RUNNING <-> REBALANCING -> ERROR / NOT_RUNNING
 - ``queries``     key -> task (murmur2 of the serialized key) -> instance -> RocksDB secondary read
-- ``lag``         ``App.lag()``: checkpoint / standby position vs changelog end
-- ``local_query`` ``App(engine="local")``: Spark's micro-batch contract (offset log, commit log,
-                  replay of an uncommitted batch) without Spark, batches in a worker subprocess so a
-                  crash is a real process death
+- ``lag``         ``App.lag()``: every copy's position vs its changelog's end
+
+The worker side (instances, tasks, the engines' router, crash directives) is ``statekit.worker``.
 """

@@ -1,56 +1,53 @@
 """``App.lag()``: how far each copy of each store is behind its changelog.
 
-One row per (task, instance, store): the active copy (its ``.checkpoint``: the changelog offset of
-its last commit) and every standby replica (the offset it has applied so far). ``lag`` = changelog
-end - checkpoint offset: the records a restore (or a promotion) of that copy would replay.
+One row per (task, instance, store) for every copy the assignment names: the active one (the
+changelog offset of its last commit, or of its restore so far) and every standby and warmup replica
+(the offset it has applied so far), as the instances report them. ``lag`` = changelog end - offset:
+the records a restore (or a promotion) of that copy would replay.
 """
 from __future__ import annotations
 
-COLUMNS = ["task", "instance", "role", "store", "checkpoint_offset", "changelog_end", "lag"]
+COLUMNS = ["task", "instance", "role", "state", "store", "checkpoint_offset", "changelog_end", "lag"]
 
 
-def lag_frame(app):
+def lag_rows(application: str, assignment, statuses: dict, plans: dict, kafka, layout) -> list:
+    from statekit.contracts import changelog_topic
+    from statekit.state import checkpoint as ckpt
+    from statekit.worker.task import is_task_store, store_specs
+
+    if assignment is None:
+        return []
+    stores = {sub: [s.name for s in store_specs(p, sub)
+                    if getattr(s, "logging", True) and not is_task_store(s.name)]
+              for sub, p in plans.items()}
+    ends: dict = {}
+    for sub, names in stores.items():
+        for s in names:
+            try:
+                ends[s] = kafka.end_offsets(changelog_topic(application, s))
+            except Exception:  # noqa: BLE001 - a changelog not created yet
+                ends[s] = {}
+    rows = []
+    for t in assignment.tasks:
+        for inst, role in assignment.roles(t):
+            st = statuses.get(inst) or {}
+            row = (st.get("tasks") if role == "active" else st.get("replicas") or {}) or {}
+            row = row.get(str(t)) or {}
+            positions = row.get("positions") or {}
+            if role == "active" and not positions:
+                cp = ckpt.read(layout.task_dir(inst, t), warn=lambda m: None) or {}
+                positions = {k: v.changelog_offset for k, v in cp.items()}
+            for s in stores.get(t.subtopology, ()):
+                end = ends.get(s, {}).get(t.partition)
+                off = positions.get(s)
+                lag = None if end is None else max(0, end - (off or 0))
+                rows.append({"task": str(t), "instance": inst, "role": role,
+                             "state": row.get("state", role if row else "unknown"), "store": s,
+                             "checkpoint_offset": off, "changelog_end": end, "lag": lag})
+    return rows
+
+
+def lag_frame(rows: list):
     import pandas as pd
 
-    from statekit.state import checkpoint as ckpt
-
-    a = app.assignment
-    if a is None:
-        return pd.DataFrame(columns=COLUMNS)
-    plan = app.plan or app._compile()
-    stores = [s.name for s in plan.stores if getattr(s, "logging", True)]
-    ends = {}
-    for s in stores:
-        try:
-            ends[s] = app.kafka.end_offsets(app.changelog_topic(s))
-        except Exception:
-            ends[s] = {}
-    standby_rows = {}
-    if app.standbys is not None:
-        for row in app.standbys.lag_rows():
-            standby_rows[(row["task"], row["instance"], row["store"])] = row
-    rows = []
-    for t in a.tasks:
-        for inst, role in a.instances_of(t):
-            if role == "active":
-                cp = ckpt.read(app.layout.task_dir(inst, t), warn=lambda m: None) or {}
-                for s in stores:
-                    end = ends[s].get(t)
-                    off = cp[s].changelog_offset if s in cp else None
-                    lag = None if end is None else end - (off or 0)
-                    rows.append({"task": t, "instance": inst, "role": role, "store": s,
-                                 "checkpoint_offset": off, "changelog_end": end,
-                                 "lag": None if lag is None else max(0, lag)})
-            else:
-                for s in stores:
-                    r = standby_rows.get((t, inst, s))
-                    end = ends[s].get(t)
-                    off = r.get("offset") if r else None
-                    if r and r.get("end") is not None and end is not None:
-                        end = max(end, r["end"])
-                    lag = None if end is None else end - (off or 0)
-                    rows.append({"task": t, "instance": inst, "role": role, "store": s,
-                                 "checkpoint_offset": off, "changelog_end": end,
-                                 "lag": None if lag is None else max(0, lag)})
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    return df
+    return pd.DataFrame(rows, columns=COLUMNS)

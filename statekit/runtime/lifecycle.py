@@ -1,15 +1,16 @@
 """The application's lifecycle, with Kafka Streams' state names.
 
-    CREATED ──start──► RESTORING ──tasks restored / first batch──► RUNNING
-        │                  │  ▲                                      │
-        │                  │  └────────────── restart ─────────────┐ │
-        │                  ▼                                       │ ▼
-        │                ERROR ◄──────── query failed / crash ──── (RESTORING | RUNNING)
-        │                  │
-        └──── stop ──► PENDING_SHUTDOWN ──► NOT_RUNNING ──restart──► RESTORING
+    CREATED ──start──► RESTORING ──every task open──► RUNNING ◄──► REBALANCING
+                          │                              │           (tasks move between instances:
+                          │                              │            a death, a join, a leave, a
+                          ▼                              ▼            warmup that caught up)
+                        ERROR ◄── a task failed, no live instance, the engine failed
+                          │
+                          └─ restart ─► RESTORING          stop ─► PENDING_SHUTDOWN ─► NOT_RUNNING
 
-``Lifecycle.state`` is readable at any time from any thread; listeners get ``(new, old)`` like
-``KafkaStreams.StateListener``.
+An instance that dies does not stop the application: it goes REBALANCING while the dead instance's
+tasks move, and back to RUNNING once they are open again. ``Lifecycle.state`` is readable at any
+time from any thread; listeners get ``(new, old)`` like ``KafkaStreams.StateListener``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ __all__ = ["AppState", "Lifecycle", "IllegalTransition"]
 class AppState(str, enum.Enum):
     CREATED = "CREATED"
     RESTORING = "RESTORING"
+    REBALANCING = "REBALANCING"
     RUNNING = "RUNNING"
     PENDING_SHUTDOWN = "PENDING_SHUTDOWN"
     NOT_RUNNING = "NOT_RUNNING"
@@ -33,16 +35,17 @@ class AppState(str, enum.Enum):
         return self.value
 
     def is_running(self) -> bool:
-        return self in (AppState.RESTORING, AppState.RUNNING)
+        return self in (AppState.RESTORING, AppState.REBALANCING, AppState.RUNNING)
 
 
 _VALID = {
     AppState.CREATED: {AppState.RESTORING, AppState.PENDING_SHUTDOWN, AppState.NOT_RUNNING, AppState.ERROR},
-    AppState.RESTORING: {AppState.RUNNING, AppState.ERROR, AppState.PENDING_SHUTDOWN},
-    AppState.RUNNING: {AppState.RESTORING, AppState.ERROR, AppState.PENDING_SHUTDOWN},
+    AppState.RESTORING: {AppState.RUNNING, AppState.REBALANCING, AppState.ERROR, AppState.PENDING_SHUTDOWN},
+    AppState.REBALANCING: {AppState.RUNNING, AppState.RESTORING, AppState.ERROR, AppState.PENDING_SHUTDOWN},
+    AppState.RUNNING: {AppState.RESTORING, AppState.REBALANCING, AppState.ERROR, AppState.PENDING_SHUTDOWN},
     AppState.PENDING_SHUTDOWN: {AppState.NOT_RUNNING, AppState.ERROR},
     AppState.NOT_RUNNING: {AppState.RESTORING, AppState.PENDING_SHUTDOWN},
-    AppState.ERROR: {AppState.RESTORING, AppState.PENDING_SHUTDOWN, AppState.NOT_RUNNING},
+    AppState.ERROR: {AppState.RESTORING, AppState.REBALANCING, AppState.PENDING_SHUTDOWN, AppState.NOT_RUNNING},
 }
 
 

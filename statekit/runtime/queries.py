@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from statekit.contracts import TaskId, has_state
 from statekit.errors import StatekitError
 from statekit.partition import partition_for
 
@@ -27,9 +28,9 @@ class UnknownStore(StatekitError):
 
 @dataclass(frozen=True)
 class KeyOwner:
-    task: int
+    task: TaskId
     instance: int
-    role: str            # "active" | "standby"
+    role: str            # "active" | "standby" | "warmup"
     state_dir: str       # the task directory on that instance
 
     def __iter__(self):  # unpacks as (task, instance, role)
@@ -59,8 +60,11 @@ class QueryRouter:
         spec = self._spec(store)
         return self._serde(spec, "key_serde").to_bytes(key)
 
-    def task_for(self, store: str, key) -> int:
-        return partition_for(self.key_bytes(store, key), self.app.partitions)
+    def task_for(self, store: str, key) -> TaskId:
+        return self._task(store, partition_for(self.key_bytes(store, key), self.app.partitions))
+
+    def _task(self, store: str, partition: int) -> TaskId:
+        return TaskId(self.app.store_subtopology(store), partition)
 
     def _assignment(self):
         a = self.app.assignment
@@ -76,12 +80,11 @@ class QueryRouter:
     def key_owners(self, store: str, key) -> list:
         t = self.task_for(store, key)
         a = self._assignment()
-        return [KeyOwner(t, i, role, self.app.layout.task_dir(i, t)) for i, role in a.instances_of(t)]
+        return [KeyOwner(t, i, role, self.app.layout.task_dir(i, t)) for i, role in a.roles(t)]
 
     # -- handles
     def _open(self, task_dir: str):
         from statekit.stores import open_readonly
-        from statekit.runtime.layout import has_state
 
         with self._lock:
             if self._closed:
@@ -136,14 +139,12 @@ class QueryRouter:
             for d in list(self._handles):
                 self._drop(d)
 
-    def _copies(self, task: int, stale: bool) -> list:
+    def _copies(self, task: TaskId, stale: bool) -> list:
         a = self._assignment()
-        out = [(a.active[task], "active")]
-        if stale:
-            out += [(i, "standby") for i in a.standbys.get(task, ())]
-        return out
+        roles = a.roles(task)
+        return roles if stale else roles[:1]
 
-    def _handle_for(self, task: int, store: str, stale: bool):
+    def _handle_for(self, task: TaskId, store: str, stale: bool):
         """The first readable copy of the task that has the store: the active, then (stale) standbys."""
         for inst, _role in self._copies(task, stale):
             d = self.app.layout.task_dir(inst, task)
@@ -163,7 +164,7 @@ class QueryRouter:
             raise StatekitError(f"store '{store}' is a window store: use query_window(store, key, "
                                 f"t_from, t_to)")
         kb = self._serde(spec, "key_serde").to_bytes(key)
-        t = partition_for(kb, self.app.partitions)
+        t = self._task(store, partition_for(kb, self.app.partitions))
         with self._lock:
             h = self._handle_for(t, store, stale)
             if h is None:
@@ -180,8 +181,8 @@ class QueryRouter:
         hi_b = None if hi is None else ks.to_bytes(hi) + b"\x00"  # inclusive
         rows = []
         with self._lock:
-            for t in range(self.app.partitions):
-                h = self._handle_for(t, store, stale)
+            for p in range(self.app.partitions):
+                h = self._handle_for(self._task(store, p), store, stale)
                 if h is None:
                     continue
                 for k, v in h.items(store, lo_b, hi_b):
@@ -196,12 +197,13 @@ class QueryRouter:
         frames = []
         a = self._assignment()
         with self._lock:
-            for t in range(self.app.partitions):
+            for p in range(self.app.partitions):
+                t = self._task(store, p)
                 h = self._handle_for(t, store, stale)
                 if h is None:
                     continue
                 df = h.to_pandas(store, getattr(spec, "key_serde", None), getattr(spec, "value_serde", None))
-                df["task"] = t
+                df["task"] = str(t)
                 df["instance"] = a.active[t]
                 frames.append(df)
         window = getattr(spec, "kind", "kv") == "window"
@@ -219,7 +221,7 @@ class QueryRouter:
 
         kb = self._serde(spec, "key_serde").to_bytes(key)
         vs = self._serde(spec, "value_serde")
-        t = partition_for(kb, self.app.partitions)
+        t = self._task(store, partition_for(kb, self.app.partitions))
         seg_ms = getattr(spec, "segment_ms", None) or default_segment_ms(getattr(spec, "retention_ms", None))
         t_from, t_to = max(0, int(t_from)), int(t_to)
         out = []

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
+from statekit import contracts
 from statekit.errors import CorruptState, StatekitError, StateLocked, UnknownTopic
 from statekit.state import checkpoint as ckpt
 from statekit.state.crash import CrashPlan, SimulatedCrash
@@ -53,11 +54,10 @@ LOCK_FILE = ".lock"
 
 
 def task_dir_for(state_dir: str, application: str, task_id) -> str:
-    return os.path.join(state_dir, application, str(task_id))
+    return contracts.task_dir(state_dir, application, task_id)
 
 
-def changelog_topic(application: str, store: str) -> str:
-    return f"{application}-{store}-changelog"
+changelog_topic = contracts.changelog_topic
 
 
 def changelog_configs(spec) -> dict:
@@ -170,8 +170,9 @@ class TaskState:
                  fetch_max_bytes: int | None = None, topic_configs: dict | None = None,
                  restore: bool = True):
         self.application = application
-        self.task_id = int(task_id)
-        self.partition = int(task_id)
+        # a contracts.TaskId (sub-topology, partition), or a bare partition
+        self.task_id = task_id if isinstance(task_id, contracts.TaskId) else int(task_id)
+        self.partition = int(getattr(task_id, "partition", task_id))
         self.specs = list(specs)
         self.state_dir = state_dir
         self.task_dir = task_dir_for(state_dir, application, task_id)
@@ -480,8 +481,12 @@ class TaskState:
     def __getitem__(self, name: str):
         return self.stores[name]
 
-    def commit(self, batch_id: int) -> CommitInfo:
-        """Commit the writes made since the last commit as input batch ``batch_id``."""
+    def commit(self, batch_id: int, extra=()) -> CommitInfo:
+        """Commit the writes made since the last commit as input batch ``batch_id``.
+
+        ``extra``: ``[(topic, partition, [(key, value)])]`` the task produced for the batch (sink and
+        repartition topics); they go out with the changelog records in step 2, so that a committed
+        batch's outputs are acknowledged before its marker counts."""
         self._check_open()
         b = int(batch_id)
         if b <= self.last_batch:
@@ -495,20 +500,24 @@ class TaskState:
             crash.hit("before_send", b)
             # 2. changelog records + one marker per store, acked
             offsets, counts = {}, {}
-            if (len(self.logged_specs) > 1 and not _armed(crash, "between_stores", b)
-                    and not _armed(crash, "mid_send", b)):
+            extra = [x for x in extra if x[2]]
+            together = ((len(self.logged_specs) > 1 or extra) and not _armed(crash, "between_stores", b)
+                        and not _armed(crash, "mid_send", b))
+            if together:
                 # every store's records + marker in flight at once, then every ack (a kill in
                 # between leaves any subset of the stores committed: restoration settles on the
                 # smallest committed batch, exactly as for a kill between sequential sends)
                 names = [spec.name for spec in self.logged_specs]
                 recs = {n: self.sink.take(n) for n in names}
                 lasts = self.kafka.send_many(
-                    [(self.topic(n), self.partition, self._changelog_records(recs[n], b))
-                     for n in names])
-                for n, last in zip(names, lasts):
+                    extra + [(self.topic(n), self.partition, self._changelog_records(recs[n], b))
+                             for n in names])
+                for n, last in zip(names, lasts[len(extra):]):
                     counts[n] = len(recs[n])
                     offsets[n] = last + 1
-            for i, spec in enumerate(self.logged_specs if not offsets else ()):
+            elif extra:
+                self.kafka.send_many(extra)
+            for i, spec in enumerate(self.logged_specs if not together else ()):
                 if i:
                     crash.hit("between_stores", b)
                 recs = self.sink.take(spec.name)

@@ -17,7 +17,7 @@ Engines use the bytes-level pair:
     for task, record in plan.shuffle(source_index, key_bytes, value_bytes, timestamp, partition,
                                      offset, partitions):
         ...  # ship `record` (a tuple of ints and bytes) to task `task`
-    # in the task: statekit.runtime.task_runner.run_task_batch(spec, task, batch_id, records)
+    # in the task: statekit.worker.task.StreamTask.process(batch_id, records)
 
 `record` = (route, source_partition, offset, timestamp, key_pickle, value_pickle): the Python key and
 value pickled for the trip through the shuffle only (never stored: stores use their serdes).

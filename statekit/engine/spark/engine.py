@@ -6,18 +6,16 @@
                seq, key, value)
     shuffle    repartition(N, "salt"): salt = salts(N)[task], so Spark partition p holds task p only
     stage 2    mapInArrow: the records of task p, sorted by (timestamp, source_index, src_partition,
-               offset, seq), go to task_fn(spec, p, batch_id, records) (the runtime's
-               run_task_batch); batch_id is the micro-batch id Spark replays after a failure
-    sink       (topic, key, value) rows -> Kafka (statekit-kafka writer) | a statekit memory table
-               (foreachBatch keyed by batch id, restartable; `SparkEngine.output(run)`) | nothing
+               offset, seq), handed to the instance that owns task p (statekit.worker.router), which
+               processes, commits and writes the outputs; batch_id is the micro-batch id Spark
+               replays after a failure
+    sink       noop: the tasks wrote their outputs (Kafka topics, or the memory sink's files)
 
 `RunningQuery` wraps the StreamingQuery; errors come out as one-line `StatekitError`s. Progress can
 be forwarded live to a callback (`start(run, on_progress=fn)`, dicts from `progress_dict`).
 Set STATEKIT_ENGINE_TRACE=/path.jsonl to have workers log per-stage timings.
 
-`records` handed to the task function: the `(route, source_partition, offset, timestamp_ms,
-key_pickle, value_pickle)` tuples `Plan.shuffle` made, in that order; it returns
-`[(sink_topic, key_bytes, value_bytes), ...]`.
+A task's records travel as Arrow IPC with the columns of `statekit.worker.protocol.BATCH_FIELDS`.
 """
 from __future__ import annotations
 
@@ -135,8 +133,12 @@ def make_stage1(plan, partitions: int):
 
 
 def make_stage2(run: RunSpec):
-    """Stage 2 (mapInArrow; one Spark partition = one task): the task function over the records of
-    the micro-batch, sorted by (timestamp, source_index, src_partition, offset, seq)."""
+    """Stage 2 (mapInArrow; one Spark partition = one task): the task's records of the micro-batch,
+    sorted by (timestamp, source_index, src_partition, offset, seq), handed to the instance that owns
+    the task (`statekit.worker.router.deliver`). The instance writes the outputs; nothing comes back
+    to Spark."""
+    control_dir, sub = run.control_dir, int(run.subtopology)
+    app, bootstrap, events = run.app, run.bootstrap, run.events
 
     def stage2(batches):
         import time as _time
@@ -145,12 +147,15 @@ def make_stage2(run: RunSpec):
         import pyarrow.compute as pc
         from pyspark import TaskContext
 
+        from statekit.contracts import TaskId
+        from statekit.worker.protocol import table_to_ipc
+        from statekit.worker.router import deliver
+
         t0 = _time.perf_counter()
         parts = [b for b in batches if b.num_rows]
         if not parts:
             return
         tbl = pa.Table.from_batches(parts)
-        t1 = _time.perf_counter()
         ctx = TaskContext.get()
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
         pid = ctx.partitionId()
@@ -159,22 +164,18 @@ def make_stage2(run: RunSpec):
             raise EngineError(f"shuffle partition {pid} received tasks {sorted(tasks)}; the salt "
                               f"mapping does not match this Spark version")
         tbl = tbl.take(pc.sort_indices(tbl, sort_keys=_SORT_KEYS))
-        records = list(zip(*(_pylist(tbl.column(c)) for c in
-                             ("route", "src_partition", "offset", "timestamp", "key", "value"))))
-        del tbl
-        fn = run.resolve_task_fn()
-        spec = run.task_spec if run.task_spec is not None else run
-        t2 = _time.perf_counter()
-        out = fn(spec, pid, batch_id, records)
-        t3 = _time.perf_counter()
-        for i in range(0, len(out or ()), _EMIT_ROWS):
-            topics, keys, values = zip(*out[i:i + _EMIT_ROWS])
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(topics, pa.string()), pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
-                names=["topic", "key", "value"])
-        _trace({"stage": 2, "task": pid, "batch": batch_id, "records": len(records),
-                "outputs": len(out or ()), "input_s": round(t1 - t0, 3), "prepare_s": round(t2 - t1, 3),
-                "task_s": round(t3 - t2, 3), "emit_s": round(_time.perf_counter() - t3, 3)})
+        t1 = _time.perf_counter()
+        publish = None
+        if events:
+            from statekit.event_bus import EventPublisher
+
+            publish = EventPublisher(bootstrap, app).publish
+        reply = deliver(control_dir, TaskId(sub, pid), batch_id, table_to_ipc(tbl), publish=publish)
+        _trace({"stage": 2, "task": pid, "batch": batch_id, "records": tbl.num_rows,
+                "reply": reply[0], "prepare_s": round(t1 - t0, 3),
+                "deliver_s": round(_time.perf_counter() - t1, 3)})
+        return
+        yield  # a generator that yields nothing: the instance wrote the outputs
 
     return stage2
 
@@ -427,26 +428,9 @@ class SparkEngine:
     def memory_table_name(run: RunSpec) -> str:
         return run.memory_table or f"{run.app}_output".replace("-", "_")
 
-    def output(self, run: RunSpec):
-        """The memory sink's rows so far (pandas: topic, key, value, batch)."""
-        from statekit.engine.spark.sink import memory_table
-
-        return memory_table(self.memory_table_name(run))
-
-    def _check_topics(self, run: RunSpec) -> None:
-        from statekit.kafka import Kafka
-
-        with Kafka(run.bootstrap) as k:
-            for t in dict.fromkeys(source_topics(run.plan)):
-                k.end_offsets(t)  # UnknownTopic, one line
-            if run.sink == "kafka":
-                for t in dict.fromkeys(sink_topics(run.plan)):
-                    k.ensure_topic(t, run.partitions)
-
     def start(self, run: RunSpec, on_progress: Callable[[dict], None] | None = None) -> RunningQuery:
         if run.partitions < 1:
             raise EngineError("partitions must be >= 1")
-        self._check_topics(run)
         spark = self.session()
         spark.conf.set("spark.sql.shuffle.partitions", str(run.partitions))
         spark.conf.set("spark.sql.adaptive.enabled", "false")
@@ -457,7 +441,12 @@ class SparkEngine:
             raise
         except Exception as e:
             raise one_line(e, f"cannot build {name}") from None
-        return launch(spark, out, run, self.memory_table_name(run), on_progress=on_progress)
+        return launch(spark, out, run, self.memory_table_name(run), sink=self.spark_sink(run),
+                      on_progress=on_progress)
+
+    def spark_sink(self, run: RunSpec) -> str:
+        """Spark's sink for this engine's queries: none, since the tasks write their outputs."""
+        return "none"
 
 
 def launch(spark, out, run: RunSpec, memory_table: str, output_mode: str = "append",

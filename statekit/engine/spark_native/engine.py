@@ -316,7 +316,28 @@ class SparkNativeEngine(SparkEngine):
             return translate.build_groupby_count(src, run.plan)
         return translate.build_native(src, run.plan)
 
+    def spark_sink(self, run: RunSpec) -> str:
+        return run.sink
+
+    def output(self, run: RunSpec):
+        """The memory sink's rows so far (pandas: topic, key, value, batch)."""
+        from statekit.engine.spark.sink import memory_table
+
+        return memory_table(self.memory_table_name(run))
+
+    def _check_topics(self, run: RunSpec) -> None:
+        from statekit.engine.spark.engine import sink_topics, source_topics
+        from statekit.kafka import Kafka
+
+        with Kafka(run.bootstrap) as k:
+            for t in dict.fromkeys(source_topics(run.plan)):
+                k.end_offsets(t)  # UnknownTopic, one line
+            if run.sink == "kafka":
+                for t in dict.fromkeys(sink_topics(run.plan)):
+                    k.ensure_topic(t, run.partitions)
+
     def start(self, run: RunSpec, on_progress=None) -> NativeQuery:
+        self._check_topics(run)
         self.session(run)
         if self._opts(run)["mode"] == "groupby":
             rq = self._start_update(run, on_progress)

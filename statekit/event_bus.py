@@ -1,29 +1,13 @@
-"""Events: what tasks (in Spark workers, or anywhere) tell the notebook, through one Kafka topic.
+"""How events travel: one JSON record per event on ``<application>-events``.
 
-Every event is one JSON record on ``<application>-events`` (1 partition, ``cleanup.policy=delete``,
-one hour of retention, created on demand). An event is a flat dict with at least ``type``, ``app``,
-``ts`` (epoch seconds, float) and ``pid``; task events add ``task``, ``batch``, ``instance`` and
-``generation`` (from the run spec). Types the task runner publishes:
-
-``task_opened``   the task opened its state: ``replayed_from`` (checkpoint|scratch|mixed|none),
-                  ``last_batch``, ``open_ms``, ``notices`` (one-line warnings of the state layer)
-``restore_start`` per store: ``store``, ``start_offset``, ``end_offset``, ``lag``
-``restore_batch`` per store, at most ~5 a second: ``store``, ``offset``, ``restored`` (so far),
-                  ``remaining``, ``rate`` (records/s)
-``restore_end``   per store: ``store``, ``restored``, ``applied``, ``duration_s``, ``rate``,
-                  ``from`` (checkpoint|scratch|meta|none), ``dropped_uncommitted``
-``commit``        ``records`` (input records), ``outputs``, ``changelog`` ({store: records sent}),
-                  ``offsets`` ({store: changelog offset after the marker}), ``commit_ms``,
-                  ``process_ms``, ``cache`` ({store: cache stats}), ``rows`` ({store: approximate
-                  row count}), ``stream_time``, ``dropped_late``, ``skipped_null``
-``batch_skipped`` the batch id was already applied: ``last_batch``, ``reemitted`` (outbox records)
-``crash``         the task claimed a crash directive and is about to SIGKILL itself: ``point``,
-                  ``directive``, ``after_records``
-``state_change``  ``old``/``new`` task state (CREATED -> RESTORING -> RUNNING -> CLOSED | ERROR);
-                  ``error`` (one line) on ERROR
+The topic has 1 partition, ``cleanup.policy=delete`` and one hour of retention, and is created on
+demand. What an event says is defined in :mod:`statekit.events` (typed records); this module only
+moves them: ``EventPublisher`` (instances and the App's coordinator) and ``EventReader`` (the App,
+tailing the topic in a background thread). A Kafka topic is the one channel that also works when
+the publishers run on other machines.
 
 Publishing never fails the caller: an unreachable broker drops the event (and says so once in the
-log). ``EventReader`` tails the topic in a background thread for the driver.
+log).
 """
 from __future__ import annotations
 
@@ -35,13 +19,12 @@ import time
 from collections import deque
 from typing import Callable, Optional
 
+from statekit.contracts import events_topic
+from statekit.events import Event, from_dict
+
 log = logging.getLogger("statekit.events")
 
 EVENTS_RETENTION_MS = 3_600_000
-
-
-def events_topic(application: str) -> str:
-    return f"{application}-events"
 
 
 def topic_configs() -> dict:
@@ -131,15 +114,23 @@ class EventPublisher:
         self.published = 0
         self.dropped = 0
 
-    def _stamp(self, ev: dict) -> dict:
+    def _stamp(self, ev) -> dict:
         out = dict(self.defaults)
-        out.update(ev)
+        out.update(ev.to_dict() if isinstance(ev, Event) else ev)
+        if out.get("ts") == 0.0:
+            out.pop("ts")
+        if out.get("pid") == 0:
+            out.pop("pid")
+        if not out.get("app"):
+            out.pop("app", None)
+        out.pop("offset", None)
         out.setdefault("app", self.application)
         out.setdefault("ts", time.time())
         out.setdefault("pid", os.getpid())
         return out
 
-    def publish(self, event: dict) -> bool:
+    def publish(self, event) -> bool:
+        """Publish one event (a ``statekit.events.Event``; a dict is accepted as it is)."""
         return self.publish_many([event])
 
     def publish_many(self, events) -> bool:
@@ -272,7 +263,7 @@ class EventReader:
             if not isinstance(ev, dict):
                 continue
             ev["offset"] = off
-            new.append(ev)
+            new.append(from_dict(ev))
         if not new:
             return
         with self._cond:
@@ -291,12 +282,12 @@ class EventReader:
         with self._cond:
             out = list(self._events)
         if since is not None:
-            out = [e for e in out if e["offset"] > since]
+            out = [e for e in out if e.offset > since]
         if since_ts is not None:
-            out = [e for e in out if e.get("ts", 0) >= since_ts]
+            out = [e for e in out if e.ts >= since_ts]
         if types is not None:
             types = {types} if isinstance(types, str) else set(types)
-            out = [e for e in out if e.get("type") in types]
+            out = [e for e in out if e.type in types]
         return out
 
     def poll(self, timeout: float = 0.5) -> list:
@@ -304,7 +295,7 @@ class EventReader:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                new = [e for e in self._events if e["offset"] > self._poll_cursor]
+                new = [e for e in self._events if e.offset > self._poll_cursor]
                 if new or self._stop.is_set():
                     break
                 left = deadline - time.monotonic()
@@ -312,10 +303,10 @@ class EventReader:
                     break
                 self._cond.wait(left)
         if new:
-            self._poll_cursor = new[-1]["offset"]
+            self._poll_cursor = new[-1].offset
         return new
 
-    def wait_for(self, predicate: Callable[[dict], bool], timeout: float = 30.0) -> Optional[dict]:
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 30.0) -> Optional[Event]:
         """The first event (already seen or new) for which predicate(event) is true, or None."""
         deadline = time.monotonic() + timeout
         seen = 0
@@ -331,7 +322,7 @@ class EventReader:
                     return None
                 self._cond.wait(min(left, 0.5))
 
-    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[dict], None]:
+    def subscribe(self, callback: Callable[[Event], None]) -> Callable[[Event], None]:
         self._callbacks.append(callback)
         return callback
 

@@ -1,6 +1,6 @@
-"""Crash directives: how the runtime asks a worker to die mid-batch.
+"""Crash directives: how the App asks an instance to die at a chosen point.
 
-The runtime (``App.crash``) writes ``<control_dir>/crash.json``::
+The App (``App.crash``) writes ``<control_dir>/crash.json``::
 
     {"id": "<hex>", "instance": 1, "point": "records", "after_records": 25, "mode": "process"}
 
@@ -9,11 +9,11 @@ The runtime (``App.crash``) writes ``<control_dir>/crash.json``::
 acknowledged, RocksDB not yet written), ``after_rocksdb`` (RocksDB written, checkpoint file not yet),
 ``mid_restore`` (while restoring). ``instance`` None matches any instance.
 
-The worker side (``maybe_crash``, called by the task runner at each point): the first task on a
-matching instance that reaches the point claims the directive with an atomic rename to
-``crash.claimed.<id>.json`` — so exactly one worker dies per directive — writes who claimed it into
-that file, and SIGKILLs its own process. No cleanup runs: RocksDB is not closed, the pending
-WriteBatch and the record cache are lost, the changelog may hold records after the last marker.
+The worker side (``claim``, called by a task at each point): the first task on a matching instance
+that reaches the point claims the directive with an atomic rename to ``crash.claimed.<id>.json`` —
+so exactly one process dies per directive — writes who claimed it into that file, and SIGKILLs its
+own process (the whole instance). No cleanup runs: RocksDB is not closed, the pending WriteBatch and
+the record cache are lost, the changelog may hold records after the last marker.
 """
 from __future__ import annotations
 
@@ -152,3 +152,28 @@ def maybe_crash(control_dir: str, instance: Optional[int], point: str, records: 
     """The worker-side hook: claim a matching directive and SIGKILL this process."""
     if claim(control_dir, instance, point, records, task, batch) is not None:
         die()
+
+
+def find_claim(control_dir: str, instance: Optional[int], pid: int) -> Optional[dict]:
+    """The directive a dead process claimed (matched by its pid), once; None if it claimed none."""
+    try:
+        names = os.listdir(control_dir)
+    except FileNotFoundError:
+        return None
+    for name in names:
+        if not (name.startswith("crash.claimed.") and name.endswith(".json")):
+            continue
+        path = os.path.join(control_dir, name)
+        try:
+            with open(path) as f:
+                body = json.load(f)
+        except (FileNotFoundError, ValueError):
+            continue
+        if body.get("pid") == pid and not body.get("seen"):
+            body["seen"] = True
+            try:
+                _atomic_write(path, body)
+            except OSError:
+                pass
+            return body
+    return None

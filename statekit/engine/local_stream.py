@@ -1,61 +1,36 @@
 """A streaming query without Spark, for fast tests and laptops without Java: ``App(engine="local")``.
 
-It keeps Spark's micro-batch contract, so everything above it (crashes, restarts, restoration,
-exactly-once state) behaves as on Spark:
+It keeps Spark's micro-batch contract, so everything above it (instances, crashes, rebalances,
+restoration, exactly-once state) behaves as on Spark:
 
 * a driver thread (in the App's process) plans micro-batches over the Kafka source topics and keeps
   an *offset log* and a *commit log* in the query checkpoint directory, as Spark does: the offset
   range of batch ``b`` is written before ``b`` runs, ``commits/b`` after it finished. A new query on
   the same checkpoint first re-runs the last batch that has no commit, with the same id and ranges;
-* the batch runs in a **worker subprocess** (``python -m statekit.runtime.local_query``), never in
-  the App's process: it reads the ranges from Kafka, runs ``Plan.shuffle`` (stage 1), orders each
-  task's records as the Spark engine does and calls ``task_runner.run_task_batch`` per task (stage 2).
-  A crash directive therefore SIGKILLs a real process mid-batch — the RocksDB handle, the record
-  cache, the unsent changelog records die with it — and the query fails, exactly like a Spark query
-  whose Python worker was killed (local mode does not retry tasks);
-* sinks: ``memory`` (rows kept by the driver, ``output()``), ``kafka`` (the plan's sink topics,
-  partitioned by murmur2 of the key, sent before the batch commits: at-least-once), ``none``.
+* stage 1 (``Plan.shuffle`` per record) runs in that thread; stage 2 hands each task's records,
+  ordered as the Spark engine orders them, to the instance that owns the task
+  (``statekit.worker.router``), all tasks of a batch at once. The instances are real processes:
+  a crash kills one of them, never this query.
 
 ``RunningQuery`` surface: ``stop()``, ``abort()``, ``is_active``, ``exception()``,
-``process_all_available(timeout)``, ``recent_progress``, ``last_batch_id``, ``status()``, ``output()``.
+``process_all_available(timeout)``, ``recent_progress``, ``last_batch_id``, ``status()``.
 """
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from multiprocessing.connection import Connection
 from typing import Optional
 
 from statekit.errors import ProcessorError, StatekitError
 
-__all__ = ["LocalStreamingEngine", "LocalQuery", "WorkerDied"]
-
-
-class WorkerDied(StatekitError):
-    pass
+__all__ = ["LocalStreamingEngine", "LocalQuery"]
 
 
 class QueryFailed(StatekitError):
     pass
-
-
-def _dumps(obj) -> bytes:
-    from pyspark import cloudpickle  # the plan holds user lambdas
-
-    return cloudpickle.dumps(obj)
-
-
-def _loads(b: bytes):
-    import pickle
-
-    return pickle.loads(b)
 
 
 def _atomic_json(path: str, body) -> None:
@@ -114,105 +89,6 @@ class LocalStreamingEngine:
         q._start()
         return q
 
-    @staticmethod
-    def memory_table_name(run) -> str:
-        return run.memory_table or f"{run.app}_output".replace("-", "_")
-
-    def output(self, run):
-        """The memory sink's rows so far: DataFrame(topic, key, value, batch) with raw bytes, one
-        entry per batch id (a replayed batch replaces its first attempt), as the Spark engine's."""
-        return _memory_table(self.memory_table_name(run)).frame()
-
-
-_TABLES: dict = {}
-_TABLES_LOCK = threading.Lock()
-
-
-class _MemoryTable:
-    def __init__(self):
-        self.batches: dict = {}
-        self.lock = threading.Lock()
-
-    def put(self, batch: int, rows: list) -> None:
-        with self.lock:
-            self.batches[int(batch)] = list(rows)
-
-    def frame(self):
-        import pandas as pd
-
-        with self.lock:
-            items = sorted(self.batches.items())
-        rows = [(t, k, v, b) for b, rs in items for t, k, v in rs]
-        return pd.DataFrame(rows, columns=["topic", "key", "value", "batch"])
-
-
-def _memory_table(name: str) -> _MemoryTable:
-    with _TABLES_LOCK:
-        t = _TABLES.get(name)
-        if t is None:
-            t = _TABLES[name] = _MemoryTable()
-        return t
-
-
-class _Worker:
-    """The subprocess that runs batches; talks over a socketpair with length-prefixed pickles."""
-
-    def __init__(self, run, log_path: Optional[str]):
-        parent, child = socket.socketpair()
-        env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.log_path = log_path
-        err = open(log_path, "ab") if log_path else subprocess.DEVNULL
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "statekit.runtime.local_query", str(child.fileno())],
-                pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
-                stdout=err, stderr=err, close_fds=True)
-        finally:
-            if err is not subprocess.DEVNULL:
-                err.close()
-            child.close()
-        self.conn = Connection(os.dup(parent.fileno()))
-        parent.close()
-        self.pid = self.proc.pid
-        self.conn.send_bytes(_dumps(("init", run)))
-
-    def call(self, msg):
-        try:
-            self.conn.send_bytes(_dumps(msg))
-            return _loads(self.conn.recv_bytes())
-        except (EOFError, OSError, ConnectionError):
-            code = self.proc.wait(timeout=30)
-            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            raise WorkerDied(f"the worker process {self.pid} died mid-batch ({how}); "
-                             f"restart() to replay the batch") from None
-
-    def kill(self) -> None:
-        try:
-            self.proc.send_signal(signal.SIGKILL)
-        except Exception:
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except Exception:
-            pass
-        self.close()
-
-    def exit(self) -> None:
-        try:
-            self.conn.send_bytes(_dumps(("exit",)))
-            self.proc.wait(timeout=30)
-        except Exception:
-            self.kill()
-        self.close()
-
-    def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:
-            pass
-
 
 class LocalQuery:
     def __init__(self, run, poll_interval: float = 0.05):
@@ -232,7 +108,7 @@ class LocalQuery:
         self._cond = threading.Condition()
         self._trigger_active = False
         self._idle_since: Optional[float] = None   # start time of the last check that found nothing
-        self._worker: Optional[_Worker] = None
+        self._pool = None
         self._kafka = None
         self.last_batch_id = -1
         self._interval = self._parse_trigger(run.trigger)
@@ -262,12 +138,11 @@ class LocalQuery:
     def _start(self) -> None:
         from statekit.kafka import Kafka
 
+        from concurrent.futures import ThreadPoolExecutor
+
         self._kafka = Kafka(self.run.bootstrap)
-        log = None
-        if self.run.control_dir:
-            os.makedirs(self.run.control_dir, exist_ok=True)
-            log = os.path.join(self.run.control_dir, "worker.log")
-        self._worker = _Worker(self.run, log)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, self.run.partitions)),
+                                        thread_name_prefix=f"statekit-local-{self.name}")
         self._active = True
         self._thread = threading.Thread(target=self._loop, name=f"statekit-local-{self.name}", daemon=True)
         self._thread.start()
@@ -292,10 +167,6 @@ class LocalQuery:
         return self._idle_since is not None and not self._trigger_active
 
     @property
-    def worker_pid(self) -> Optional[int]:
-        return self._worker.pid if self._worker is not None else None
-
-    @property
     def recent_progress(self) -> list:
         return list(self._progress)
 
@@ -311,23 +182,17 @@ class LocalQuery:
         self._finish()
 
     def abort(self) -> None:
-        """Stop now: the worker is SIGKILLed (a batch in flight dies without committing)."""
+        """Stop without waiting for the batch in flight (its tasks are replayed on the next start)."""
         self._abort = True
         self._stop.set()
-        w = self._worker
-        if w is not None:
-            w.kill()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(30)
         self._finish()
 
     def _finish(self) -> None:
-        w, self._worker = self._worker, None
-        if w is not None:
-            if self._abort or self._error is not None:
-                w.kill()
-            else:
-                w.exit()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         k, self._kafka = self._kafka, None
         if k is not None:
             try:
@@ -462,106 +327,71 @@ class LocalQuery:
     def _run_batch(self, batch: int, ranges: dict) -> None:
         self._trigger_active = True
         t0 = time.perf_counter()
-        n_in = sum(e - s for s, e in ranges.values())
-        reply = self._worker.call(("batch", batch, ranges))
-        if reply[0] == "error":
-            _, msg, kind = reply
-            self._error = ProcessorError(msg) if kind == "ProcessorError" else QueryFailed(msg)
-            raise self._error
-        _, outputs, stats = reply
-        sink = self.run.sink or "memory"
-        if sink == "memory":
-            _memory_table(LocalStreamingEngine.memory_table_name(self.run)).put(batch, outputs)
-        elif outputs and sink == "kafka":
-            self._send(outputs)
+        by_task, n_in = self._shuffle(ranges)
+        self._deliver(batch, by_task)
         self.commits.put(batch, {"ts": time.time()})
         dt = time.perf_counter() - t0
         self.last_batch_id = batch
         prev = self._progress[-1] if self._progress else None
         since = (time.time() - prev["wall"]) if prev else dt
         self._progress.append({
-            "batch_id": batch, "num_input_rows": stats.get("records", n_in),
-            "input_rows_per_second": (stats.get("records", n_in) / since) if since > 0 else 0.0,
-            "processed_rows_per_second": (stats.get("records", n_in) / dt) if dt > 0 else 0.0,
+            "batch_id": batch, "num_input_rows": n_in,
+            "input_rows_per_second": (n_in / since) if since > 0 else 0.0,
+            "processed_rows_per_second": (n_in / dt) if dt > 0 else 0.0,
             "batch_duration_ms": dt * 1000.0, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "wall": time.time(), "tasks": stats.get("tasks"),
+            "wall": time.time(), "tasks": {t: len(r) for t, r in by_task.items()},
         })
         self._trigger_active = False
 
-    def _send(self, outputs) -> None:
-        from statekit.partition import partition_for
+    def _shuffle(self, ranges: dict) -> tuple:
+        """Stage 1: ``Plan.shuffle`` per record; each task's records in the Spark engine's order."""
+        plan = self.run.plan
+        index_of: dict = {}
+        for s in plan.sources:
+            index_of.setdefault(s.topic, []).append(s.index)
+        n = self.run.partitions
+        keyed: dict = {}
+        records = 0
+        for (topic, p), (s, e) in sorted(ranges.items()):
+            if e <= s:
+                continue
+            for chunk in self._kafka.read(topic, p, s, e):
+                for off, ts, kb, vb, _h in chunk.records:
+                    if off >= e:
+                        break
+                    records += 1
+                    for si in index_of.get(topic, ()):
+                        for seq, (task, rec) in enumerate(plan.shuffle(si, kb, vb, ts, p, off, n)):
+                            keyed.setdefault(task, []).append(((ts, si, p, off, seq), rec))
+        by_task = {t: [r for _k, r in sorted(recs, key=lambda x: x[0])] for t, recs in keyed.items()}
+        return by_task, records
 
-        parts_of: dict = {}
-        by_tp: dict = {}
-        for i, (topic, k, v) in enumerate(outputs):
-            n = parts_of.get(topic)
-            if n is None:
-                n = parts_of[topic] = len(self._kafka.end_offsets(topic))
-            p = i % n if k is None else partition_for(k, n)
-            by_tp.setdefault((topic, p), []).append((k, v))
-        for (topic, p), recs in by_tp.items():
-            self._kafka.send(topic, p, recs)
+    def _deliver(self, batch: int, by_task: dict) -> None:
+        """Stage 2: every task's records to its owner at once; a failed task fails the batch."""
+        from statekit.contracts import TaskId
+        from statekit.worker.protocol import records_to_ipc
+        from statekit.worker.router import deliver
 
+        publish = None
+        if self.run.events:
+            from statekit.event_bus import EventPublisher
 
-# -- the worker process --------------------------------------------------------------------------
-
-def _worker_batch(run, kafka, batch: int, ranges: dict):
-    """Stage 1 (Plan.shuffle per record) and stage 2 (the task function per task), in this worker."""
-    plan = run.plan
-    index_of = {}
-    for s in plan.sources:
-        index_of.setdefault(s.topic, []).append(s.index)
-    n = run.partitions
-    by_task: dict = {}
-    records = 0
-    for (topic, p), (s, e) in sorted(ranges.items()):
-        if e <= s:
-            continue
-        for chunk in kafka.read(topic, p, s, e):
-            for off, ts, kb, vb, _h in chunk.records:
-                if off >= e:
-                    break
-                records += 1
-                for si in index_of.get(topic, ()):
-                    for seq, (task, rec) in enumerate(plan.shuffle(si, kb, vb, ts, p, off, n)):
-                        by_task.setdefault(task, []).append(((ts, si, p, off, seq), rec))
-    outputs = []
-    fn = run.resolve_task_fn()
-    spec = run.task_spec if run.task_spec is not None else run
-    for task in sorted(by_task):
-        recs = [r for _k, r in sorted(by_task[task], key=lambda x: x[0])]
-        outputs.extend(fn(spec, task, batch, recs))
-    return outputs, {"records": records, "tasks": {t: len(r) for t, r in by_task.items()}}
-
-
-def _worker_main(fd: int) -> None:
-    from statekit.kafka import Kafka
-
-    conn = Connection(fd)
-    run = None
-    kafka = None
-    while True:
-        try:
-            msg = _loads(conn.recv_bytes())
-        except EOFError:
-            return
-        op = msg[0]
-        if op == "exit":
-            return
-        if op == "init":
-            run = msg[1]
-            kafka = Kafka(run.bootstrap)
-            continue
-        if op == "batch":
+            publish = EventPublisher(self.run.bootstrap, self.run.app).publish
+        sub = int(self.run.subtopology)
+        futures = [self._pool.submit(deliver, self.run.control_dir, TaskId(sub, t), batch,
+                                     records_to_ipc(recs), publish)
+                   for t, recs in sorted(by_task.items())]
+        first = None
+        for f in futures:
             try:
-                outputs, stats = _worker_batch(run, kafka, msg[1], msg[2])
-                reply = ("ok", outputs, stats)
-            except StatekitError as exc:
-                reply = ("error", str(exc), type(exc).__name__)
-            except Exception as exc:  # noqa: BLE001
-                reply = ("error", f"{type(exc).__name__}: {' '.join(str(exc).split())}", type(exc).__name__)
-            conn.send_bytes(_dumps(reply))
-
-
-if __name__ == "__main__":
-    _worker_main(int(sys.argv[1]))
+                f.result()
+            except BaseException as exc:  # noqa: BLE001 - wait for every task before failing
+                first = first or exc
+        if first is not None:
+            if isinstance(first, ProcessorError):
+                self._error = first
+            elif isinstance(first, StatekitError):
+                self._error = QueryFailed(str(first))
+            else:
+                self._error = QueryFailed(f"query {self.name} failed: {type(first).__name__}: {first}")
+            raise self._error

@@ -1,0 +1,364 @@
+"""The tasks of one instance: active tasks open across micro-batches, standby and warmup replicas.
+
+Kafka Streams' ``TaskManager`` in miniature. The App's coordinator sends an assignment per
+rebalance generation (``assign``); the host
+
+* closes the active tasks it lost (after the batch in flight, if any) and keeps their directory as a
+  standby when the assignment says so;
+* opens the active tasks it gained, one at a time in an opener thread: a standby or warmup replica of
+  the task on this instance is promoted (its store is handed over as it is and only its lag is
+  replayed), else the task restores from its checkpoint or from the whole changelog;
+* starts and stops standby and warmup replicas (threads tailing the changelogs).
+
+A micro-batch for a task (``batch``) is processed at once when the task is open and has nothing
+waiting; otherwise it goes to the task's spool (``statekit.worker.spool``) and the engine moves on.
+Once a task is open its spool is drained in batch order, before any newer batch is processed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Callable, Optional
+
+from statekit import events as ev
+from statekit.contracts import TaskId, task_dir
+from statekit.worker.protocol import ipc_count, ipc_to_records
+from statekit.worker.spool import Spool
+from statekit.worker.task import StreamTask, WorkerSpec, one_line, store_specs
+
+log = logging.getLogger("statekit.worker")
+
+
+class _Slot:
+    """An active task of this instance, from assignment to revocation."""
+
+    def __init__(self, task: TaskId, spool: Spool):
+        self.task = task
+        self.spool = spool
+        self.lock = threading.RLock()     # held while a batch runs
+        self.stream: Optional[StreamTask] = None
+        self.state = "queued"             # queued | restoring | running | failed | closed
+        self.error: Optional[str] = None
+        self.revoked = False
+        self.opened = threading.Event()   # set when opening ended (running, failed or revoked)
+        self.draining = False
+        self.source = "checkpoint"
+        self.to_replay: Optional[int] = None
+
+
+class TaskHost:
+    def __init__(self, spec: WorkerSpec, instance: int, state_dir: str, publish: Callable,
+                 incarnation: int = 1):
+        self.spec = spec
+        self.instance = int(instance)
+        self.incarnation = incarnation
+        self.state_dir = state_dir            # this instance's disk
+        self._publish = publish
+        self.generation: Optional[int] = None
+        self.options: dict = {}
+        self.slots: dict[TaskId, _Slot] = {}
+        self.replicas: dict[TaskId, tuple] = {}   # task -> (role, StandbyReplica)
+        self._lock = threading.RLock()
+        self._open_queue: "queue.Queue" = queue.Queue()
+        self._stopping = threading.Event()
+        self._opener = threading.Thread(target=self._open_loop, name="statekit-opener", daemon=True)
+        self._opener.start()
+
+    def publish(self, e) -> None:
+        """Publish with the generation this instance acts under."""
+        if getattr(e, "generation", 0) is None:
+            e.generation = self.generation
+        self._publish(e)
+
+    def _spool(self, task: TaskId) -> Spool:
+        return Spool(self.spec.control.spool_dir(task))
+
+    def _dir(self, task: TaskId) -> str:
+        return task_dir(self.state_dir, self.spec.application, task)
+
+    # -- assignment --------------------------------------------------------------------------
+    def assign(self, generation: int, mine: dict, options: Optional[dict] = None) -> dict:
+        """Apply this instance's part of a new assignment: ``{"active": [task], "standby": [task],
+        "warmup": [task]}``. Returns ``{task: source}`` for the active tasks it will open."""
+        active = {TaskId.parse(t) for t in mine.get("active", ())}
+        roles = {TaskId.parse(t): "standby" for t in mine.get("standby", ())}
+        roles.update({TaskId.parse(t): "warmup" for t in mine.get("warmup", ())})
+        opening = {}
+        with self._lock:
+            self.generation = int(generation)
+            self.options = dict(options or {})
+            revoked = [(self.slots.pop(t), roles.get(t)) for t in list(self.slots) if t not in active]
+            for slot, _ in revoked:
+                slot.revoked = True
+        # 1. revoke what moved away: an opening task stops restoring at its next batch, a batch in
+        #    flight finishes; the directory stays as a replica when this instance keeps one
+        for slot, keep_as in revoked:
+            self._close_slot(slot, "revoked")
+        with self._lock:
+            for slot, keep_as in revoked:
+                if keep_as:
+                    self._start_replica(slot.task, keep_as)
+            # 2. replicas that are no longer wanted (a promoted one is handed over in the opener)
+            for t in [t for t in self.replicas if t not in roles and t not in active]:
+                self._stop_replica(t, "unassigned")
+            for t, role in roles.items():
+                if t in active:
+                    continue
+                cur = self.replicas.get(t)
+                if cur is None:
+                    self._start_replica(t, role)
+                elif cur[0] != role:
+                    self.replicas[t] = (role, cur[1])
+            # 3. new active tasks: queued for the opener
+            for t in sorted(active):
+                if t in self.slots:
+                    continue
+                slot = _Slot(t, self._spool(t))
+                rep = self.replicas.get(t)
+                slot.source = rep[0] if rep is not None else "checkpoint"
+                slot.to_replay = self._replay_estimate(t, rep)
+                self.slots[t] = slot
+                opening[str(t)] = slot.source
+                self.publish(ev.RestoreQueued(task=str(t), instance=self.instance, source=slot.source,
+                                              to_replay=slot.to_replay, generation=self.generation))
+                self._open_queue.put(slot)
+        return opening
+
+    def _replay_estimate(self, task: TaskId, rep) -> Optional[int]:
+        """Changelog records the task's restore will read (None when unknown)."""
+        try:
+            if rep is not None:
+                return rep[1].lag()
+            from statekit.state import checkpoint as ckpt
+            from statekit.contracts import changelog_topic
+
+            cp = ckpt.read(self._dir(task), warn=lambda m: None) or {}
+            k = self._kafka()
+            total = 0
+            for spec in store_specs(self.spec.plan(task.subtopology), task.subtopology):
+                if not getattr(spec, "logging", True):
+                    continue
+                topic = changelog_topic(self.spec.application, spec.name)
+                begin, end = k.offsets_many([topic], task.partition)[topic]
+                start = cp[spec.name].changelog_offset if spec.name in cp else begin
+                total += max(0, end - max(start, begin))
+            return total
+        except Exception:  # noqa: BLE001 - an estimate; a missing topic means nothing to replay
+            return None
+
+    _k = None
+
+    def _kafka(self):
+        if self._k is None:
+            from statekit.kafka import Kafka
+
+            self._k = Kafka(self.spec.bootstrap)
+        return self._k
+
+    @staticmethod
+    def _close_slot(slot: _Slot, reason: str) -> None:
+        if slot.state == "queued" and not slot.opened.is_set():
+            slot.opened.wait(timeout=0.5)   # the opener may be picking it up right now
+        if slot.state != "queued":
+            slot.opened.wait()
+        with slot.lock:
+            if slot.stream is not None:
+                slot.stream.close(reason=reason)
+                slot.stream = None
+            slot.state = "closed"
+
+    def _start_replica(self, t: TaskId, role: str) -> None:
+        from statekit.state.standby import StandbyReplica
+
+        try:
+            sb = StandbyReplica(self.spec.application, t, store_specs(self.spec.plan(t.subtopology),
+                                                                      t.subtopology),
+                                state_dir=self.state_dir, bootstrap=self.spec.bootstrap)
+        except Exception as exc:  # noqa: BLE001 - e.g. a corrupt store: the next rebalance retries
+            log.warning("replica of %s did not start: %s", t, one_line(exc))
+            return
+        self.replicas[t] = (role, sb)
+        sb.start()
+        try:
+            lag = sb.lag()
+        except Exception:  # noqa: BLE001
+            lag = None
+        self.publish(ev.ReplicaStarted(task=str(t), instance=self.instance, role=role, lag=lag,
+                                       generation=self.generation))
+
+    def _stop_replica(self, t: TaskId, reason: str) -> None:
+        role, sb = self.replicas.pop(t)
+        try:
+            sb.close()
+        except Exception as exc:  # noqa: BLE001
+            log.info("closing replica %s: %s", t, exc)
+        self.publish(ev.ReplicaStopped(task=str(t), instance=self.instance, role=role, reason=reason,
+                                       generation=self.generation))
+
+    # -- opening -----------------------------------------------------------------------------
+    def _open_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                slot = self._open_queue.get(timeout=0.2)
+            except queue.Empty:
+                # batches an engine spooled while this instance was unreachable: drain them
+                with self._lock:
+                    idle = [s for s in self.slots.values() if s.state == "running" and not s.draining]
+                for s in idle:
+                    if s.spool.batches():
+                        self._drain(s)
+                continue
+            with self._lock:
+                if slot.revoked:
+                    slot.opened.set()
+                    continue
+                slot.state = "restoring"
+                rep = self.replicas.pop(slot.task, None)
+            self._open(slot, rep)
+            if slot.state == "running":
+                self._drain(slot)
+
+    def _open(self, slot: _Slot, rep) -> None:
+        t = slot.task
+        try:
+            if rep is not None:
+                role, sb = rep
+                try:
+                    lag = sb.lag()
+                except Exception:  # noqa: BLE001
+                    lag = None
+                sb.promote()
+                self.publish(ev.StandbyPromoted(task=str(t), instance=self.instance, role=role, lag=lag,
+                                                generation=self.generation))
+            stream = StreamTask(self.spec, t, self.state_dir, instance=self.instance,
+                                publish=self.publish, generation=self.generation, source=slot.source,
+                                restore_rate=self.options.get("restore_rate"),
+                                cancel=lambda: slot.revoked)
+        except Exception as exc:  # noqa: BLE001
+            with slot.lock:
+                if slot.revoked:
+                    slot.state = "closed"
+                else:
+                    slot.state = "failed"
+                    slot.error = one_line(exc)
+                    self.publish(ev.TaskFailed(task=str(t), instance=self.instance, error=slot.error,
+                                               kind=type(exc).__name__, generation=self.generation))
+            slot.opened.set()
+            return
+        with slot.lock:
+            if slot.revoked:
+                stream.close(reason="revoked")
+                slot.state = "closed"
+            else:
+                slot.stream = stream
+                slot.state = "running"
+        slot.opened.set()
+
+    def _drain(self, slot: _Slot) -> None:
+        """Process the task's spool, oldest batch first, until it is empty."""
+        with slot.lock:
+            if slot.draining:
+                return
+            slot.draining = True
+        try:
+            self._drain_loop(slot)
+        finally:
+            slot.draining = False
+
+    def _drain_loop(self, slot: _Slot) -> None:
+        while not self._stopping.is_set():
+            with slot.lock:
+                if slot.revoked or slot.state != "running":
+                    return
+                ids = slot.spool.batches()
+                if not ids:
+                    return
+                b = ids[0]
+                try:
+                    self._run(slot, b, ipc_to_records(slot.spool.read(b)), from_spool=True)
+                except Exception as exc:  # noqa: BLE001 - already published as TaskFailed
+                    slot.state = "failed"
+                    slot.error = one_line(exc)
+                    return
+                slot.spool.remove(b)
+
+    def _run(self, slot: _Slot, batch: int, records: list, from_spool: bool = False) -> int:
+        return len(slot.stream.process(batch, records, from_spool=from_spool))
+
+    # -- micro-batches -----------------------------------------------------------------------
+    def batch(self, task, batch: int, generation: Optional[int], records_ipc: bytes) -> tuple:
+        """Process one micro-batch of a task now, or spool it (see the module docstring)."""
+        t = TaskId.parse(task)
+        with self._lock:
+            slot = self.slots.get(t)
+        if slot is None:
+            return ("not_owner", self.generation)
+        with slot.lock:
+            if slot.revoked:
+                return ("not_owner", self.generation)
+            if slot.state == "failed":
+                return ("failed", slot.error or "the task failed", "ProcessorError")
+            waiting = slot.spool.batches()
+            if slot.state != "running" or waiting:
+                if batch not in waiting:
+                    slot.spool.put(batch, records_ipc)
+                backlog = len(waiting) + (batch not in waiting)
+                self.publish(ev.BatchSpooled(task=str(t), instance=self.instance, batch=batch,
+                                             records=ipc_count(records_ipc), backlog=backlog,
+                                             generation=self.generation))
+                if slot.state == "running" and not slot.draining:
+                    threading.Thread(target=self._drain, args=(slot,), daemon=True).start()
+                return ("spooled", backlog)
+            try:
+                n = self._run(slot, batch, ipc_to_records(records_ipc))
+            except Exception as exc:  # noqa: BLE001 - the engine reports it
+                return ("failed", one_line(exc), type(exc).__name__)
+            return ("done", n)
+
+    # -- observation -------------------------------------------------------------------------
+    def status(self) -> dict:
+        with self._lock:
+            slots = dict(self.slots)
+            reps = dict(self.replicas)
+        tasks = {}
+        for t, s in slots.items():
+            row = {"role": "active", "state": s.state, "source": s.source, "error": s.error,
+                   "backlog": len(s.spool.batches()), "to_replay": s.to_replay}
+            st = s.stream
+            if st is not None:
+                try:
+                    row["last_batch"] = st.last_batch
+                    row["positions"] = st.positions()
+                except Exception:  # noqa: BLE001 - closing meanwhile
+                    pass
+            tasks[str(t)] = row
+        replicas = {}
+        for t, (role, sb) in reps.items():
+            try:
+                pos = sb.positions()
+            except Exception:  # noqa: BLE001
+                pos = {}
+            replicas[str(t)] = {"role": role, "positions": pos,
+                                "error": None if sb.error is None else one_line(sb.error)}
+        return {"instance": self.instance, "incarnation": self.incarnation, "pid": os.getpid(),
+                "generation": self.generation, "tasks": tasks, "replicas": replicas,
+                "at": time.time()}
+
+    def stop(self) -> None:
+        """Close every task and replica (a graceful shutdown)."""
+        self._stopping.set()
+        with self._lock:
+            slots = list(self.slots.values())
+            self.slots.clear()
+            for slot in slots:
+                slot.revoked = True
+        for slot in slots:
+            self._close_slot(slot, "stopped")
+        with self._lock:
+            for t in list(self.replicas):
+                self._stop_replica(t, "stopped")
+        if self._k is not None:
+            self._k.close()

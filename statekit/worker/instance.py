@@ -1,0 +1,152 @@
+"""An instance: one process that owns a state directory (its "disk") and runs tasks.
+
+    python -m statekit.worker.instance --control DIR --instance 1 --incarnation 2 --state-dir DIR
+
+Kafka Streams runs an application as several instances, each a process with its own local state;
+statekit starts them as child processes of the App (``statekit.runtime.supervisor``), so that
+killing one is real: its RocksDB handles, record caches and unsent changelog records die with it,
+and only it dies. The engines hand each task's micro-batches to the instance that owns the task
+(``statekit.worker.router``); the App's coordinator tells instances what they own
+(``assign``), asks how they are doing (``status``) and stops them (``stop``) over the same
+authenticated connection (``statekit.worker.protocol``).
+
+On start the process writes ``control/instances/<i>.json`` (pid, port, incarnation) once it listens.
+It exits when its parent (the App's process) goes away, so a notebook kernel that dies leaves no
+instance behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+
+from statekit.contracts import ControlDir
+
+log = logging.getLogger("statekit.worker")
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux), and watch the parent pid elsewhere."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the watcher thread is enough
+        pass
+
+    def watch():
+        while True:
+            if os.getppid() != parent:
+                os._exit(0)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="statekit-parent-watch", daemon=True).start()
+
+
+def _write_json(path: str, body: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(body, f)
+    os.replace(tmp, path)
+
+
+class InstanceServer:
+    def __init__(self, control_dir: str, instance: int, incarnation: int, state_dir: str):
+        from multiprocessing.connection import Listener
+
+        from statekit.event_bus import EventPublisher, NullPublisher
+        from statekit.worker.protocol import read_authkey
+        from statekit.worker.host import TaskHost
+
+        self.control = ControlDir(control_dir)
+        self.instance = int(instance)
+        with open(self.control.runspec, "rb") as f:
+            self.spec = pickle.load(f)
+        key = read_authkey(self.control.authkey)
+        base = {"instance": self.instance}
+        self.pub = (EventPublisher(self.spec.bootstrap, self.spec.application, base)
+                    if self.spec.events else NullPublisher())
+        os.makedirs(state_dir, exist_ok=True)
+        self.host = TaskHost(self.spec, self.instance, state_dir, self.pub.publish, incarnation)
+        self.listener = Listener(("127.0.0.1", 0), authkey=key)
+        self.port = self.listener.address[1]
+        self.incarnation = incarnation
+        self._done = threading.Event()
+
+    def serve(self) -> None:
+        _write_json(self.control.instance_file(self.instance),
+                    {"instance": self.instance, "pid": os.getpid(), "port": self.port,
+                     "incarnation": self.incarnation, "started_at": time.time()})
+        threading.Thread(target=self._accept_loop, name="statekit-accept", daemon=True).start()
+        self._done.wait()
+
+    def _accept_loop(self) -> None:
+        while not self._done.is_set():
+            try:
+                conn = self.listener.accept()
+            except Exception as exc:  # noqa: BLE001 - a client that failed authentication
+                log.info("refused a connection: %s", exc)
+                continue
+            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+
+    def _serve_conn(self, conn) -> None:
+        try:
+            while True:
+                try:
+                    msg = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    return
+                reply = self._handle(msg)
+                conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+                if msg[0] == "stop":
+                    self._done.set()
+                    return
+        finally:
+            conn.close()
+
+    def _handle(self, msg: tuple):
+        op = msg[0]
+        try:
+            if op == "batch":
+                _, task, batch, generation, records = msg
+                return self.host.batch(task, batch, generation, records)
+            if op == "assign":
+                _, generation, mine, options = msg
+                return ("ok", self.host.assign(generation, mine, options))
+            if op == "status":
+                return ("ok", self.host.status())
+            if op == "stop":
+                self.host.stop()
+                return ("ok",)
+            if op == "ping":
+                return ("ok", os.getpid())
+            return ("error", f"unknown call {op!r}")
+        except Exception as exc:  # noqa: BLE001 - answer with one line, keep serving
+            log.exception("%s failed", op)
+            return ("error", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m statekit.worker.instance")
+    ap.add_argument("--control", required=True)
+    ap.add_argument("--instance", type=int, required=True)
+    ap.add_argument("--incarnation", type=int, default=1)
+    ap.add_argument("--state-dir", required=True)
+    args = ap.parse_args(argv)
+    _die_with_parent()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    server = InstanceServer(args.control, args.instance, args.incarnation, args.state_dir)
+    server.serve()
+    os._exit(0)  # daemon threads (replicas, connections) end with the process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

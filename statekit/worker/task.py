@@ -1,0 +1,484 @@
+"""A stream task: one partition of one sub-topology, open on an instance across micro-batches.
+
+    task = StreamTask(spec, TaskId(0, 3), state_dir, instance=1, publish=pub.publish)  # restores
+    task.process(batch_id, records)      # runs the batch, commits it, returns its output count
+    task.close()
+
+Opening restores the task's stores (``statekit.state.TaskState``: checkpoint, standby copy or the
+whole changelog), publishing restore events. ``process``:
+
+1. a batch id already applied (a replay after a crash) is skipped: its outputs were acknowledged
+   with its commit, nothing is done twice;
+2. otherwise the records (in the order the engine gives: timestamp, source, partition, offset,
+   sequence) run through ``plan.new_processor``, which is then flushed (an aggregation over a
+   caching store forwards the latest value of each key it updated, once per batch, in first-update
+   order, as Kafka Streams' KTable cache does; with caching off every update);
+3. the outputs: to Kafka for sink and repartition topics (sent with the changelog records in commit
+   step 2), or to the memory sink's file for this batch (``statekit.worker.output``), written before
+   the commit so that a replay rewrites the same file;
+4. ``TaskState.commit(batch_id)``: the changelog records and markers, one RocksDB WriteBatch, the
+   checkpoint;
+5. a ``Committed`` event.
+
+The task's stream time and the processor's ``ctx.meta`` live in an internal kv store (``_task``,
+logged: a task restored elsewhere resumes them). It exists when the plan needs it (windows,
+punctuation, suppress: ``Plan.needs_task_store``).
+
+``run_task_batch`` opens a task, runs one batch and closes it: for engines that cannot keep a task
+open (a Spark cluster's executors, where the next batch may land on another host) and for tests.
+
+Crash directives (``statekit.worker.crash``): ``records`` is checked after every record of a batch
+(and before the first when ``after_records`` is 0); the commit and restore points through the state
+layer's crash hooks. The claimer publishes a ``Crashed`` event and SIGKILLs its process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from statekit import events as ev
+from statekit.contracts import ControlDir, TaskId
+from statekit.errors import ProcessorError, StatekitError
+
+_Q = struct.Struct(">q")
+
+
+def task_store_name(subtopology: int) -> str:
+    """The internal store of a sub-topology's tasks (its changelog partition is the task's)."""
+    return "_task" if int(subtopology) == 0 else f"_task{int(subtopology)}"
+
+
+def is_task_store(name: str) -> bool:
+    return name == "_task" or (name.startswith("_task") and name[5:].isdigit())
+
+
+def _needs_task_store(plan) -> bool:
+    need = getattr(plan, "needs_task_store", None)
+    return bool(need) if need is not None else bool(getattr(plan, "has_windows", False))
+
+
+def store_specs(plan, subtopology: int = 0) -> list:
+    """The StoreSpecs of a sub-topology's task: its plan's stores, plus ``_task`` when needed."""
+    from statekit.stores import StoreSpec
+
+    specs = list(plan.stores)
+    if _needs_task_store(plan):
+        specs.append(StoreSpec(task_store_name(subtopology), kind="kv", key_serde="bytes",
+                               value_serde="bytes", caching=False))
+    return specs
+
+
+@dataclass
+class WorkerSpec:
+    """What an instance needs to run an application's tasks (picklable: plans hold user code)."""
+
+    application: str
+    bootstrap: str
+    plans: dict                          # sub-topology -> its Plan
+    partitions: int                      # tasks per sub-topology (= changelog partitions)
+    control_dir: str
+    cache_bytes: int = 10 << 20
+    sink: str = "memory"                 # memory | kafka | none: where the plans' sink topics go
+    repartition_topics: tuple = ()       # always written to Kafka
+    events: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def plan(self, subtopology: int):
+        p = self.plans.get(int(subtopology))
+        if p is None:
+            raise StatekitError(f"{self.application} has no sub-topology {subtopology} "
+                                f"(it has {sorted(self.plans)})")
+        return p
+
+    @property
+    def control(self) -> ControlDir:
+        return ControlDir(self.control_dir)
+
+
+# -- crash hooks -------------------------------------------------------------------------------
+
+_CRASH_CLASS = None
+
+
+def _crash_hooks(control_dir, instance, task, publish):
+    """The state layer's crash hook (``hit(point, n)``) that also obeys the App's directives."""
+    global _CRASH_CLASS
+    if _CRASH_CLASS is None:
+        from statekit.state import CrashPlan
+
+        class TaskCrashHooks(CrashPlan):
+            def __init__(self, control_dir, instance, task, publish):
+                super().__init__("", "kill")
+                self.control_dir = control_dir
+                self.instance = instance
+                self.task = task
+                self.batch = None
+                self.records = None
+                self.publish = publish
+                env = CrashPlan(None, None)   # STATEKIT_CRASH, as the state layer's own tests use it
+                self.env = env if env else None
+                self._path = os.path.join(control_dir, "crash.json") if control_dir else None
+
+            def __bool__(self) -> bool:
+                return True
+
+            def pending(self) -> Optional[dict]:
+                if self._path is None or not os.path.exists(self._path):
+                    return None
+                from statekit.worker.crash import read_directive
+
+                return read_directive(self.control_dir)
+
+            def check(self, point: str, records: Optional[int] = None) -> None:
+                if self._path is None or not os.path.exists(self._path):
+                    return
+                from statekit.worker import crash as crash_mod
+
+                d = crash_mod.claim(self.control_dir, self.instance, point, records,
+                                    str(self.task), self.batch)
+                if d is None:
+                    return
+                try:
+                    self.publish(ev.Crashed(instance=self.instance, task=str(self.task), point=point,
+                                            mode=d.get("mode", "process"), directive=d.get("id", ""),
+                                            batch=self.batch, records=records))
+                finally:
+                    crash_mod.die()
+
+            def hit(self, point: str, n: Optional[int] = None) -> None:
+                self.check(point, self.records)
+                if self.env:
+                    self.env.hit(point, n)
+
+        _CRASH_CLASS = TaskCrashHooks
+    return _CRASH_CLASS(control_dir, instance, task, publish)
+
+
+def _records_threshold(directive, instance) -> Optional[int]:
+    """after_records of a pending "records" directive meant for this instance, else None."""
+    if not directive or directive.get("point") != "records":
+        return None
+    want = directive.get("instance")
+    if want is not None and instance is not None and int(want) != int(instance):
+        return None
+    return int(directive.get("after_records") or 0)
+
+
+# -- restore events ----------------------------------------------------------------------------
+
+class RestoreCancelled(StatekitError):
+    """The task was taken away from this instance while it restored."""
+
+
+class _RestoreEvents:
+    """The state layer's restore listener -> RestoreStarted / RestoreProgress events; it also
+    stops a restore whose task was taken away (``cancel()`` true)."""
+
+    INTERVAL_S = 0.2
+
+    def __init__(self, publish, task, instance, source, throttle=None, cancel=None) -> None:
+        self.cancel = cancel
+        self.publish = publish
+        self.task = str(task)
+        self.instance = instance
+        self.source = source
+        self.throttle = throttle
+        self.starts: dict = {}
+        self.last_emit: dict = {}
+        self.restored: dict = {}
+
+    def on_restore_start(self, store, partition, start_offset, end_offset) -> None:
+        self.starts[store] = (time.perf_counter(), start_offset, end_offset)
+        self.restored[store] = 0
+        if end_offset <= start_offset or is_task_store(store):
+            return  # nothing to restore (every open reports every store)
+        self.publish(ev.RestoreStarted(task=self.task, instance=self.instance, store=store,
+                                       source=self.source, start_offset=start_offset,
+                                       end_offset=end_offset, to_replay=end_offset - start_offset,
+                                       throttle_rps=self.throttle))
+
+    def on_batch_restored(self, store, partition, batch_end_offset, num_restored) -> None:
+        if self.cancel is not None and self.cancel():
+            raise RestoreCancelled(f"task {self.task} was revoked while it restored")
+        self.restored[store] = self.restored.get(store, 0) + num_restored
+        now = time.perf_counter()
+        if now - self.last_emit.get(store, 0.0) < self.INTERVAL_S or is_task_store(store):
+            return
+        self.last_emit[store] = now
+        t0, start, end = self.starts.get(store, (now, 0, 0))
+        self.publish(ev.RestoreProgress(task=self.task, instance=self.instance, store=store,
+                                        offset=batch_end_offset, restored=self.restored[store],
+                                        remaining=max(0, end - batch_end_offset),
+                                        rate_rps=self.restored[store] / max(now - t0, 1e-9)))
+
+    def on_restore_end(self, store, partition, total_restored) -> None:
+        self.restored[store] = total_restored  # the RestoreEnded event carries TaskState's metrics
+
+
+# -- the processor's view of the task -----------------------------------------------------------
+
+class _TaskContext:
+    """What ``plan.new_processor`` gets: ids, stores, forward, stream time, the record cache size
+    (``cache_bytes > 0``: aggregations over caching stores forward on flush) and ``meta``, a
+    JSON-able dict persisted with each commit (processor bookkeeping that must survive a crash)."""
+
+    def __init__(self, task: TaskId, batch_id, state, stream_time, cache_bytes, meta) -> None:
+        self.task = task
+        self.task_id = task.partition
+        self.partition = task.partition
+        self.subtopology = task.subtopology
+        self.batch_id = batch_id
+        self._state = state
+        self.stream_time = stream_time
+        self.cache_bytes = cache_bytes
+        self.meta = meta
+        self.outputs: list = []
+
+    def get_store(self, name: str):
+        return self._state.store(name)
+
+    def forward(self, topic: str, key, value) -> None:
+        self.outputs.append((topic, key, value))
+
+
+def _short(x, n=40) -> str:
+    s = " ".join(repr(x).split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _serialize_outputs(plan, outputs) -> list:
+    out = []
+    cache: dict = {}
+    for topic, k, v in outputs:
+        sd = cache.get(topic)
+        if sd is None:
+            sd = cache[topic] = plan.sink_serdes(topic)
+        ks, vs = sd
+        try:
+            kb = None if k is None else ks.to_bytes(k)
+            vb = None if v is None else vs.to_bytes(v)
+        except Exception as e:
+            from statekit.topology.graph import serde_label
+
+            spec = next(s for s in plan.sinks if s.topic == topic)
+            raise ProcessorError(
+                f"cannot serialize an output to {topic} (key={_short(k)} value={_short(v)}) with "
+                f"serdes {serde_label(spec.key_serde)}/{serde_label(spec.value_serde)}: "
+                f"{type(e).__name__}: {e}; pass key_serde=/value_serde= to .to()") from e
+        out.append((topic, kb, vb))
+    return out
+
+
+def _store_stats(state) -> tuple:
+    cache, rows = {}, {}
+    try:
+        stats = state.db.stats() if state.db is not None else {}
+    except Exception:
+        stats = {}
+    for name, st in (stats or {}).items():
+        if is_task_store(name) or not isinstance(st, dict):
+            continue
+        c = dict(st.get("cache") or {})
+        c["ops"] = {op: v.get("count") for op, v in st.items() if isinstance(v, dict) and "count" in v}
+        cache[name] = c
+    for name, store in state.stores.items():
+        if is_task_store(name):
+            continue
+        try:
+            rows[name] = store.approximate_count()
+        except Exception:
+            pass
+    return cache, rows
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+class StreamTask:
+    """See the module docstring. Not thread-safe: its host serialises calls per task."""
+
+    def __init__(self, spec: WorkerSpec, task: TaskId, state_dir: str, *, instance: Optional[int],
+                 publish: Callable, kafka=None, generation: Optional[int] = None,
+                 source: str = "checkpoint", restore_rate: Optional[float] = None,
+                 sink_partitions: Optional[dict] = None,
+                 cancel: Optional[Callable[[], bool]] = None) -> None:
+        from statekit.state import TaskState
+
+        self.spec = spec
+        self.task = TaskId.parse(task)
+        self.instance = instance
+        self.generation = generation
+        self.publish = publish
+        self.plan = spec.plan(self.task.subtopology)
+        self.tstore_name = task_store_name(self.task.subtopology)
+        self.crash = _crash_hooks(spec.control_dir, instance, self.task, publish)
+        self._sink_partitions = dict(sink_partitions or {})
+        t0 = time.perf_counter()
+        self.notices: list = []
+        listener = _RestoreEvents(publish, self.task, instance, source, restore_rate, cancel)
+        kw = {"restore_rate": restore_rate} if restore_rate else {}
+        self.state = TaskState(spec.application, self.task, store_specs(self.plan, self.task.subtopology),
+                               state_dir=state_dir, kafka=kafka, bootstrap=spec.bootstrap,
+                               num_tasks=spec.partitions, cache_bytes=spec.cache_bytes,
+                               crash=self.crash, listener=listener, warn=self.notices.append, **kw)
+        self.open_ms = (time.perf_counter() - t0) * 1000.0
+        self.source = source if self.state.replayed_from != "scratch" else "scratch"
+        restored = 0
+        evs = []
+        for name, m in (self.state.restore_metrics or {}).items():
+            md = m.as_dict()
+            restored += int(md.get("records_restored") or 0)
+            if is_task_store(name) or not (md.get("lag") or md.get("records_restored")):
+                continue
+            evs.append(ev.RestoreEnded(
+                task=str(self.task), instance=instance, store=name, source=self.source,
+                start_offset=md.get("start_offset") or 0, end_offset=md.get("end_offset") or 0,
+                restored=md.get("records_restored") or 0, applied=md.get("records_applied") or 0,
+                seconds=md.get("duration_s") or 0.0, rate_rps=md.get("rate") or 0.0,
+                dropped_uncommitted=md.get("dropped_uncommitted") or 0,
+                throttle_rps=md.get("throttled_to")))
+        self.restored = restored
+        evs.append(ev.TaskOpened(task=str(self.task), instance=instance, source=self.source,
+                                 last_batch=self.state.last_batch, restored=restored,
+                                 open_ms=self.open_ms, notices=list(self.notices)))
+        for e in evs:
+            publish(e)
+
+    @property
+    def last_batch(self) -> int:
+        return self.state.last_batch
+
+    # -- outputs ---------------------------------------------------------------------------
+    def _partitions_of(self, topic: str) -> int:
+        n = self._sink_partitions.get(topic)
+        if n is None:
+            n = self._sink_partitions[topic] = self.state.kafka.partition_counts([topic]).get(topic, 0)
+            if n <= 0:
+                raise StatekitError(f"sink topic {topic} does not exist: create it, or start with "
+                                    f"sink='memory'")
+        return n
+
+    def _route_outputs(self, outputs) -> tuple:
+        """(records for Kafka grouped per partition, outputs for the memory sink)."""
+        from statekit.partition import partition_for
+
+        to_kafka: dict = {}
+        memory = []
+        repart = set(self.spec.repartition_topics)
+        sink = self.spec.sink
+        for topic, kb, vb in outputs:
+            if topic in repart or sink == "kafka":
+                n = self._partitions_of(topic)
+                p = self.task.partition % n if kb is None else partition_for(kb, n)
+                to_kafka.setdefault((topic, p), []).append((kb, vb))
+            elif sink == "memory":
+                memory.append((topic, kb, vb))
+        return [(t, p, recs) for (t, p), recs in sorted(to_kafka.items())], memory
+
+    # -- a micro-batch ---------------------------------------------------------------------
+    def process(self, batch_id: int, records: list, from_spool: bool = False) -> list:
+        """Run and commit one micro-batch; returns its outputs ``[(topic, key_bytes, value_bytes)]``
+        (none for a skipped batch: they were written with its first commit)."""
+        from statekit.worker.output import write_outputs
+
+        batch_id = int(batch_id)
+        state = self.state
+        task_s = str(self.task)
+        if state.already_applied(batch_id):
+            self.publish(ev.BatchSkipped(task=task_s, instance=self.instance, batch=batch_id,
+                                         last_batch=state.last_batch))
+            return []
+        crash = self.crash
+        crash.batch = batch_id
+        crash.records = None
+        try:
+            tstore = state.stores.get(self.tstore_name)
+            stream_time, meta = -1, {}
+            if tstore is not None:
+                raw = tstore.get(b"stream_time")
+                if raw is not None:
+                    stream_time = _Q.unpack(raw)[0]
+                raw = tstore.get(b"meta")
+                if raw is not None:
+                    meta = json.loads(raw)
+            ctx = _TaskContext(self.task, batch_id, state, stream_time, self.spec.cache_bytes, meta)
+            t_proc = time.perf_counter()
+            proc = self.plan.new_processor(ctx)
+            threshold = _records_threshold(crash.pending(), self.instance)
+            if threshold is not None and threshold <= 0:
+                crash.check("records", 0)
+                threshold = None  # claimed by another worker
+            on_record = None
+            if threshold is not None:
+                def on_record(i, _t=[threshold]):
+                    if _t[0] is not None and i >= _t[0]:
+                        crash.records = i
+                        crash.check("records", i)
+                        _t[0] = None
+            n = proc.process_records(records, on_record)
+            punctuate = getattr(proc, "punctuate_wall_clock", None)
+            if punctuate is not None:
+                punctuate(int(time.time() * 1000))
+            proc.flush()   # cached aggregations forward the latest value per key, once per batch
+            proc.close()
+            crash.records = n
+            outputs = _serialize_outputs(self.plan, ctx.outputs)
+            to_kafka, memory = self._route_outputs(outputs)
+            if tstore is not None:
+                if proc.stream_time >= 0:
+                    tstore.put(b"stream_time", _Q.pack(proc.stream_time))
+                if ctx.meta:
+                    tstore.put(b"meta", json.dumps(ctx.meta, sort_keys=True).encode())
+            process_ms = (time.perf_counter() - t_proc) * 1000.0
+            if memory:
+                write_outputs(self.spec.control.output_dir(task_s), batch_id, memory)
+            cache, rows = _store_stats(state)  # before commit: the cache still holds this batch
+            info = state.commit(batch_id, extra=to_kafka)
+        except BaseException as exc:
+            state.abort()  # drop the uncommitted writes: the batch is replayed
+            if isinstance(exc, Exception):
+                self.publish(ev.TaskFailed(task=task_s, instance=self.instance, batch=batch_id,
+                                           error=one_line(exc), kind=type(exc).__name__))
+            raise
+        rows_after = _store_stats(state)[1]
+        self.publish(ev.Committed(
+            task=task_s, instance=self.instance, batch=batch_id, records=n, outputs=len(outputs),
+            changelog={k: v for k, v in info.records.items() if not is_task_store(k)},
+            offsets={k: v for k, v in info.offsets.items() if not is_task_store(k)},
+            commit_ms=info.ms, process_ms=process_ms, cache=cache, rows=rows_after or rows,
+            stream_time=proc.stream_time, dropped_late=proc.dropped_late,
+            skipped_null=proc.skipped_null, from_spool=from_spool))
+        return outputs
+
+    def positions(self) -> dict:
+        """``{store: changelog offset of the local state}`` (what a restore would start from)."""
+        from statekit.state.restore import meta_key
+
+        meta = self.state.db.read_meta() if self.state.db is not None else {}
+        return {s.name: (meta.get(meta_key(s.name)) or {}).get("offset")
+                for s in self.state.logged_specs}
+
+    def close(self, reason: str = "revoked") -> None:
+        if self.state.closed:
+            return
+        self.state.close()
+        self.publish(ev.TaskClosed(task=str(self.task), instance=self.instance, reason=reason))
+
+    def abandon(self) -> None:
+        self.state.abandon()
+
+
+def run_task_batch(spec: WorkerSpec, task, batch_id: int, records, *, state_dir: str,
+                   instance: Optional[int] = None, publish: Optional[Callable] = None, kafka=None) -> list:
+    """Open ``task`` in ``state_dir``, run one batch, close it (see the module docstring)."""
+    publish = publish or (lambda e: None)
+    t = StreamTask(spec, task, state_dir, instance=instance, publish=publish, kafka=kafka)
+    try:
+        return t.process(batch_id, records)
+    finally:
+        t.close(reason="stopped")
