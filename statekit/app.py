@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
-import pickle
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -78,13 +76,15 @@ class App:
     ``commit_interval`` (seconds) is Kafka Streams' ``commit.interval.ms``: tasks commit at the end
     of every micro-batch, so it is the default micro-batch trigger (``start(trigger=...)`` overrides
     it). ``acceptable_recovery_lag``, ``max_warmup_replicas`` and ``probing_rebalance_interval``
-    (seconds) are Kafka Streams' high-availability assignment settings."""
+    (seconds) are Kafka Streams' high-availability assignment settings. ``restore_rate``
+    (records/s) holds every restore to that pace, so that it lasts long enough to watch."""
 
     def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: int = 4,
                  instances: int = 1, standby_replicas: int = 0, state_dir: Optional[str] = None,
                  commit_interval: Optional[float] = None, cache_bytes: int = 10 << 20,
                  engine: Any = "changelog", acceptable_recovery_lag: int = 10_000,
-                 max_warmup_replicas: int = 2, probing_rebalance_interval: float = 10.0):
+                 max_warmup_replicas: int = 2, probing_rebalance_interval: float = 10.0,
+                 restore_rate: Optional[float] = None):
         if not name or any(c in name for c in "/\\ "):
             raise StatekitError(f"app name {name!r} must be a non-empty word (it prefixes topic names)")
         for what, v, low in (("partitions", partitions, 1), ("instances", instances, 1),
@@ -93,6 +93,9 @@ class App:
                              ("max_warmup_replicas", max_warmup_replicas, 0)):
             if int(v) < low:
                 raise StatekitError(f"{what} must be >= {low}, got {v}")
+        if restore_rate is not None and float(restore_rate) <= 0:
+            raise StatekitError(f"restore_rate must be > 0 records/s, got {restore_rate}")
+        self.restore_rate = float(restore_rate) if restore_rate else None
         if float(probing_rebalance_interval) <= 0:
             raise StatekitError(f"probing_rebalance_interval must be > 0 seconds, got "
                                 f"{probing_rebalance_interval}")
@@ -131,6 +134,7 @@ class App:
         self._lock = threading.RLock()
         self._coordinator: Optional[Coordinator] = None
         self._queries: dict = {}           # sub-topology -> running query
+        self.runs: dict = {}               # sub-topology -> its engine.spec.RunSpec
         self._run_opts: dict = {}
         self._started_at = 0.0
         self._stopping = False
@@ -366,15 +370,6 @@ class App:
                           cache_bytes=self.cache_bytes, sink=sink,
                           repartition_topics=tuple(getattr(self.plan, "repartition_topics", ()) or ()))
 
-    def _write_runspec(self, spec) -> None:
-        from pyspark import cloudpickle  # the plans hold user functions
-
-        path = self.layout.control.runspec
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(cloudpickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))
-        os.replace(tmp, path)
-
     def _launch_queries(self) -> None:
         from statekit.engine.spec import RunSpec
 
@@ -392,6 +387,7 @@ class App:
                           max_records_per_trigger=opts.get("max_records_per_trigger"),
                           starting_offsets=opts.get("starting_offsets") or "earliest",
                           query_name=self.name if sub == 0 else f"{self.name}_{sub}")
+            self.runs[sub] = run
             try:
                 self._queries[sub] = engine.start(run)
             except StatekitError:
@@ -420,7 +416,6 @@ class App:
             self._check_partitions()
             crash_mod.clear(self.layout.control_dir)  # a directive left over from another session
             spec = self._worker_spec(sink)
-            self._write_runspec(spec)
             self._start_events()
             self._error = None
             self._transition(AppState.RESTORING, "start")
@@ -428,7 +423,8 @@ class App:
                                             tasks=self.tasks(), settings=self.settings,
                                             publish=self._publish, on_change=self._on_membership)
             try:
-                self._coordinator.start(self.initial_instances)
+                self._coordinator.start(self.initial_instances,
+                                        options={"restore_rate": self.restore_rate})
                 self._started_at = time.time()
                 self._stopping = False
                 self._launch_queries()
@@ -634,7 +630,7 @@ class App:
                 continue
             key = (sub, bid, d.get("timestamp"))
             if key not in self._progress:
-                self._progress[key] = d
+                self._progress[key] = dict(d, subtopology=sub, seen_at=time.time())
                 self._records_processed += int(d.get("num_input_rows") or 0)
 
     def _one_line(self, exc) -> StatekitError:
@@ -677,7 +673,7 @@ class App:
                 return True
             if not co.live() or self.state == AppState.ERROR:
                 return False
-            if co.tasks_ready():
+            if co.tasks_ready(fresh=True):
                 return True
             if deadline is not None and time.monotonic() > deadline:
                 return False
@@ -725,6 +721,14 @@ class App:
             return self.process_all_available(timeout=timeout)
         except AppStateError:
             return False
+
+    def progress(self, since: Optional[float] = None) -> list:
+        """The engines' micro-batch progress (dicts: batch_id, num_input_rows, input and processed
+        rates, batch_duration_ms, subtopology, seen_at), oldest first; from time ``since`` on."""
+        for sub, q in list(self._queries.items()):
+            self._poll_progress(sub, q)
+        out = list(self._progress.values())
+        return out if since is None else [p for p in out if p["seen_at"] >= since]
 
     def metrics(self) -> dict:
         """Records processed, input rate, last batch latency (from the engines' progress)."""
@@ -797,6 +801,14 @@ class App:
     def scale(self, n: int) -> list[int]:
         """Add or remove instances until ``n`` are live (the highest numbers leave first)."""
         return self._require_started("scale").scale(n)
+
+    def pause_standbys(self, instance: Optional[int] = None) -> list:
+        """Stop the standby (and warmup) replicas from tailing — on one instance or all — so that
+        their lag grows and a promotion visibly replays it. ``resume_standbys()`` undoes it."""
+        return self._require_started("pause_standbys").pause_replicas(True, instance)
+
+    def resume_standbys(self, instance: Optional[int] = None) -> list:
+        return self._require_started("resume_standbys").pause_replicas(False, instance)
 
     @property
     def assignment(self):
@@ -939,7 +951,7 @@ class App:
             crash = self.cancel_crash()
             if crash is not None:
                 crash["status"] = "withdrawn"
-            co.options["restore_rate"] = float(restore_rate) if restore_rate else None
+            co.options["restore_rate"] = float(restore_rate) if restore_rate else self.restore_rate
             self._error = None
             self._task_errors = []
             self._transition(AppState.RESTORING, "restart")

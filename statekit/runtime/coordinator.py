@@ -134,11 +134,24 @@ class Coordinator:
         os.replace(tmp, path)
 
     # -- life --------------------------------------------------------------------------------
+    def _write_runspec(self) -> None:
+        """What instance processes load: the worker spec, with the plans' user functions."""
+        import pickle
+
+        from pyspark import cloudpickle
+
+        path = self.control.runspec
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(cloudpickle.dumps(self.spec, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, path)
+
     def start(self, instances: int, options: Optional[dict] = None) -> Assignment:
         """Start instances 0..n-1 (a previous run's disks are kept) and the first assignment."""
         with self._lock:
             self.options = dict(options or {})
             self.stopped = False
+            self._write_runspec()
             saved = self._saved_assignment()
             procs = []
             for i in range(int(instances)):
@@ -510,6 +523,17 @@ class Coordinator:
             changed.append(i)
         return changed
 
+    def pause_replicas(self, paused: bool, instance=None) -> list:
+        """Stop (or resume) the standby and warmup replicas of one live instance, or of all."""
+        with self._lock:
+            ms = [self._member(instance)] if instance is not None else \
+                [m for m in self.members.values() if m.live]
+            out = []
+            for m in ms:
+                reply = self._call(m, "pause_replicas", bool(paused))
+                out += [(m.instance, t) for t in reply[1]]
+            return out
+
     # -- observation -------------------------------------------------------------------------
     def statuses(self, fresh: bool = False) -> dict:
         with self._lock:
@@ -517,11 +541,14 @@ class Coordinator:
                 self._refresh_statuses()
             return dict(self._statuses)
 
-    def tasks_ready(self) -> bool:
-        """Every active task is open and running, with no spooled batch waiting."""
-        st = self.statuses()
-        if self.assignment is None:
+    def tasks_ready(self, fresh: bool = False) -> bool:
+        """Every active task is open and running, with no spooled batch waiting (the spools are
+        read from the control directory, so a batch an engine spooled a moment ago counts)."""
+        from statekit.worker.spool import backlog
+
+        if self.assignment is None or backlog(os.path.join(self.control.path, "spool")):
             return False
+        st = self.statuses(fresh=fresh)
         for t, i in self.assignment.active.items():
             row = (st.get(i) or {}).get("tasks", {}).get(str(t))
             if row is None or row.get("state") != "running" or row.get("backlog"):

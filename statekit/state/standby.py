@@ -37,8 +37,12 @@ class StandbyReplica:
         from statekit.kafka import Kafka, resolve_bootstrap
         from statekit.stores import build_stores
 
+        from statekit.contracts import TaskId
+
         self.application = application
-        self.task_id = self.partition = int(task_id)
+        # a contracts.TaskId (sub-topology, partition), or a bare partition
+        self.task_id = task_id if isinstance(task_id, TaskId) else int(task_id)
+        self.partition = int(getattr(task_id, "partition", task_id))
         self.specs = [s for s in specs if getattr(s, "logging", True)]
         self.state_dir = state_dir
         self.task_dir = task_dir_for(state_dir, application, task_id)

@@ -123,6 +123,8 @@ class InstanceServer:
                 return ("ok", self.host.assign(generation, mine, options))
             if op == "status":
                 return ("ok", self.host.status())
+            if op == "pause_replicas":
+                return ("ok", self.host.pause_replicas(bool(msg[1])))
             if op == "stop":
                 self.host.stop()
                 return ("ok",)
