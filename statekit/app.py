@@ -46,6 +46,10 @@ class AppStateError(StatekitError):
     """An operation that the application's current state does not allow."""
 
 
+class NoLiveInstance(StatekitError):
+    """Every instance is dead: nothing processes until one is revived (or the app restarted)."""
+
+
 def _progress_dict(p) -> dict:
     if isinstance(p, dict):
         return p
@@ -129,6 +133,9 @@ class App:
         self.plan = None
         self._subplans: dict = {}
 
+        from statekit.runtime import supervisor
+
+        supervisor.warm()   # a spare instance process, so that start() does not wait for imports
         self._life = Lifecycle()
         self._life.add_listener(self._on_state_change)
         self._lock = threading.RLock()
@@ -583,8 +590,8 @@ class App:
         """The coordinator's news: a rebalance (REBALANCING until the moved tasks are open), or no
         live instance left (ERROR: nothing can process)."""
         if what == "no-live-instance":
-            self._fail(StatekitError(f"every instance of '{self.name}' is dead: restart() or "
-                                     f"revive() one"))
+            self._fail(NoLiveInstance(f"every instance of '{self.name}' is dead: restart() or "
+                                      f"revive() one"))
         elif what == "rebalance" and self.state == AppState.RUNNING:
             self._transition(AppState.REBALANCING, f"generation {self.generation}")
 
@@ -784,7 +791,7 @@ class App:
         without. Returns the new assignment."""
         co = self._require_started("revive")
         a = co.revive(instance, disk=disk)
-        if self.state == AppState.ERROR and self._queries:
+        if self.state == AppState.ERROR and isinstance(self._error, NoLiveInstance) and self._queries:
             self._error = None
             self._transition(AppState.REBALANCING, f"instance {instance} revived")
         return a
@@ -952,28 +959,18 @@ class App:
             if crash is not None:
                 crash["status"] = "withdrawn"
             co.options["restore_rate"] = float(restore_rate) if restore_rate else self.restore_rate
-            self._error = None
-            self._task_errors = []
-            self._transition(AppState.RESTORING, "restart")
             if crash_during:
                 cd = dict(crash_during)
-                inst = cd.get("instance")
-                d = crash_mod.write_directive(self.layout.control_dir,
-                                              inst if inst is not None else None,
+                d = crash_mod.write_directive(self.layout.control_dir, cd.get("instance"),
                                               cd.get("point", "mid_restore"),
                                               cd.get("after_records") or 0, cd.get("mode", "process"))
                 self._crash = {**cd, "id": d["id"], "status": "pending", "requested_at": time.time()}
                 self.crashes.append(self._crash)
-            dead = [i for i, m in sorted(co.members.items()) if m.status == "dead"]
             gen0 = self.generation
-            if not dead:
-                for i in co.live():
-                    co.kill(i, mode="process", cause="kill", allow_last=True)
-                dead = [i for i, m in sorted(co.members.items()) if m.status == "dead"]
-            revived = []
-            for i in dead:
-                co.revive(i, disk=True)
-                revived.append(i)
+            revived = co.restart_instances()
+            self._error = None
+            self._task_errors = []
+            self._transition(AppState.RESTORING, "restart")
             self._launch_queries()
             if self._monitor is None:
                 self._start_monitor()

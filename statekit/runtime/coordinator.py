@@ -259,7 +259,7 @@ class Coordinator:
         self._status_at = time.monotonic()
         return out
 
-    def _on_death(self, m: Member) -> None:
+    def _on_death(self, m: Member, rebalance: bool = True) -> None:
         from statekit.worker import crash as crash_mod
 
         code = m.process.exit_code()
@@ -286,6 +286,8 @@ class Coordinator:
                                      mode=mode, point=point, exit_code=code, tasks=tasks,
                                      deleted=len(deleted), generation=self.generation))
         self._write_assignment()   # the routers stop calling it at once
+        if not rebalance:
+            return
         if self.live():
             self._rebalance(f"instance {m.instance} died", dead={m.instance})
         else:
@@ -453,6 +455,35 @@ class Coordinator:
             kept = bool(self.layout.tasks_on_disk(m.instance))
             self._spawn(m, reason="revive", disk=("kept" if kept else "wiped") if disk else "wiped")
             return self._rebalance(f"instance {m.instance} revived")
+
+    def restart_instances(self) -> list[int]:
+        """Bring every instance back at once: the dead ones are revived with their disks; when none
+        is dead, every live one is killed (a process crash of all of them) and revived. One
+        rebalance at the end. Returns the instances started."""
+        with self._lock:
+            dead = [i for i, m in sorted(self.members.items()) if m.status == "dead"]
+            if not dead:
+                for i in self.live():
+                    m = self.members[i]
+                    m.kill_request = {"cause": "kill", "mode": "process"}
+                    supervisor.kill(m.process)
+                    self._on_death(m, rebalance=False)
+                dead = [i for i, m in sorted(self.members.items()) if m.status == "dead"]
+            procs = []
+            for i in dead:
+                m = self.members[i]
+                m.incarnation += 1
+                procs.append((m, supervisor.launch(self.control, i, m.incarnation,
+                                                   self.layout.instance_dir(i))))
+            for m, ip in procs:
+                m.process = supervisor.wait_ready(self.control, ip)
+                m.status, m.conn = "alive", None
+                self.publish(ev.InstanceStarted(
+                    instance=m.instance, incarnation=m.incarnation, instance_pid=ip.pid,
+                    reason="restart", generation=self.generation,
+                    disk="kept" if self.layout.tasks_on_disk(m.instance) else "wiped"))
+            self._rebalance("restart")
+            return dead
 
     def add_instance(self) -> int:
         with self._lock:
