@@ -20,13 +20,19 @@ A ``Kafka`` object is not thread-safe: give each thread its own (standby replica
 """
 from __future__ import annotations
 
+import bisect
 import os
 import socket
 import struct
 import threading
 import time
 from dataclasses import dataclass
+from itertools import compress as _compress
+from operator import ne as _ne
 from typing import Iterable, Iterator
+
+import numpy as _np
+from numpy.lib.stride_tricks import sliding_window_view as _window
 
 import kafka.errors as kerrors
 from kafka.protocol.parser import KafkaProtocol
@@ -47,7 +53,7 @@ except ImportError:  # pragma: no cover - kafka-python's own (pure Python unless
     from kafka.record.util import calc_crc32c as _crc32c
 
 __all__ = [
-    "resolve_bootstrap", "Kafka", "Chunk", "KafkaError", "BrokerUnreachable", "UnknownTopic",
+    "resolve_bootstrap", "Kafka", "Chunk", "ColumnChunk", "Columns", "KafkaError", "BrokerUnreachable", "UnknownTopic",
 ]
 
 _HINT = "start one with `statekit broker start` or set STATEKIT_BOOTSTRAP"
@@ -130,7 +136,16 @@ def _decompress(codec: int, data: bytes) -> bytes:
 def decode_batch(raw, out: list, min_offset: int = 0) -> None:
     """Decode one v2 record batch (``raw``: its bytes, starting at the base offset) into ``out`` as
     ``(offset, timestamp, key, value, headers)`` tuples; ``headers`` is ``()`` or a tuple of
-    ``(str, bytes|None)``. Records below ``min_offset`` are skipped. Control batches are skipped."""
+    ``(str, bytes|None)``. Records below ``min_offset`` are skipped. Control batches are skipped.
+    Large batches go through :func:`decode_batch_columns` (numpy over the fields), small ones
+    through a plain loop; both give the same tuples."""
+    cols = decode_batch_columns(raw, min_offset)
+    if cols is not None and cols.offsets:
+        out.extend(cols.tuples())
+
+
+def _decode_loop(raw, out: list, min_offset: int = 0) -> None:
+    """The record-by-record decoder (small batches, and the reference for the columnar one)."""
     (base_offset, _length, _epoch, _magic, _crc, attrs, _lod, first_ts, max_ts, _pid, _pe, _bs,
      count) = _REC_HDR.unpack_from(raw, 0)
     if attrs & _CONTROL_MASK:
@@ -231,6 +246,261 @@ def decode_batch(raw, out: list, min_offset: int = 0) -> None:
         offset = base_offset + od
         if offset >= min_offset:
             append((offset, max_ts if log_append else first_ts + tsd, key, value, headers))
+
+
+# --------------------------------------------------------------------------------------------
+# columnar decoding (the restore path): one sequential pass finds where each record starts, numpy
+# decodes every other field of all records at once, and consecutive records with the same header
+# bytes share one decoded headers tuple. Exactly the records of _decode_loop, without a tuple per
+# record.
+
+_COLUMNAR_MIN = 48  # below this many records per batch the plain loop is cheaper
+_RUN_CACHE: dict = {}  # raw header section (count varint included) -> decoded headers tuple
+
+
+class Columns:
+    """Records column-wise: ``offsets``, ``timestamps``, ``keys``, ``values`` (parallel lists) and
+    ``runs``, a list of ``(start, stop, headers)`` covering the records in order, where the records
+    of one run carry the same ``headers`` tuple (a changelog's records of one commit all do)."""
+
+    __slots__ = ("offsets", "timestamps", "keys", "values", "runs")
+
+    def __init__(self, offsets=None, timestamps=None, keys=None, values=None, runs=None):
+        self.offsets = [] if offsets is None else offsets
+        self.timestamps = [] if timestamps is None else timestamps
+        self.keys = [] if keys is None else keys
+        self.values = [] if values is None else values
+        self.runs = [] if runs is None else runs
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def headers(self) -> list:
+        """The headers of every record (one list entry per record)."""
+        out: list = []
+        for s, e, h in self.runs:
+            out.extend((h,) * (e - s))
+        return out
+
+    def tuples(self):
+        """``(offset, timestamp, key, value, headers)`` per record, as :func:`decode_batch` gives."""
+        return zip(self.offsets, self.timestamps, self.keys, self.values, self.headers())
+
+    def extend(self, other: "Columns") -> None:
+        n = len(self.offsets)
+        self.offsets.extend(other.offsets)
+        self.timestamps.extend(other.timestamps)
+        self.keys.extend(other.keys)
+        self.values.extend(other.values)
+        runs = self.runs
+        for s, e, h in other.runs:
+            if runs and runs[-1][1] == s + n and (runs[-1][2] is h or runs[-1][2] == h):
+                runs[-1] = (runs[-1][0], e + n, runs[-1][2])
+            else:
+                runs.append((s + n, e + n, h))
+
+    def slice(self, i: int, j: int) -> "Columns":
+        """Records ``[i, j)`` as new Columns."""
+        runs = [(max(s, i) - i, min(e, j) - i, h) for s, e, h in self.runs if s < j and e > i]
+        return Columns(self.offsets[i:j], self.timestamps[i:j], self.keys[i:j], self.values[i:j],
+                       runs)
+
+    @classmethod
+    def from_tuples(cls, records) -> "Columns":
+        c = cls()
+        if not records:
+            return c
+        offs, tss, keys, values, hdrs = (list(x) for x in zip(*records))
+        runs = c.runs
+        start = 0
+        cur = hdrs[0]
+        for i in range(1, len(hdrs)):
+            h = hdrs[i]
+            if h is not cur and h != cur:
+                runs.append((start, i, cur))
+                start, cur = i, h
+        runs.append((start, len(hdrs), cur))
+        c.offsets, c.timestamps, c.keys, c.values = offs, tss, keys, values
+        return c
+
+
+def _varints(a, pos):
+    """Zigzag varints at positions ``pos`` of the uint8 array ``a``: (values, widths); widths is
+    the int 1 when every varint is one byte (the common case: small lengths and deltas)."""
+    b = a[pos]
+    more = b >= 0x80
+    if not more.any():
+        v = b.astype(_np.int64)
+        return (v >> 1) ^ -(v & 1), 1
+    v = (b & 0x7F).astype(_np.uint64)
+    w = _np.ones(len(pos), _np.int64)
+    idx = _np.flatnonzero(more)
+    shift = 7
+    while idx.size:
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+        b = a[pos[idx] + w[idx]]
+        v[idx] |= (b & 0x7F).astype(_np.uint64) << _np.uint64(shift)
+        w[idx] += 1
+        idx = idx[b >= 0x80]
+        shift += 7
+    z = (v >> _np.uint64(1)).astype(_np.int64) ^ -(v & _np.uint64(1)).astype(_np.int64)
+    return z, w
+
+
+def _run_headers(raw: bytes) -> tuple:
+    """Decode a header section (count varint first); checks it is consumed exactly."""
+    h = _RUN_CACHE.get(raw)
+    if h is None:
+        hc, pos = _varint_slow(raw, 0)
+        body = raw[pos:]
+        h = _headers(body, hc) if hc else ()
+        if _encode_headers(h) != raw:
+            raise ValueError("header section does not match its count")
+        if len(_RUN_CACHE) < 4096:
+            _RUN_CACHE[raw] = h
+    return h
+
+
+def _header_runs(a, buf: bytes, ve, rend, hs: list, he: list, n: int) -> list:
+    """``[(start, stop, headers)]``: maximal runs of records with byte-identical header sections.
+    The records whose section equals the first record's are found in numpy, comparing fixed-width
+    rows (a commit's records all carry the same batch header); only the others (its marker) are
+    compared as bytes."""
+    ref = buf[hs[0]:he[0]]
+    L = len(ref)
+    h0 = _run_headers(ref)
+    if L <= 256:
+        fits = (rend - ve) == L
+        rows = _np.ascontiguousarray(_window(a, L)[_np.where(fits, ve, ve[0])])
+        same = (rows.view(f"V{L}").ravel() == _np.frombuffer(ref, f"V{L}")[0]) & fits
+        odd = _np.flatnonzero(~same).tolist()
+    else:
+        odd = [i for i in range(n) if buf[hs[i]:he[i]] != ref]
+    runs: list = []
+    s = 0
+    cur = None       # the raw section of the current run; None: `ref`
+    prev = -1
+    for i in odd:
+        if i > prev + 1 and cur is not None:  # `ref` records between the odd ones
+            runs.append((s, prev + 1, _run_headers(cur)))
+            s, cur = prev + 1, None
+        raw = buf[hs[i]:he[i]]
+        if cur is None or raw != cur:
+            if i > s:
+                runs.append((s, i, h0 if cur is None else _run_headers(cur)))
+            s, cur = i, raw
+        prev = i
+    if prev < n - 1 and cur is not None:
+        runs.append((s, prev + 1, _run_headers(cur)))
+        s, cur = prev + 1, None
+    runs.append((s, n, h0 if cur is None else _run_headers(cur)))
+    return runs
+
+
+def decode_batch_columns(raw, min_offset: int = 0):
+    """Decode one v2 record batch into :class:`Columns` (records below ``min_offset`` skipped);
+    None for a control batch. The same records as :func:`decode_batch`."""
+    (base_offset, _length, _epoch, _magic, _crc, attrs, _lod, first_ts, max_ts, _pid, _pe, _bs,
+     count) = _REC_HDR.unpack_from(raw, 0)
+    if attrs & _CONTROL_MASK:
+        return None
+    if count < _COLUMNAR_MIN:
+        out: list = []
+        _decode_loop(raw, out, min_offset)
+        return Columns.from_tuples(out)
+    codec = attrs & _CODEC_MASK
+    if codec:
+        buf = _decompress(codec, bytes(raw[_HDR_LEN:]))
+        pos = 0
+    else:
+        buf = raw if type(raw) is bytes else bytes(raw)
+        pos = _HDR_LEN
+    try:
+        cols = _columns(buf, pos, count, base_offset, first_ts, max_ts, attrs & _LOG_APPEND,
+                        min_offset)
+    except (IndexError, ValueError):
+        cols = None
+    if cols is None:  # malformed or unusual (offsets not increasing): the loop says what it finds
+        out = []
+        _decode_loop(raw, out, min_offset)
+        return Columns.from_tuples(out)
+    return cols
+
+
+def _columns(buf: bytes, pos: int, count: int, base_offset: int, first_ts: int, max_ts: int,
+             log_append: int, min_offset: int):
+    # the one sequential step: where each record starts (each begins with its length)
+    starts = []
+    add = starts.append
+    end = len(buf)
+    for _ in range(count):
+        add(pos)
+        b = buf[pos]
+        if b < 0x80:
+            pos += 1 + (b >> 1)
+        else:
+            b2 = buf[pos + 1]
+            if b2 < 0x80:
+                pos += 2 + (((b & 0x7F) | (b2 << 7)) >> 1)
+            else:
+                n, pos = _varint_slow(buf, pos)
+                pos += n
+    if pos != end:
+        return None
+    a = _np.frombuffer(buf, _np.uint8)
+    S = _np.array(starts, _np.int64)
+    rlen, w = _varints(a, S)
+    rend = S + w + rlen
+    p = S + w + 1                      # after the attributes byte
+    tsd, w = _varints(a, p)
+    p = p + w
+    od, w = _varints(a, p)
+    p = p + w
+    klen, w = _varints(a, p)
+    ks = p + w
+    ke = ks + _np.maximum(klen, 0)
+    vlen, w = _varints(a, ke)
+    vs = ke + w
+    ve = vs + _np.maximum(vlen, 0)     # the header section: [ve, rend)
+    if (ve >= rend).any() or (rlen < 0).any():
+        return None
+    offs = od + base_offset
+    n = count
+    first = 0
+    if offs[0] < min_offset:
+        keep = offs >= min_offset
+        first = n - int(keep.sum())
+        if not keep[first:].all():
+            return None
+    if n - first > 1 and (offs[first + 1:] <= offs[first:-1]).any():
+        return None
+    if first:
+        rend, ks, ke, vs, ve, klen, vlen, offs, tsd = (x[first:] for x in (
+            rend, ks, ke, vs, ve, klen, vlen, offs, tsd))
+        n -= first
+    if n == 0:
+        return Columns()
+    keys = [buf[i:j] for i, j in zip(ks.tolist(), ke.tolist())]
+    if klen.min() < 0:
+        for i in _np.flatnonzero(klen < 0).tolist():
+            keys[i] = None
+    values = [buf[i:j] for i, j in zip(vs.tolist(), ve.tolist())]
+    if vlen.min() < 0:
+        for i in _np.flatnonzero(vlen < 0).tolist():
+            values[i] = None
+    # header runs: records whose header sections are byte-identical share one decoded tuple
+    he = rend.tolist()
+    hs = ve.tolist()
+    if (rend - ve == 1).all() and not a[ve].any():
+        runs = [(0, n, ())]                 # no record has headers
+    else:
+        runs = _header_runs(a, buf, ve, rend, hs, he, n)
+    if log_append:
+        timestamps = [max_ts] * n
+    else:
+        timestamps = (tsd + first_ts).tolist()
+    return Columns(offs.tolist(), timestamps, keys, values, runs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,6 +626,34 @@ class Chunk:
 
     def __iter__(self):
         return iter(self.records)
+
+
+@dataclass
+class ColumnChunk:
+    """What one Fetch returned, column-wise (``read(..., columns=True)``): the restore path."""
+
+    columns: Columns
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int
+
+    def __len__(self):
+        return len(self.columns)
+
+    @property
+    def records(self) -> list:
+        return list(self.columns.tuples())
+
+
+def _decode_columns(batches, min_offset: int, end: int | None = None) -> Columns:
+    cols = Columns()
+    for raw in batches:
+        c = decode_batch_columns(raw, min_offset)
+        if c is not None and c.offsets:
+            cols.extend(c)
+    if end is not None and cols.offsets and cols.offsets[-1] >= end:
+        cols = cols.slice(0, bisect.bisect_left(cols.offsets, end))
+    return cols
 
 
 # --------------------------------------------------------------------------------------------
@@ -872,9 +1170,9 @@ class Kafka:
         raise KafkaError(f"the broker sent an empty Fetch response for {topic}")
 
     def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
-              max_bytes: int | None = None) -> Chunk:
+              max_bytes: int | None = None, *, columns: bool = False) -> Chunk:
         """One Fetch at ``offset``; waits up to ``max_wait_ms`` for data. Moves past a log start
-        offset that overtook ``offset``."""
+        offset that overtook ``offset``. ``columns``: a :class:`ColumnChunk` instead."""
         max_bytes = max_bytes or self.fetch_max_bytes
         with self._lock:
             for _attempt in range(10):
@@ -888,14 +1186,20 @@ class Kafka:
                         offset = lso
                         continue
                     hwm = self.end_offsets(topic, [partition])[partition]
+                    if columns:
+                        return ColumnChunk(Columns(), max(min(offset, hwm), lso), hwm, lso)
                     return Chunk([], max(min(offset, hwm), lso), hwm, lso)
                 if p.error_code in _RETRIABLE:
                     self._forget(topic)
                     time.sleep(0.05)
                     continue
                 _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
-                out: list = []
                 batches, nxt = _scan_batches(p.records or b"")
+                if columns:
+                    return ColumnChunk(_decode_columns(batches, offset),
+                                       nxt if nxt is not None and nxt > offset else offset,
+                                       p.high_watermark, p.log_start_offset)
+                out: list = []
                 for raw in batches:
                     decode_batch(raw, out, offset)
                 return Chunk(out, nxt if nxt is not None and nxt > offset else offset,
@@ -903,11 +1207,13 @@ class Kafka:
             raise KafkaError(f"could not read {topic}[{partition}]: no leader")
 
     def read(self, topic: str, partition: int, start: int | None = None, end: int | None = None,
-             *, max_bytes: int | None = None, pipeline: bool = True) -> Iterator[Chunk]:
+             *, max_bytes: int | None = None, pipeline: bool = True,
+             columns: bool = False) -> Iterator[Chunk]:
         """Read ``[start, end)`` of one partition as an iterator of :class:`Chunk` (one per Fetch
         response). ``start`` None = the log start; ``end`` None = the end offset when called.
         Offsets may have gaps (compaction); when the log start is past ``start`` the read begins
-        there. Ends early if the log ends before ``end`` (e.g. it was truncated)."""
+        there. Ends early if the log ends before ``end`` (e.g. it was truncated). ``columns``:
+        :class:`ColumnChunk` s instead (no tuple per record; the restore path)."""
         max_bytes = max_bytes or self.fetch_max_bytes
         with self._lock:
             if start is None or start < 0:
@@ -919,7 +1225,8 @@ class Kafka:
             return
         state = {"conn": None, "inflight": None}
         try:
-            yield from self._read_loop(topic, partition, pos, end, max_bytes, pipeline, state)
+            yield from self._read_loop(topic, partition, pos, end, max_bytes, pipeline, state,
+                                       columns)
         finally:
             if state["inflight"] is not None:  # abandoned mid-read: drain the answer nobody wants
                 with self._lock:
@@ -928,7 +1235,7 @@ class Kafka:
                     except StatekitError:
                         pass
 
-    def _read_loop(self, topic, partition, pos, end, max_bytes, pipeline, state):
+    def _read_loop(self, topic, partition, pos, end, max_bytes, pipeline, state, columns=False):
         empty_rounds = 0
         conn = None
         while pos < end:
@@ -978,6 +1285,9 @@ class Kafka:
                     # the next Fetch goes out before we decode this one: the broker works while we do
                     state["inflight"] = conn.send(self._fetch_request(conn, topic, partition,
                                                                       pos, 0, max_bytes))
+            if columns:
+                yield ColumnChunk(_decode_columns(batches, start_pos, end), pos, hwm, lso)
+                continue
             out: list = []
             for raw in batches:
                 decode_batch(raw, out, start_pos)
