@@ -321,17 +321,19 @@ def check_rate(rate) -> Optional[float]:
 
 class Pacer:
     """Holds a restore to ``rate`` records/s, smoothly: it sleeps after each small WriteBatch
-    until the records so far are due (token-bucket style), never once at the end."""
+    until its records are due, never once at the end; after a stall (a slow fetch) it does not
+    burst to catch up, so no window longer than ``PROGRESS_S`` runs faster than the rate."""
 
-    def __init__(self, rate: float):
+    def __init__(self, rate: float, clock=time.monotonic, sleep=time.sleep):
         self.rate = float(rate)
-        self.t0: Optional[float] = None
-        self.done = 0
+        self.clock = clock
+        self.sleep = sleep
+        self.due: Optional[float] = None
         self.slept = 0.0
 
     def start(self) -> None:
-        if self.t0 is None:
-            self.t0 = time.monotonic()
+        if self.due is None:
+            self.due = self.clock()
 
     def step(self) -> int:
         """Records per WriteBatch so that each wait is at most ~PROGRESS_S."""
@@ -339,11 +341,12 @@ class Pacer:
 
     def pace(self, n: int) -> None:
         self.start()
-        self.done += n
-        wait = self.t0 + self.done / self.rate - time.monotonic()
+        now = self.clock()
+        self.due = max(self.due, now - PROGRESS_S) + n / self.rate
+        wait = self.due - now
         if wait > 0:
             self.slept += wait
-            time.sleep(wait)
+            self.sleep(wait)
 
 
 def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, crash=None,
