@@ -148,3 +148,18 @@ def test_the_accounts_iterator_and_the_block_definition_agree_across_blocks():
     ids, amounts = datagen._accounts_range(3, 100, 70_000, 70_010)
     assert [(r.key, r.value["amount"]) for r in it] == [
         (datagen.account_key(i, 100), a) for i, a in zip(ids.tolist(), amounts.tolist())]
+
+
+def test_statekit_produce_command(broker, capsys):
+    from statekit.cli import main
+
+    assert main(["produce", "cli", "--generator", "accounts", "--limit", "5000", "--keys", "300",
+                 "--seed", "4", "--partitions", "2", "--bootstrap", broker.bootstrap]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("wrote 5,000 accounts records (seed 4) to cli in ")
+    with Kafka(broker.bootstrap) as k:
+        assert _read_all(k, "cli") == _expected("accounts", 4, 5_000, 2, keys=300)
+    assert main(["produce", "cli", "--generator", "words", "--limit", "0",
+                 "--bootstrap", broker.bootstrap]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "statekit: --limit must be >= 1 (got 0)"
