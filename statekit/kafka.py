@@ -1409,6 +1409,43 @@ class Kafka:
                 out = [r for r in out if r[0] < end]
             yield Chunk(out, pos, hwm, lso)
 
+    def count_records(self, topic: str, partition: int, start: int, end: int,
+                      max_bytes: int = 4 << 20) -> int:
+        """How many records ``[start, end)`` of one partition holds (fewer than ``end - start``
+        where compaction removed some), from the record batch headers: only a batch that crosses
+        ``start`` or ``end`` is decoded. Costs a read of the bytes, not of the records."""
+        n = 0
+        with self._lock:
+            lso = self.begin_offsets(topic, [partition])[partition]
+            pos = max(start, lso)
+            while pos < end:
+                conn = self._leader(topic, partition)
+                p = self._partition_data(conn.recv(conn.send(self._fetch_request(
+                    conn, topic, partition, pos, 0, max_bytes))), topic)
+                if p.error_code == 1:  # OFFSET_OUT_OF_RANGE: the log start moved past pos
+                    lso = self.begin_offsets(topic, [partition])[partition]
+                    if pos < lso:
+                        pos = lso
+                        continue
+                    break
+                _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
+                batches, nxt = _scan_batches(p.records or b"")
+                if nxt is None or nxt <= pos:
+                    break
+                for raw in batches:
+                    base, = struct.unpack_from(">q", raw, 0)
+                    last = base + struct.unpack_from(">i", raw, 23)[0]
+                    count = struct.unpack_from(">i", raw, 57)[0]
+                    if base >= pos and last < end:
+                        if not raw[22] & _CONTROL_MASK:
+                            n += count
+                    else:
+                        cols = decode_batch_columns(raw, pos)
+                        if cols is not None:
+                            n += sum(1 for o in cols.offsets if o < end)
+                pos = nxt
+        return n
+
     def close(self) -> None:
         with self._lock:
             for c in set(self._conns.values()) | ({self._boot_conn} if self._boot_conn else set()):

@@ -353,6 +353,17 @@ class Pacer:
             self.sleep(wait)
 
 
+# the apply rate of the last full-speed restore of this process (statekit.state.forecast uses it)
+_last_rate: Optional[tuple[float, int]] = None  # (records/s, records)
+MEASURE_MIN = 20_000  # a restore shorter than this says little about the rate
+
+
+def last_restore_rate() -> Optional[float]:
+    """Records/s of the last unthrottled restore of at least MEASURE_MIN records in this
+    process (None if there was none)."""
+    return _last_rate[0] if _last_rate is not None else None
+
+
 def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, crash=None,
                    max_bytes: int | None = None, exclude=(), rate: float | None = None
                    ) -> tuple[dict, int]:
@@ -423,6 +434,11 @@ def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, cras
         m.records_restored = rp.records_read
         m.records_remaining = 0
         m.duration_s = time.perf_counter() - t0
+    read = sum(m.records_restored for m in metrics.values())
+    took = sum(m.duration_s for m in metrics.values())
+    if pacer is None and read >= MEASURE_MIN and took > 0:
+        global _last_rate
+        _last_rate = (read / took, read)
     # every store read: settle the latest batch
     voters = [rp.batch for name, rp in replays.items() if name not in exclude]
     task_batch = min(voters, default=NO_BATCH)
