@@ -12,9 +12,14 @@ per-record objects on the read path:
   known from the batch headers alone), and decodes records with a tight varint loop into plain
   tuples ``(offset, timestamp, key, value, headers)``. Offsets may have gaps (compacted logs); a log
   start offset that moved past the requested position (retention, ``DeleteRecords``) is skipped to.
+  With ``columns=True`` it yields :class:`ColumnChunk` s instead (parallel key / value / offset
+  lists and runs of records sharing one headers tuple, decoded with numpy, no tuple per record):
+  what restoration and standby replicas read.
 * ``send()`` writes with ``acks=all`` and waits for every acknowledgement; ``send_many()`` does
   several sends with every request in flight at once (a task commit: one round trip for all of its
   stores' changelogs); ``offsets_many()`` gets (log start, end) of several topics in one round trip.
+* ``send_encoded()`` writes record batches encoded already (:func:`encode_batches_flat` encodes
+  column-wise records), every request in flight, acks collected later: the fast produce path.
 
 A ``Kafka`` object is not thread-safe: give each thread its own (standby replicas do).
 """

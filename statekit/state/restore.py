@@ -24,6 +24,10 @@ So a record whose batch is *newer* than the marker closing its group is a crashe
 superseded: it is skipped, never applied (applied, a window of it could move stream time ahead and
 expire committed windows before the seal's values arrive).
 
+The replay works on runs of records that share one headers tuple (see :class:`StoreReplay`), and
+restoration reads column-wise (``Kafka.read(..., columns=True)``) and writes parallel key / value
+lists (``TaskDB.write_batch_columns``): no Python work per record beyond RocksDB's own put.
+
 Progress is written with the data (``TaskDB.write_batch_raw(store, items, meta)``: one atomic
 WriteBatch), as ``changelog.<store> = {"offset": o, "batch": b}`` where ``o`` is a point from which
 replaying again is always safe (values are absolute, so re-applying committed records is harmless).
