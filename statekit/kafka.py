@@ -32,8 +32,6 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from itertools import compress as _compress
-from operator import ne as _ne
 from typing import Iterable, Iterator
 
 import numpy as _np
