@@ -46,7 +46,7 @@ from statekit.errors import CorruptState, StatekitError, StateLocked, UnknownTop
 from statekit.state import checkpoint as ckpt
 from statekit.state.crash import CrashPlan, SimulatedCrash
 from statekit.state.restore import (BATCH_HEADER, MARKER_HEADER, MARKER_KEY, NO_BATCH,
-                                    RestoreMetrics, meta_key, restore_stores)
+                                    RestoreMetrics, check_rate, meta_key, restore_stores)
 
 log = logging.getLogger("statekit.state")
 
@@ -160,7 +160,9 @@ class TaskState:
     (``"after_ack@3"``) or :class:`CrashPlan`; default: ``STATEKIT_CRASH``. ``listener``: restore
     callbacks (``on_restore_start`` / ``on_batch_restored`` / ``on_restore_end``). ``warn``: where
     one-line notices go (default: the ``statekit.state`` logger); every notice is also kept in
-    ``self.notices``.
+    ``self.notices``. ``restore_rate``: hold the restore to this many changelog records per second
+    (smoothly, for teaching: a restore slow enough to watch); None = full speed. It shows in
+    ``restore_metrics[store].throttled_to``.
     """
 
     def __init__(self, application: str, task_id: int, specs: Iterable, *, state_dir: str,
@@ -168,7 +170,8 @@ class TaskState:
                  cache_bytes: int = 10 * 1024 * 1024, crash=None, crash_mode: str | None = None,
                  listener=None, warn: Callable[[str], None] | None = None,
                  fetch_max_bytes: int | None = None, topic_configs: dict | None = None,
-                 restore: bool = True):
+                 restore: bool = True, restore_rate: float | None = None):
+        self.restore_rate = check_rate(restore_rate)  # bad input: one line, before anything opens
         self.application = application
         # a contracts.TaskId (sub-topology, partition), or a bare partition
         self.task_id = task_id if isinstance(task_id, contracts.TaskId) else int(task_id)
@@ -367,12 +370,13 @@ class TaskState:
             cp = None  # (gone from disk: written again below)
             self.restore_metrics, task_batch = restore_stores(
                 self.db, self.kafka, self.partition, plan, listener=self.listener, crash=self.crash,
-                max_bytes=self.fetch_max_bytes, exclude=fresh)
+                max_bytes=self.fetch_max_bytes, exclude=fresh, rate=self.restore_rate)
             self.db.sync_wal()
         else:
             self.restore_metrics = {}
             for name, (t, s, e, b, origin) in plan.items():
-                self.restore_metrics[name] = RestoreMetrics(name, self.partition, origin, s, e)
+                self.restore_metrics[name] = RestoreMetrics(name, self.partition, origin, s, e,
+                                                            throttled_to=self.restore_rate)
                 if self.listener is not None:
                     self.listener.on_restore_start(name, self.partition, s, e)
                     self.listener.on_restore_end(name, self.partition, 0)

@@ -19,6 +19,8 @@ SMALL = {
                {}, ["broker_in", "broker_out", "client_produce", "client_consume", "compact_1m"]),
     "stores": ([], {"STATEKIT_BENCH_RECORDS": "20000"}, ["stores_cached_ops"]),
     "restore": (["--records", "20000", "--keys", "2000"], {}, ["restore"]),
+    "datagen": (["--records", "30000", "--baseline-records", "3000", "--keys", "20000"], {},
+                ["datagen_fast"]),
     "task_cycle": (["--cycles", "5"], {}, ["task_cycle"]),
     "pipeline": (["--words", "20000", "--batch-words", "5000", "--warmup-words", "5000",
                   "--rounds", "1"], {}, ["pipeline_wordcount"]),
