@@ -60,9 +60,13 @@ def changelog_topic(application: str, store: str) -> str:
     return f"{application}-{store}-changelog"
 
 
+def _segmented(spec) -> bool:
+    """Window and session stores: retention by time, changelog keys `key + time`."""
+    return getattr(spec, "kind", "kv") in ("window", "session")
+
+
 def changelog_configs(spec) -> dict:
-    kind = getattr(spec, "kind", "kv")
-    if kind == "window":
+    if _segmented(spec):
         cfg = {"cleanup.policy": "compact,delete"}
         ret = getattr(spec, "retention_ms", None)
         if ret:
@@ -351,7 +355,7 @@ class TaskState:
                 start, b = int(m["offset"]), int(m["batch"])
                 origin = "checkpoint" if cp is not None and name in cp else "meta"
                 if start < begins[name]:
-                    if getattr(spec, "kind", "kv") != "window":
+                    if not _segmented(spec):
                         self._warn(f"task {self.application}/{self.task_id}: {self.topic(name)} "
                                    f"starts at {begins[name]}, past the local state's offset "
                                    f"{start}; records in between were deleted, restoring from "
@@ -411,7 +415,7 @@ class TaskState:
             if m is None or not m.dropped_keys:
                 continue
             keys = sorted(k for k in m.dropped_keys if k is not None and k != MARKER_KEY)
-            if getattr(spec, "kind", "kv") == "window":
+            if _segmented(spec):
                 want = set(keys)
                 found = {k: v for k, v in self.db.changelog_items(spec.name) if k in want}
                 repairs = [(key, found.get(key)) for key in keys]
