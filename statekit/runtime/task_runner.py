@@ -220,7 +220,7 @@ def task_store_spec():
 
 def store_specs(plan) -> list:
     specs = list(plan.stores)
-    if plan.sinks or getattr(plan, "has_windows", False):
+    if getattr(plan, "needs_task_store", plan.sinks or getattr(plan, "has_windows", False)):
         specs.append(task_store_spec())
     return specs
 
@@ -473,11 +473,15 @@ def run_task_batch(spec, task: int, batch_id: int, records: Iterable) -> list:
             return outputs
 
         stream_time = -1
+        meta_raw = None
         if tstore is not None:
             raw = tstore.get(b"stream_time")
             if raw is not None:
                 stream_time = _Q.unpack(raw)[0]
+            meta_raw = tstore.get(b"meta")   # processor state (punctuation, operators' time)
+        meta = json.loads(meta_raw) if meta_raw is not None else {}
         ctx = _TaskContext(task, batch_id, state, stream_time, spec.cache_bytes)
+        ctx.meta = meta
         t_proc = time.perf_counter()
         proc = plan.new_processor(ctx)
         threshold = _records_threshold(crash.pending(), instance)
@@ -492,6 +496,8 @@ def run_task_batch(spec, task: int, batch_id: int, records: Iterable) -> list:
                     crash.check("records", i)
                     _t[0] = None
         n = proc.process_records(records, on_record)
+        if hasattr(proc, "punctuate_wall_clock"):
+            proc.punctuate_wall_clock(int(time.time() * 1000))
         proc.flush()   # cached aggregations forward the latest value per key, once per batch
         proc.close()
         crash.records = n
@@ -501,6 +507,9 @@ def run_task_batch(spec, task: int, batch_id: int, records: Iterable) -> list:
                 write_outbox(tstore, batch_id, outputs)
             if proc.stream_time >= 0:
                 tstore.put(b"stream_time", _Q.pack(proc.stream_time))
+            meta_new = json.dumps(ctx.meta, sort_keys=True).encode() if ctx.meta else None
+            if meta_new != meta_raw:
+                tstore.put(b"meta", meta_new)
         process_ms = (time.perf_counter() - t_proc) * 1000.0
         cache, rows = _store_stats(state)  # before commit: the cache still holds this batch
         info = state.commit(batch_id)

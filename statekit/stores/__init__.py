@@ -82,7 +82,7 @@ remove(key, start, end), fetch_session(key, start, end), find_sessions(key, earl
 -> [(start, end, value)] in end order, fetch(key), all() -> (key, start, end, value). Changelog keys are
 `key_bytes + 8-byte end`, values `8-byte start + value bytes` (see session.py).
 
-Suppression buffer (`MeteredBufferStore`, kind "buffer"): put(key, time, value, prior, timestamp, ...),
+Suppression buffer (`MeteredBufferStore`, kind "buffer"): put(key, time, value, old, prior, timestamp, ...),
 get(key), delete(key), evict_until(time) and pop_oldest() (oldest first), min_time(), count(), all()
 -> BufferedRecord; a kv layout with a compacted changelog (see buffer.py).
 

@@ -2,8 +2,9 @@
 TimeOrderedKeyValueBuffer), as a store with a changelog like any other.
 
 One entry per key. Each entry has a *buffer time* (when it may go: a window's end, or the time its
-first update arrived), the latest value, the value before the key entered the buffer (`prior`, what
-was last emitted downstream), and the metadata of the record that wrote it. `evict_until(t)` removes
+first update arrived), the latest change (`value` and the `old` value that change replaced), the
+value before the key entered the buffer (`prior`: what was last emitted downstream), and the
+metadata of the record that wrote it. `evict_until(t)` removes
 and returns every entry whose time is <= t in (time, key bytes) order; `pop_oldest()` the first one.
 
 Layout on an ordinary key-value stack (so caching, change-logging, commit and restore are the kv
@@ -35,6 +36,7 @@ class BufferedRecord(NamedTuple):
     time: int
     key: Any
     value: Any          # the latest value (None: a tombstone)
+    old: Any            # the value the latest change replaced
     prior: Any          # the value before the key entered the buffer
     timestamp: int      # metadata of the record that last wrote the entry
     offset: Optional[int] = None
@@ -59,12 +61,14 @@ class MeteredBufferStore(Meter):
         self._init_meter()
 
     # -- encoding ---------------------------------------------------------------------------------
-    def _encode(self, value, prior, timestamp, offset, partition, topic) -> bytes:
+    def _encode(self, value, old, prior, timestamp, offset, partition, topic) -> bytes:
         tb = (topic or "").encode("utf-8")
-        flags = (value is not None) | ((prior is not None) << 1) | ((topic is not None) << 2)
+        flags = ((value is not None) | ((old is not None) << 1) | ((prior is not None) << 3)
+                 | ((topic is not None) << 2))
         parts = [_HEAD.pack(int(timestamp), -1 if offset is None else int(offset),
                             -1 if partition is None else int(partition), flags, len(tb)), tb]
-        for present, v in ((value is not None, value), (prior is not None, prior)):
+        for present, v in ((value is not None, value), (old is not None, old),
+                           (prior is not None, prior)):
             if present:
                 b = self._vb(v)
                 parts.append(_L.pack(len(b)))
@@ -77,7 +81,7 @@ class MeteredBufferStore(Meter):
         topic = raw[pos:pos + tl].decode("utf-8") if flags & 4 else None
         pos += tl
         vals = []
-        for bit in (1, 2):
+        for bit in (1, 2, 8):
             if flags & bit:
                 (ln,) = _L.unpack_from(raw, pos)
                 pos += 4
@@ -85,8 +89,8 @@ class MeteredBufferStore(Meter):
                 pos += ln
             else:
                 vals.append(None)
-        return BufferedRecord(time, self._kd(kb), vals[0], vals[1], ts, None if off < 0 else off,
-                              None if part < 0 else part, topic)
+        return BufferedRecord(time, self._kd(kb), vals[0], vals[1], vals[2], ts,
+                              None if off < 0 else off, None if part < 0 else part, topic)
 
     def _count(self) -> int:
         raw = self.inner.get(COUNT)
@@ -96,21 +100,22 @@ class MeteredBufferStore(Meter):
         self.inner.put(COUNT, _T.pack(n) if n else None)
 
     # -- operations -------------------------------------------------------------------------------
-    def put(self, key: Any, time: int, value: Any, prior: Any, timestamp: int,
+    def put(self, key: Any, time: int, value: Any, old: Any, prior: Any, timestamp: int,
             offset: Optional[int] = None, partition: Optional[int] = None,
             topic: Optional[str] = None) -> None:
         """Write the entry of `key` at buffer time `time` (replacing any entry of the key)."""
         t = _now()
         kb = self._kb(key)
         tk = _T.pack(int(time) + _BIAS)
-        old = self.inner.get(INDEX + kb)
-        if old is None:
+        was = self.inner.get(INDEX + kb)
+        if was is None:
             self._set_count(self._count() + 1)
-        elif old != tk:
-            self.inner.put(ENTRY + old + kb, None)
-        if old != tk:
+        elif was != tk:
+            self.inner.put(ENTRY + was + kb, None)
+        if was != tk:
             self.inner.put(INDEX + kb, tk)
-        self.inner.put(ENTRY + tk + kb, self._encode(value, prior, timestamp, offset, partition, topic))
+        self.inner.put(ENTRY + tk + kb, self._encode(value, old, prior, timestamp, offset, partition,
+                                                     topic))
         self._ns_put += _now() - t
         self._n_put += 1
 
@@ -210,8 +215,8 @@ class MeteredBufferStore(Meter):
         for i, r in enumerate(self.all()):
             if limit is not None and i >= limit:
                 break
-            rows.append((r.time, r.key, r.value, r.prior, r.timestamp))
-        return pd.DataFrame(rows, columns=["time", "key", "value", "prior", "timestamp"])
+            rows.append((r.time, r.key, r.value, r.old, r.prior, r.timestamp))
+        return pd.DataFrame(rows, columns=["time", "key", "value", "old", "prior", "timestamp"])
 
     def __repr__(self) -> str:
         return f"MeteredBufferStore({self.name!r})"

@@ -32,8 +32,8 @@ def frame(items: Iterable[tuple], spec: dict, key_serde: Any = None, value_serde
           limit: Optional[int] = None):
     """DataFrame of (key, value) — (key, window_start, value) for window stores, whose raw keys are
     segment(8) + key + window_start(8); (key, start, end, value) for session stores (raw key
-    segment(8) + key + end(8), value start(8) + value); (time, key, value, prior, timestamp) for
-    suppression buffers."""
+    segment(8) + key + end(8), value start(8) + value); (time, key, value, old, prior, timestamp)
+    for suppression buffers."""
     import pandas as pd
 
     kd = _decoder(_serde(key_serde if key_serde is not None else spec.get("key_serde", "json")))
@@ -72,5 +72,5 @@ def _buffer_frame(items, kd, vd, limit):
         if limit is not None and len(rows) >= limit:
             break
         r = store._decode(int.from_bytes(k[1:9], "big") - (1 << 63), k[9:], v)
-        rows.append((r.time, r.key, r.value, r.prior, r.timestamp))
-    return pd.DataFrame(rows, columns=["time", "key", "value", "prior", "timestamp"])
+        rows.append((r.time, r.key, r.value, r.old, r.prior, r.timestamp))
+    return pd.DataFrame(rows, columns=["time", "key", "value", "old", "prior", "timestamp"])
