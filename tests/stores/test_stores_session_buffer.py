@@ -143,18 +143,20 @@ def bspec(name="b", **kw):
 def test_buffer_orders_by_time_then_key_and_keeps_metadata(make_task, backend):
     stores, db, sink = make_task(bspec(backend=backend))
     b = stores["b"]
-    b.put("z", 10, {"n": 1}, None, 7, offset=3, partition=1, topic="t")
-    b.put("a", 10, 2, 1, 8)
-    b.put("m", -5, None, 4, 9)
+    b.put("z", 10, {"n": 1}, 0, None, 7, offset=3, partition=1, topic="t")
+    b.put("a", 10, 2, None, 1, 8)
+    b.put("m", -5, None, 3, 4, 9)
     assert b.count() == 3 and b.min_time() == -5
     assert [(r.time, r.key) for r in b.all()] == [(-5, "m"), (10, "a"), (10, "z")]
     z = b.get("z")
-    assert (z.value, z.prior, z.timestamp, z.offset, z.partition, z.topic) == ({"n": 1}, None, 7, 3, 1, "t")
-    b.put("z", 3, {"n": 2}, None, 11)            # re-put at another time moves the entry
+    assert (z.value, z.old, z.prior, z.timestamp, z.offset, z.partition, z.topic) == (
+        {"n": 1}, 0, None, 7, 3, 1, "t")
+    b.put("z", 3, {"n": 2}, {"n": 1}, None, 11)            # re-put at another time moves the entry
     assert [(r.time, r.key) for r in b.all()] == [(-5, "m"), (3, "z"), (10, "a")]
     assert b.count() == 3
     out = b.evict_until(3)
-    assert [(r.key, r.value, r.prior) for r in out] == [("m", None, 4), ("z", {"n": 2}, None)]
+    assert [(r.key, r.value, r.old, r.prior) for r in out] == [("m", None, 3, 4),
+                                                                 ("z", {"n": 2}, {"n": 1}, None)]
     assert b.count() == 1 and b.get("m") is None
     db.flush()
     db.commit()
@@ -177,7 +179,7 @@ def test_buffer_random_against_model_with_restore(make_task, tmp_path, backend):
         if op < 0.55:
             t = rng.randint(-50, 200)
             v = rng.randint(0, 9)
-            b.put(k, t, v, None, step)
+            b.put(k, t, v, None, None, step)
             model[k] = (t, v)
         elif op < 0.7:
             r = b.delete(k)
