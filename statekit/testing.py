@@ -260,10 +260,13 @@ class TopologyTestDriver:
                 None if v is None else vs.to_bytes(v)
             except Exception as e:
                 spec = next(s for s in plan.sinks if s.topic == topic)
+                hint = ("pass key_serde=/value_serde= to the step before it (map, group_by, ...): "
+                        "a repartition topic uses that step's serdes" if spec.internal
+                        else "pass key_serde=/value_serde= to .to()")
                 raise ProcessorError(
                     f"cannot serialize an output to {topic} (key={k!r:.40} value={v!r:.40}) with "
                     f"serdes {serde_label(spec.key_serde)}/{serde_label(spec.value_serde)}: "
-                    f"{type(e).__name__}: {e}; pass key_serde=/value_serde= to .to()") from e
+                    f"{type(e).__name__}: {e}; {hint}") from e
 
     # -- time ------------------------------------------------------------------------------------
     def advance_wall_clock(self, ms: int) -> None:

@@ -3,9 +3,11 @@
 Sessions of one key never overlap (a record that bridges two sessions merges them), so a session is
 identified by its key and its *end*: the composite key above the segmented layer is
 `key_bytes + 8-byte big-endian end` and the value is `8-byte start + value bytes`. Everything the
-window store does comes for free: segments by end time, retention by end time (a session is expired
-when `end < stream_time - retention_ms`, stream time being the largest end written), the changelog
-(`key + end` -> `start + value`, `compact,delete`), restoration and the seal after a crash.
+window store does comes for free: segments by end time, retention by end time, the changelog
+(`key + end` -> `start + value`, `compact,delete`), restoration and the seal after a crash. A session
+is expired when `end <= stream_time - retention_ms` (stream time being the largest end written):
+Kafka Streams' session store rule, one millisecond stricter than the window stores'; its segment
+is dropped by the window rule, later.
 
 `find_sessions(key, earliest_end, latest_start)` is Kafka Streams' `findSessions`: every session of
 the key with `end >= earliest_end` and `start <= latest_start`, in end order (one seek).
@@ -45,8 +47,13 @@ class MeteredSessionStore(Meter):
         self.expired_puts = 0
         self._init_meter()
 
+    def _floor(self) -> Optional[int]:
+        """Sessions ending before this are expired (None: no retention)."""
+        f = self.segmented.expiry_floor()
+        return None if f is None else f + 1
+
     def _expired(self, end: int) -> bool:
-        floor = self.segmented.expiry_floor()
+        floor = self._floor()
         return floor is not None and end < floor
 
     def put(self, key: Any, start: int, end: int, value: Any) -> None:
@@ -82,7 +89,7 @@ class MeteredSessionStore(Meter):
         """[(start, end, value)] of `key` with end >= earliest_end and start <= latest_start, in end
         order (live sessions only)."""
         t = _now()
-        floor = self.segmented.expiry_floor()
+        floor = self._floor()
         lo = max(earliest_end, 0 if floor is None else floor, 0)
         kb = self._kb(key)
         n = len(kb) + 8
@@ -109,7 +116,7 @@ class MeteredSessionStore(Meter):
     def all(self) -> Iterator[tuple]:
         """Every live session: (key, start, end, value), in composite-key byte order."""
         t = _now()
-        floor = self.segmented.expiry_floor()
+        floor = self._floor()
         it = self.inner.all()
         self._ns_all += _now() - t
         self._n_all += 1

@@ -388,13 +388,16 @@ def _getter_root(t: Node) -> Optional[Node]:
 def _mark_send_old(nodes: list) -> None:
     """Table steps forward old values only where a later step needs them (Kafka Streams'
     sendOldValues): a table's group_by, a foreign-key join's subscriptions, suppression's prior
-    value, and the views and joins between."""
+    value, the outer side(s) of a table-table join, and the views and joins between."""
     need: dict = {}
     for n in reversed(nodes):   # children first
         wants = False
         for c in n.children:
             if c.kind in (g.TABLE_GROUP_BY, g.FK_SEND, g.SUPPRESS):
                 wants = True
+            elif c.kind == g.TABLE_JOIN and (c.params["how"] == "outer" or (
+                    c.params["how"] == "left" and c.params["side"] == "left")):
+                wants = True     # the join tells a deleted row from a never-present one by it
             elif c.kind in (g.TABLE_FILTER, g.TABLE_MAP_VALUES, g.TABLE_JOIN, g.TABLE_MERGE) and \
                     need.get(c.name):
                 wants = True

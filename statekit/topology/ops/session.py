@@ -6,7 +6,8 @@ Streams) finds the key's sessions with end >= t - gap and start <= t + gap, merg
 time - grace - gap: then the record is dropped as late), removes the merged sessions (forwarding a
 None for each), adds the record with the aggregator and writes the merged session (forwarding it).
 Updates carry the session's end as their timestamp. A session is visible while its end is after
-the store's stream time - retention (retention defaults to gap + grace)."""
+the store's stream time - retention (retention defaults to gap + grace; the session store applies
+that rule)."""
 from __future__ import annotations
 
 
@@ -15,7 +16,6 @@ def session_aggregate(tp, n, down):
     p = n.params
     w = p["windows"]
     gap, grace = w.gap_ms, w.grace_ms
-    retention = p["retention_ms"]
     emit, _cached = tp.holder(n, down)
     op = p["op"]
     fn = n.fn
@@ -42,8 +42,7 @@ def session_aggregate(tp, n, down):
         if ts > st:
             st = times[name] = ts
         close = st - grace - gap
-        floor = st - retention + 1
-        found = [s for s in store.find_sessions(k, ts - gap, ts + gap) if s[1] >= floor]
+        found = store.find_sessions(k, ts - gap, ts + gap)
         acc = tp.call(n, k, v, init)
         start = end = ts
         for s, e, a in found:
