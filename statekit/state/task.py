@@ -65,14 +65,18 @@ def _segmented(spec) -> bool:
     return getattr(spec, "kind", "kv") in ("window", "session")
 
 
+# Kafka Streams' windowstore.changelog.additional.retention.ms: a changelog's retention runs on the
+# records' (wall-clock) append time, the store's on event time, so the topic keeps a day more
+CHANGELOG_ADDITIONAL_RETENTION_MS = 86_400_000
+
+
 def changelog_configs(spec) -> dict:
     if _segmented(spec):
         cfg = {"cleanup.policy": "compact,delete"}
         ret = getattr(spec, "retention_ms", None)
         if ret:
-            # keep the changelog a little longer than the store keeps its windows (Kafka Streams
-            # adds windowstore.changelog.additional.retention.ms = 1 day; a window's size is enough)
-            cfg["retention.ms"] = str(int(ret) + int(getattr(spec, "window_size_ms", 0) or 0))
+            cfg["retention.ms"] = str(int(ret) + int(getattr(spec, "window_size_ms", 0) or 0)
+                                      + CHANGELOG_ADDITIONAL_RETENTION_MS)
         return cfg
     return {"cleanup.policy": "compact"}
 

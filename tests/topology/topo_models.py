@@ -168,8 +168,11 @@ def sliding_model(records, d, grace):
     """Declarative sliding windows (count): the windows Kafka Streams keeps for a key are the left
     window [t - d, t] of every record t >= d, [0, d] for records t < d, and the right window
     [t + 1, t + 1 + d] of a record t when another record falls in it; a window holds the accepted
-    records in it that arrived while it was open (end >= stream time - grace), and exists if it was
-    needed while open. Returns ({(key, start): (count, max_ts)}, dropped)."""
+    records in it. Returns ({(key, start): (count, max_ts)}, dropped). Exact for inputs whose late
+    records are either within the grace period (t >= stream time - grace on arrival) or beyond it
+    for every window they touch (t + d < stream time - grace: dropped); in between Kafka's algorithm
+    seeds new windows from windows that may have closed (see the by-hand test). And d >= 2: with a
+    smaller difference the store's retention (2 * d + grace) may hide a window still open."""
     st = -1
     seen = defaultdict(list)            # accepted records per key, in arrival order
     windows = {}                        # (key, start) -> [count, max_ts]
