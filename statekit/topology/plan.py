@@ -322,6 +322,7 @@ class Plan:
         Hot path (once per source record): the task of a key's bytes is memoized per `partitions`
         (murmur2 in Python is the expensive part; a bounded dict, cleared when full), and so is the
         pickle of a short `str` key or value (words repeat)."""
+        rec, out, funcs = self._pre or self._pre_funcs()   # (a composite plan refuses here)
         ks, vs = self.source_serdes(source_index)
         try:
             key = None if key_bytes is None else ks.from_bytes(key_bytes)
@@ -332,7 +333,6 @@ class Plan:
                 f"cannot decode a record of {src.topic} partition {partition} offset {offset} with "
                 f"serdes {serde_label(src.key_serde)}/{serde_label(src.value_serde)}: "
                 f"{type(e).__name__}: {e} (key={_abbrev(key_bytes)} value={_abbrev(value_bytes)})") from e
-        rec, out, funcs = self._pre or self._pre_funcs()
         if self._internal_src[source_index]:
             timestamp, value = value   # a repartition record carries its event time
         rec.topic = self.sources[source_index].topic

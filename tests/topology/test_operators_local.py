@@ -14,10 +14,12 @@ from collections import defaultdict
 import pytest
 
 from statekit.engine.local import LocalEngine
+from statekit.errors import ProcessorError
 from statekit.partition import partition_for
 from statekit.runtime.task_runner import _kafka, store_specs
-from statekit.topology import (JoinWindows, SessionWindowedSerde, SessionWindows, SlidingWindows,
-                               TopologyBuilder, WindowedSerde, tumbling, until_window_closes)
+from statekit.topology import (JoinWindows, Processor, PunctuationType, SessionWindowedSerde,
+                               SessionWindows, SlidingWindows, TopologyBuilder, WindowedSerde,
+                               kv_store, tumbling, until_window_closes)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("topo_models", os.path.join(HERE, "topo_models.py"))
@@ -332,3 +334,81 @@ def test_join_then_rekey_then_windowed_count(shared_broker, tmp_path):
     assert chain.store("w") == {("xy", 0): 2, ("xz", 100): 1}
     assert out == [("out", ("xy", 0), 1), ("out", ("xy", 0), 2), ("out", ("xz", 100), 1)]
     check_replay_and_restore(chain, tmp_path, ["w", "j-left", "j-right"])
+
+
+# -- punctuation through the task runner: the schedule lives in the task's meta -----------------------------
+
+class Ticker(Processor):
+    def init(self, context):
+        self.context = context
+        self.store = context.get_store("ticks")
+        context.schedule(10, PunctuationType.STREAM_TIME, self.emit)
+
+    def process(self, k, v):
+        self.store.put(k, (self.store.get(k) or 0) + 1)
+
+    def emit(self, ts):
+        self.context.forward("tick", f"{sum(n for _k, n in self.store.all())}@{ts}")
+
+
+def test_punctuation_schedule_survives_batches_and_a_restore(shared_broker, tmp_path):
+    b = TopologyBuilder()
+    b.stream("in").process(Ticker, stores=[kv_store("ticks")]).to("out")
+    plan = b.compile("pt")
+    eng = LocalEngine(plan, "pt", shared_broker.bootstrap, str(tmp_path / "a"), 1)
+
+    def run(e, recs):
+        return [v for _t, _k, v in e.decode(e.run_batch([("in", "k", "x", ts) for ts in recs]))]
+
+    assert run(eng, [3]) == ["1@3"]                 # first data: fires
+    assert run(eng, [5, 9]) == []                   # next at 10
+    assert run(eng, [12, 14]) == ["4@12"]           # crossed 10 in this batch: next at 20
+    # the same task on another instance, its state restored from the changelogs (meta included)
+    other = LocalEngine(plan, "pt", shared_broker.bootstrap, str(tmp_path / "b"), 1, first_batch_id=3)
+    assert run(other, [15, 19]) == []               # still next at 20, not "first data"
+    assert run(other, [44]) == ["8@44"]             # 20, 30, 40 missed: once, next at 50
+
+
+# -- a batch that fails half-way is replayed with the same id: the same outputs as a clean run ---------------
+
+def test_failed_batch_replayed_gives_the_clean_outputs(shared_broker, tmp_path):
+    fail = {"armed": True}
+
+    def joiner(a, c):
+        if fail["armed"] and a == 13:
+            fail["armed"] = False
+            raise RuntimeError("boom")
+        return [a, c]
+
+    def topology():
+        b = TopologyBuilder()
+        left, right = b.stream("L", value_serde="json"), b.stream("R", value_serde="json")
+        j = left.outer_join(right, joiner, JoinWindows(5, 5, 2), store="j", value_serde="json")
+        j.to("joined", value_serde="json")
+        (j.group_by_key().windowed_by(SessionWindows(4, 2)).count(store="s").to_stream()
+         .to("sessions", key_serde=SessionWindowedSerde("str"), value_serde="int64"))
+        return b.compile("fb")
+
+    rng = random.Random(12)
+    batches, ts = [], 0
+    for _ in range(4):
+        batch = []
+        for _ in range(15):
+            ts += rng.randint(0, 3)
+            batch.append((rng.choice("LR"), rng.choice("abc"), rng.randint(0, 20), ts))
+        batches.append(batch)
+    batches[2].append(("L", "a", 13, ts))
+    fail["armed"] = False
+    clean = LocalEngine(topology(), "fb-clean", shared_broker.bootstrap, str(tmp_path / "c"), 2)
+    want = [clean.decode(clean.run_batch(bt)) for bt in batches]
+    fail["armed"] = True
+    eng = LocalEngine(topology(), "fb", shared_broker.bootstrap, str(tmp_path / "f"), 2)
+    got = []
+    for bt in batches:
+        try:
+            got.append(eng.decode(eng.run_batch(bt)))
+        except ProcessorError as e:
+            assert "boom" in str(e) and "\n" not in str(e)
+            got.append(eng.decode(eng.replay()))   # Spark replays the failed batch, same id
+    assert not fail["armed"] and got == want
+    assert eng.store("j-left") == clean.store("j-left")
