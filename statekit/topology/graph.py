@@ -6,7 +6,6 @@ Kafka Streams (`KSTREAM-MAP-0000000003`) so a `describe()` reads like `Topology#
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 

@@ -38,13 +38,16 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from statekit.errors import ProcessorError, TopologyError
 from statekit.partition import partition_for
 from statekit.topology import graph as g
 from statekit.topology.graph import Node, StoreDecl, resolve_serde, serde_label
 from statekit.topology.steps import _abbrev, _fanout, _Rec, _stateless, describe_step
+
+if TYPE_CHECKING:
+    from statekit.topology.task import TaskProcessor
 
 _DUMPS = pickle.dumps
 _LOADS = pickle.loads

@@ -39,8 +39,6 @@ def describe_step(n: Node) -> str:
     return k.replace("_", " ")
 
 
-_describe_step = describe_step   # (older name)
-
 class _Rec:
     """The source record being processed (shared by every step of a task or of stage 1)."""
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pickle
 from typing import Any, Optional
 
-from statekit.errors import ProcessorError, StatekitError, TopologyError
+from statekit.errors import ProcessorError, StatekitError
 from statekit.topology import graph as g
 from statekit.topology.graph import Node
 from statekit.topology.processor import ProcessorContext
@@ -360,5 +360,3 @@ class TaskProcessor:
         if errors:
             raise errors[0]
 
-
-__all__ = ["TaskProcessor", "TopologyError"]

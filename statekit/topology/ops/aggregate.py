@@ -2,8 +2,6 @@
 window, and the re-aggregation of a table grouped by a new key (adder and subtractor)."""
 from __future__ import annotations
 
-from statekit.errors import ProcessorError
-
 
 def table_source(tp, n, down):
     """Each record upserts its key (a None value deletes); forwards (new, old)."""
@@ -169,6 +167,3 @@ def table_aggregate(tp, n, down):
         emit(k, result, agg)
     return f
 
-
-__all__ = ["ProcessorError", "aggregate", "table_aggregate", "table_group_by", "table_source",
-           "window_aggregate"]
