@@ -19,9 +19,11 @@ engine in tests).
    ``[(sink_topic, key_bytes, value_bytes)]`` (serialized with the plan's sink serdes).
 
 The outbox and the stream time live in an internal kv store, ``_task`` (bytes/bytes, logged: a task
-restored on another instance re-emits the same outputs). It exists only when the plan has sinks or
-windows. Its keys: ``stream_time`` (8-byte big-endian), ``outbox`` (JSON ``{"batch", "chunks",
-"records"}``) and ``outbox.00000``... (the records, length-prefixed binary, <= 256 KB per chunk).
+restored on another instance re-emits the same outputs). It exists only when the plan says it needs
+it (``plan.needs_task_store``: sinks, windows, joins, suppression, processors). Its keys:
+``stream_time`` (8-byte big-endian), ``meta`` (JSON: the processor's ``ctx.meta``, its operators'
+stream times and punctuation schedules), ``outbox`` (JSON ``{"batch", "chunks", "records"}``) and
+``outbox.00000``... (the records, length-prefixed binary, <= 256 KB per chunk).
 
 Crash directives (``statekit.runtime.crash``): ``records`` is checked after every record of the
 batch (and before the first when ``after_records`` is 0); the commit and restore points through the
