@@ -627,3 +627,15 @@ def test_driver_errors_are_one_line():
             d.pipe_input("w", "a", "x", 1)
     msg = str(ei.value)
     assert "e-w-count-2-repartition" in msg and "value_serde= to the step before" in msg
+
+
+def test_readme_example():
+    b = TopologyBuilder()
+    (b.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w)
+      .count(store="counts").to_stream().to("counts-out", value_serde="int64"))
+    with TopologyTestDriver(b) as driver:
+        driver.pipe_input("lines", None, "a b a", timestamp=1_000)
+        assert driver.read_output("counts-out") == [("a", 2), ("b", 1)]
+        assert driver.get_store("counts").get("a") == 2
+        driver.advance_wall_clock(60_000)
+        assert driver.read_output("counts-out") == []
