@@ -412,3 +412,44 @@ def test_failed_batch_replayed_gives_the_clean_outputs(shared_broker, tmp_path):
             got.append(eng.decode(eng.replay()))   # Spark replays the failed batch, same id
     assert not fail["armed"] and got == want
     assert eng.store("j-left") == clean.store("j-left")
+
+
+# -- table-table joins and a time-limited suppression --------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["outer", pytest.param("inner", marks=pytest.mark.slow),
+                                 pytest.param("left", marks=pytest.mark.slow)])
+def test_table_join_and_time_limit_on_real_stores(shared_broker, tmp_path, how):
+    from statekit.topology import until_time_limit
+
+    rng = random.Random(21)
+    b = TopologyBuilder()
+    lt = b.table("lt", store="lt", value_serde="json")
+    rt = b.table("rt", store="rt", value_serde="json")
+    joined = lt.join(rt, pair, how=how, value_serde="json")
+    joined.to_stream().to("joined", value_serde="json")
+    joined.suppress(until_time_limit(50), store="held").to_stream().to("settled", value_serde="json")
+    plan = b.compile(f"tj{how}")
+    chain = Chain(plan, f"tj{how}", shared_broker, tmp_path)
+    models = defaultdict(lambda: M.TableJoinModel(how, pair))
+    supps = defaultdict(lambda: M.SuppressModel(lambda k, ts: ts, 50, False, utf8))
+    offsets, ts = {}, 0
+    for _ in range(4):
+        batch = []
+        for _ in range(20):
+            ts += rng.randint(0, 9)
+            batch.append((rng.choice(["lt", "rt"]), rng.choice("abcdef"),
+                          None if rng.random() < 0.25 else rng.randint(0, 9), ts))
+        got = chain.run_batch(batch)
+        want = []
+        for task, recs in sorted(M.engine_order(batch, PARTS, plan.source_index, utf8, offsets).items()):
+            for topic, k, v, t in recs:
+                for kk, res in models[task].step("left" if topic == "lt" else "right", k, v):
+                    want.append(("joined", kk, res))      # to_stream first, then the suppression
+                    want.extend(("settled", sk, sv) for sk, sv, _t in supps[task].step(kk, res, t))
+        assert got == want
+    final = {}
+    for m in models.values():
+        final.update(m.final())
+    held = chain.store("held")
+    assert all(final.get(k) == v for k, (_t, v) in held.items())
+    check_replay_and_restore(chain, tmp_path, ["lt", "rt", "held"])
