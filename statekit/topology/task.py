@@ -18,6 +18,7 @@ records, holds back what cached aggregations forward until flush(), and runs pun
 from __future__ import annotations
 
 import pickle
+from operator import itemgetter
 from typing import Any, Optional
 
 from statekit.errors import ProcessorError, StatekitError
@@ -27,6 +28,7 @@ from statekit.topology.processor import ProcessorContext
 from statekit.topology.steps import _fail, _fanout, _Rec, _stateless, describe_step
 
 _LOADS = pickle.loads
+_TS = itemgetter(3)
 _MEMO_MAX = 1 << 16
 _LOADS_MEMO_BYTES = 80       # only pickles this short are memoized (to a str) in a task's batch
 
@@ -56,10 +58,16 @@ class TaskProcessor:
 
     Table sources (`builder.table`) and joins forward every update either way.
 
+    Bulk aggregation: with caching on, an aggregation fed straight by a route and whose store nothing
+    else reads gets a batch's records at once, per key (`statekit.topology.bulk`); what it stores and
+    forwards is the same. `TaskProcessor.bulk_aggregation = False` turns it off (benches compare).
+
     Time: `stream_time` is the task's (the highest record timestamp it has seen; time windows and
     stream-time punctuators use it). Joins, session and sliding windows and suppression keep their
     own observed stream time, as Kafka Streams' processors do, in `context.meta` (with punctuation
     schedules), which the host persists with the commit: a restarted task resumes exactly."""
+
+    bulk_aggregation = True
 
     def __init__(self, plan, context) -> None:
         self.plan = plan
@@ -86,6 +94,13 @@ class TaskProcessor:
         self.punctuation = None    # statekit.topology.punctuation.Punctuation, on first schedule()
         self._next_stream_punct = float("inf")
         self._build()
+        self._bulk = None        # {route: bulk.BulkAggregate}, the routes applied per key at once
+        self._bulk_all = False   # ... and they are all the routes
+        if self.bulk_aggregation and self.record_cache:
+            from statekit.topology.bulk import bulk_routes
+
+            self._bulk = bulk_routes(self) or None
+            self._bulk_all = self._bulk is not None and len(self._bulk) == len(self._entry)
 
     # -- stores and helpers the operators use ----------------------------------------------------
     def store(self, name: str):
@@ -304,7 +319,9 @@ class TaskProcessor:
     def process_records(self, records, on_record=None) -> int:
         """Every tuple of `records` (as process_record), in order; the per-record path of a batch.
         A short `str` key or value is unpickled once per batch (memoized by its pickle).
-        Stream-time punctuators fire after the record that brings stream time to them.
+        Stream-time punctuators fire after the record that brings stream time to them. Records of a
+        bulk route are collected and applied per key after the loop (see `statekit.topology.bulk`;
+        not when `on_record` is given: a crash directive counts records one by one).
         `on_record(n)`, when given, is called after the n-th record. Returns the count."""
         rec = self.rec
         topics = self._route_topic
@@ -312,9 +329,22 @@ class TaskProcessor:
         memo = self._loads_memo
         loads = _LOADS
         st = self.stream_time
+        bulk = self._bulk if on_record is None else None
+        if bulk is not None and self._bulk_all and self._next_stream_punct == float("inf"):
+            return self._process_all_bulk(records)
         n = 0
         try:
             for r, p, o, ts, kp, vp in records:
+                if ts is not None and ts > st:
+                    st = self.stream_time = ts
+                n += 1
+                if bulk is not None:
+                    b = bulk.get(r)
+                    if b is not None:
+                        b.records.append((r, p, o, ts, kp, vp))
+                        if st >= self._next_stream_punct:
+                            self.punctuation.fire_stream(st)
+                        continue
                 k = memo.get(kp)
                 if k is None:
                     k = loads(kp)
@@ -332,17 +362,48 @@ class TaskProcessor:
                 rec.partition = p
                 rec.offset = o
                 rec.timestamp = ts
-                if ts is not None and ts > st:
-                    st = self.stream_time = ts
-                n += 1
                 entry[r](k, v)
                 if st >= self._next_stream_punct:
                     self.punctuation.fire_stream(st)
                 if on_record is not None:
                     on_record(n)
+            if bulk is not None:
+                for b in bulk.values():
+                    b.apply()
         finally:
             self.records += n
+            if bulk is not None:
+                for b in bulk.values():
+                    b.records.clear()
         return n
+
+    def _process_all_bulk(self, records) -> int:
+        """process_records when every route is applied in bulk and no stream-time punctuator waits:
+        no per-record work at all (the records go to their aggregations as they are)."""
+        recs = records if type(records) is list else list(records)
+        if not recs:
+            return 0
+        stamps = [t for t in map(_TS, recs) if t is not None]
+        if stamps:
+            top = max(stamps)
+            if top > self.stream_time:
+                self.stream_time = top
+        bulk = self._bulk
+        try:
+            if len(bulk) == 1:
+                b = next(iter(bulk.values()))
+                b.records = recs
+                b.apply()
+            else:
+                for t in recs:
+                    bulk[t[0]].records.append(t)
+                for b in bulk.values():
+                    b.apply()
+        finally:
+            self.records += len(recs)
+            for b in bulk.values():
+                b.records = []
+        return len(recs)
 
     def close(self) -> None:
         self.flush()
