@@ -16,7 +16,12 @@ import pytest
 from statekit.engine.local import LocalEngine
 from statekit.errors import ProcessorError
 from statekit.partition import partition_for
-from statekit.runtime.task_runner import _kafka, store_specs
+from statekit.kafka import Kafka
+
+try:   # the task's store specs (its plan's stores plus the runtime's internal one)
+    from statekit.worker.task import store_specs
+except ImportError:
+    from statekit.runtime.task_runner import store_specs
 from statekit.topology import (JoinWindows, Processor, PunctuationType, SessionWindowedSerde,
                                SessionWindows, SlidingWindows, TopologyBuilder, WindowedSerde,
                                kv_store, tumbling, until_window_closes)
@@ -88,32 +93,35 @@ class Chain:
         """{key: value} of a store over its tasks ({(key, ws): v} windows, {(key, s, e): v} sessions,
         {key: (time, value)} buffers), read through the store API. restore_into: open the tasks in
         that fresh state dir instead, restoring from the changelogs."""
-        from statekit.state import TaskState
-
         i = next(i for i, sp in enumerate(self.subs) if name in sp.store_names)
         eng, sp = self.engines[i], self.subs[i]
-        kind = sp.store(name).kind
+        state_dir_for = getattr(eng, "state_dir_for", None) or eng.spec.state_dir_for
         out = {}
-        for task in range(self.partitions):
-            state_dir = restore_into or eng.spec.state_dir_for(task)
-            if restore_into is None and not os.path.isdir(eng.task_dir(task)):
-                continue
-            st = TaskState(eng.spec.application, task, store_specs(sp), state_dir=state_dir,
-                           kafka=_kafka(self.broker.bootstrap), num_tasks=self.partitions,
-                           restore=restore_into is not None)
-            try:
-                s = st.store(name)
-                if kind == "window":
-                    out.update({(k, ws): v for k, ws, v in s.all()})
-                elif kind == "session":
-                    out.update({(k, a, e): v for k, a, e, v in s.all()})
-                elif kind == "buffer":
-                    out.update({r.key: (r.time, r.value) for r in s.all()})
-                else:
-                    out.update(dict(s.all()))
-            finally:
-                st.close()
+        with Kafka(self.broker.bootstrap) as kafka:
+            for task in range(self.partitions):
+                if restore_into is None and not os.path.isdir(eng.task_dir(task)):
+                    continue
+                out.update(self._read_task(eng, sp, task, name, restore_into or state_dir_for(task),
+                                           restore_into is not None, kafka))
         return out
+
+    def _read_task(self, eng, sp, task, name, state_dir, restore, kafka) -> dict:
+        from statekit.state import TaskState
+
+        kind = sp.store(name).kind
+        st = TaskState(eng.spec.application, task, store_specs(sp), state_dir=state_dir,
+                       kafka=kafka, num_tasks=self.partitions, restore=restore)
+        try:
+            s = st.store(name)
+            if kind == "window":
+                return {(k, ws): v for k, ws, v in s.all()}
+            if kind == "session":
+                return {(k, a, e): v for k, a, e, v in s.all()}
+            if kind == "buffer":
+                return {r.key: (r.time, r.value) for r in s.all()}
+            return dict(s.all())
+        finally:
+            st.close()
 
 
 def check_replay_and_restore(chain, tmp_path, stores):
