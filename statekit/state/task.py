@@ -60,15 +60,23 @@ def task_dir_for(state_dir: str, application: str, task_id) -> str:
 changelog_topic = contracts.changelog_topic
 
 
+def _segmented(spec) -> bool:
+    """Window and session stores: retention by time, changelog keys `key + time`."""
+    return getattr(spec, "kind", "kv") in ("window", "session")
+
+
+# Kafka Streams' windowstore.changelog.additional.retention.ms: a changelog's retention runs on the
+# records' (wall-clock) append time, the store's on event time, so the topic keeps a day more
+CHANGELOG_ADDITIONAL_RETENTION_MS = 86_400_000
+
+
 def changelog_configs(spec) -> dict:
-    kind = getattr(spec, "kind", "kv")
-    if kind == "window":
+    if _segmented(spec):
         cfg = {"cleanup.policy": "compact,delete"}
         ret = getattr(spec, "retention_ms", None)
         if ret:
-            # keep the changelog a little longer than the store keeps its windows (Kafka Streams
-            # adds windowstore.changelog.additional.retention.ms = 1 day; a window's size is enough)
-            cfg["retention.ms"] = str(int(ret) + int(getattr(spec, "window_size_ms", 0) or 0))
+            cfg["retention.ms"] = str(int(ret) + int(getattr(spec, "window_size_ms", 0) or 0)
+                                      + CHANGELOG_ADDITIONAL_RETENTION_MS)
         return cfg
     return {"cleanup.policy": "compact"}
 
@@ -355,7 +363,7 @@ class TaskState:
                 start, b = int(m["offset"]), int(m["batch"])
                 origin = "checkpoint" if cp is not None and name in cp else "meta"
                 if start < begins[name]:
-                    if getattr(spec, "kind", "kv") != "window":
+                    if not _segmented(spec):
                         self._warn(f"task {self.application}/{self.task_id}: {self.topic(name)} "
                                    f"starts at {begins[name]}, past the local state's offset "
                                    f"{start}; records in between were deleted, restoring from "
@@ -416,7 +424,7 @@ class TaskState:
             if m is None or not m.dropped_keys:
                 continue
             keys = sorted(k for k in m.dropped_keys if k is not None and k != MARKER_KEY)
-            if getattr(spec, "kind", "kv") == "window":
+            if _segmented(spec):
                 want = set(keys)
                 found = {k: v for k, v in self.db.changelog_items(spec.name) if k in want}
                 repairs = [(key, found.get(key)) for key in keys]
