@@ -1,9 +1,10 @@
-"""The new operators on the real stack: LocalEngine (task runner, RocksDB stores, changelogs and the
-outbox in a real embedded broker), several tasks and several batches, against the plain-Python models
-of topo_models.py. A repartitioned topology runs as one LocalEngine per sub-topology, each batch's
+"""The new operators on the real stack: LocalEngine (stream tasks, RocksDB stores, changelogs in a
+real embedded broker), several tasks and several batches, against the plain-Python models of
+topo_models.py. A repartitioned topology runs as one LocalEngine per sub-topology, each batch's
 repartition-topic outputs fed to the next (and a foreign-key join's answers back), as the runtime
-will run one query per sub-topology. Replay of a batch id must re-emit identical outputs; the stores
-restored from their changelogs into a fresh state directory must equal the originals."""
+runs one query per sub-topology. A replay of an applied batch id changes nothing and emits nothing
+(its outputs went out with its commit); the stores restored from their changelogs into a fresh state
+directory must equal the originals."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,15 +14,13 @@ from collections import defaultdict
 
 import pytest
 
+from statekit.contracts import TaskId
 from statekit.engine.local import LocalEngine
 from statekit.errors import ProcessorError
 from statekit.partition import partition_for
 from statekit.kafka import Kafka
 
-try:   # the task's store specs (its plan's stores plus the runtime's internal one)
-    from statekit.worker.task import store_specs
-except ImportError:
-    from statekit.runtime.task_runner import store_specs
+from statekit.worker.task import store_specs  # the plan's stores plus the runtime's internal one
 from statekit.topology import (JoinWindows, Processor, PunctuationType, SessionWindowedSerde,
                                SessionWindows, SlidingWindows, TopologyBuilder, WindowedSerde,
                                kv_store, tumbling, until_window_closes)
@@ -79,13 +78,12 @@ class Chain:
         return external
 
     def last_runs(self):
-        """Each engine's last batch of the last chain batch (older ones are not replayable: a
-        task's outbox keeps its last batch, the one Spark may replay)."""
+        """Each engine's last batch of the last chain batch (the one Spark may replay)."""
         last = {i: (i, b, out) for i, b, out in self.last}
         return [last[i] for i in sorted(last)]
 
     def replay(self):
-        """Those batches again, same ids: the outbox re-emits identical outputs."""
+        """Those batches again, same ids: applied already, so skipped."""
         return [(i, (bid, by_task), self.engines[i].run_tasks(bid, by_task))
                 for i, (bid, by_task), _o in self.last_runs()]
 
@@ -109,7 +107,7 @@ class Chain:
         from statekit.state import TaskState
 
         kind = sp.store(name).kind
-        st = TaskState(eng.spec.application, task, store_specs(sp), state_dir=state_dir,
+        st = TaskState(eng.spec.application, TaskId(0, task), store_specs(sp), state_dir=state_dir,
                        kafka=kafka, num_tasks=self.partitions, restore=restore)
         try:
             s = st.store(name)
@@ -125,9 +123,11 @@ class Chain:
 
 
 def check_replay_and_restore(chain, tmp_path, stores):
-    before = chain.last_runs()
-    assert chain.replay() == before and any(out for _i, _b, out in before)
+    before = {name: chain.store(name) for name in stores}
+    assert any(out for _i, _b, out in chain.last_runs())
+    assert all(out == [] for _i, _b, out in chain.replay())   # applied: nothing is done twice
     for name in stores:
+        assert chain.store(name) == before[name], name
         fresh = str(tmp_path / f"fresh-{name}")
         assert chain.store(name, restore_into=fresh) == chain.store(name), name
 
