@@ -54,7 +54,7 @@ READER_LIMIT = 256 << 10  # bytes a connection's stream reader buffers before pa
 WRITE_HIGH_WATER = 1 << 20  # answer bytes in a socket's send buffer before the writer waits
 SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS = 17, 36, 18
 UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE = 33, 34
-FD_RESERVE_MIN = 256  # open files kept for connections and transient files, at least
+FD_RESERVE_MIN = 64  # open files kept for connections and transient files, at least
 
 
 def _request_classes() -> dict[int, type]:
