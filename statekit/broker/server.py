@@ -54,6 +54,7 @@ READER_LIMIT = 256 << 10  # bytes a connection's stream reader buffers before pa
 WRITE_HIGH_WATER = 1 << 20  # answer bytes in a socket's send buffer before the writer waits
 SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS = 17, 36, 18
 UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE = 33, 34
+FRAME_BODY_TIMEOUT = 120.0  # seconds a request frame may take to arrive once its size is read
 FD_RESERVE_MIN = 64  # open files kept for connections and transient files, at least
 
 
@@ -80,7 +81,8 @@ class BrokerError(Exception):
 
 class BytePool:
     """Bytes of request frames read but not yet handled, shared by all connections (Kafka's
-    queued.max.request.bytes memory pool). Waiters are served in order; limit < 0: unbounded."""
+    queued.max.request.bytes memory pool). A frame that fits is read at once; the others wait,
+    served in order as bytes come back; limit < 0: unbounded."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -90,7 +92,7 @@ class BytePool:
     async def acquire(self, n: int) -> None:
         if self.limit < 0:
             return
-        if not self._waiters and self.used + n <= self.limit:
+        if self.used + n <= self.limit:  # what fits goes: small frames never queue behind big ones
             self.used += n
             return
         fut = asyncio.get_running_loop().create_future()
@@ -403,9 +405,17 @@ class Broker:
                         break
                 await self.pool.acquire(size)
                 try:
-                    frame = await reader.readexactly(size)
+                    if size <= READER_LIMIT:
+                        frame = await reader.readexactly(size)
+                    else:  # a big frame holds pool bytes: it may not trickle in forever
+                        frame = await asyncio.wait_for(reader.readexactly(size), FRAME_BODY_TIMEOUT)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     self.pool.release(size)
+                    break
+                except asyncio.TimeoutError:
+                    self.pool.release(size)
+                    log.warning("closing connection from %s: a %d-byte request did not arrive within %.0f s",
+                                peer, size, FRAME_BODY_TIMEOUT)
                     break
                 except BaseException:
                     self.pool.release(size)
@@ -588,8 +598,35 @@ class Broker:
             raise Malformed(f"cannot decode {req_cls.__name__} v{version}: {type(e).__name__}: {e}") from None
 
     def _refusal(self, api_key: int, api_version: int, corr: int, frame: bytes) -> bytes:
-        """SASL_AUTHENTICATION_FAILED in the shape of the request's answer: at the top-level error
-        code where the schema has one, else on every topic of a Metadata answer."""
+        """SASL_AUTHENTICATION_FAILED in the shape of the request's answer: on every topic of a
+        Metadata, CreateTopics, DeleteTopics or Produce answer, else at the top-level error code
+        where the schema has one."""
+        code = H.SASL_AUTHENTICATION_FAILED
+        cls = H.API_TABLE[api_key][0] if api_key in H.API_TABLE else None
+        if api_key in (0, 19, 20):
+            req = self._decode(cls, frame, api_version)
+            resp_cls = H.API_TABLE[api_key][1]
+            if api_key == 0:
+                T = resp_cls.TopicProduceResponse
+                P = T.PartitionProduceResponse
+                resp = resp_cls(version=api_version, throttle_time_ms=0, responses=[
+                    T(name=t.name, partition_responses=[
+                        P(index=p.index, error_code=code, base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
+                          record_errors=[], error_message="SASL authentication is required")
+                        for p in t.partition_data]) for t in req.topic_data])
+            elif api_key == 19:
+                R_ = resp_cls.CreatableTopicResult
+                resp = resp_cls(version=api_version, throttle_time_ms=0, topics=[
+                    R_(name=t.name, topic_id=uuid.UUID(int=0), error_code=code,
+                       error_message="SASL authentication is required", topic_config_error_code=0,
+                       num_partitions=-1, replication_factor=-1, configs=[]) for t in req.topics])
+            else:
+                R_ = resp_cls.DeletableTopicResult
+                names = [t.name for t in req.topics] if api_version >= 6 else list(req.topic_names)
+                resp = resp_cls(version=api_version, throttle_time_ms=0, responses=[
+                    R_(name=n, topic_id=uuid.UUID(int=0), error_code=code,
+                       error_message="SASL authentication is required") for n in names])
+            return _encode(resp, api_version, corr)
         if api_key == 3:
             req = self._decode(REQUEST_CLASSES[3], frame, api_version)
             from kafka.protocol.metadata import MetadataResponse
