@@ -811,9 +811,11 @@ class Kafka:
             include_topic_authorized_operations=False,
         )
         resp = conn.request(req)
-        for t in resp.topics:
-            if t.error_code == 58:
+        if not resp.brokers or any(t.error_code == 58 for t in resp.topics):
+            if self._security is None or self._security.mechanism is None:
                 _raise_for(58, f"metadata from {conn.addr}")
+            raise KafkaError(f"the broker at {conn.addr} answered metadata without any broker: check that "
+                             f"{self.bootstrap} is a Kafka cluster")
         self._brokers = {b.node_id: (b.host, b.port) for b in resp.brokers}
         for t in resp.topics:
             if t.error_code == 0:
@@ -1403,6 +1405,7 @@ class TransactionalProducer:
         self._in_txn = False
         self._closed = False
         self._fenced: ProducerFenced | None = None
+        self._coord: _Conn | None = None  # the transaction coordinator, found once
         with kafka._lock:
             self._init()
 
@@ -1417,14 +1420,29 @@ class TransactionalProducer:
         self.close()
 
     # -- coordinator requests ----------------------------------------------------------------------
+    def _coordinator(self, refresh: bool = False) -> _Conn:
+        c = self._coord
+        if refresh or c is None or c.sock.fileno() < 0:
+            c = self._coord = self._k._coordinator(self.transactional_id, 1)
+        return c
+
     def _coord_request(self, make, what: str):
         """Send ``make(conn)`` to the transaction coordinator; retry while it moves or is busy."""
         delay = 0.005
+        refresh = False
         for _attempt in range(200):
-            conn = self._k._coordinator(self.transactional_id, 1)
-            resp = conn.request(make(conn))
+            conn = self._coordinator(refresh)
+            try:
+                resp = conn.request(make(conn))
+            except BrokerUnreachable:
+                if refresh:
+                    raise
+                refresh = True  # the connection went: find the coordinator again, once
+                continue
+            refresh = False
             code = _txn_code(resp)
             if code in _COORDINATOR_MOVED:
+                refresh = True
                 time.sleep(0.05)
                 continue
             if code == _CONCURRENT:
@@ -1502,7 +1520,7 @@ class TransactionalProducer:
                 if payloads:
                     k._leader(topic, partition)
             new = sorted({tp for tp, payloads, _ in built if payloads and tp not in self._added})
-            coord = k._coordinator(self.transactional_id, 1) if new else None
+            coord = self._coordinator() if new else None
             add_cid = None
             if new:
                 pipelined = _TXN_VERIFICATION_FEATURE in coord.features and all(
@@ -1569,7 +1587,7 @@ class TransactionalProducer:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
                 if code in _COORDINATOR_MOVED:
-                    conn = self._k._coordinator(self.transactional_id, 1)
+                    conn = self._coordinator(refresh=True)
                 continue
             self._add_result(resp, parts)
             return

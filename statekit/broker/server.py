@@ -632,7 +632,9 @@ class Broker:
             from kafka.protocol.metadata import MetadataResponse
 
             T = MetadataResponse.MetadataResponseTopic
-            names = [t.name for t in (req.topics or [])] or [None]
+            # no brokers; the topics asked for by name carry the error (never a null name: clients
+            # crash on one)
+            names = [t.name for t in (req.topics or []) if t.name is not None]
             resp = MetadataResponse(version=api_version, throttle_time_ms=0, brokers=[], cluster_id=None,
                                     controller_id=-1, error_code=H.SASL_AUTHENTICATION_FAILED,
                                     topics=[T(error_code=H.SASL_AUTHENTICATION_FAILED, name=n,

@@ -83,6 +83,15 @@ class TxnMetadata:
         self.start_ms = -1
         self.update_ms = now_ms
 
+    def copy(self) -> "TxnMetadata":
+        m = TxnMetadata.__new__(TxnMetadata)
+        for name in self.__slots__:
+            setattr(m, name, getattr(self, name))
+        m.partitions = set(self.partitions)
+        m.groups = set(self.groups)
+        m.offsets = {g: dict(o) for g, o in self.offsets.items()}
+        return m
+
     def to_json(self) -> dict:
         return {"id": self.tid, "pid": self.pid, "epoch": self.epoch, "prev_pid": self.prev_pid,
                 "last_epoch": self.last_epoch, "timeout": self.timeout_ms, "state": self.state,
@@ -178,7 +187,7 @@ class TransactionCoordinator:
 
     def _commit_change(self, meta: TxnMetadata, change) -> None:
         """Apply ``change(copy)`` durably: persist the changed copy first, then adopt it."""
-        new = TxnMetadata.from_json(meta.to_json())
+        new = meta.copy()
         change(new)
         new.update_ms = _now_ms()
         self._persist(new)
