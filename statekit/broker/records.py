@@ -217,84 +217,113 @@ def _varint(buf, p: int, end: int):
 
 def _walk_records(buf, p: int, end: int, count: int) -> None:
     """Every record parses and ends where its length says; offset deltas are 0..count-1.
-    One-byte varints are read inline: this loop is the produce path's per-record cost."""
-    for i in range(count):
-        if p >= end:
-            raise InvalidBatch(f"the batch says {count} records but holds {i}")
-        b = buf[p]
-        if b < 0x80:
-            length = (b >> 1) ^ -(b & 1)
-            p += 1
-        else:
-            length, p = _varint(buf, p, end)
-        rend = p + length
-        if length < 7 or rend > end:  # attributes, 3 varints of at least a byte, header count
-            raise InvalidBatch(f"record {i} has a bad length {length}")
-        q = p + 1  # attributes: not checked (Kafka ignores them in v2)
-        b = buf[q]
-        if b < 0x80:
-            q += 1
-        else:
-            _, q = _varint(buf, q, rend)
-        b = buf[q]
-        if b < 0x80:
-            od = (b >> 1) ^ -(b & 1)
-            q += 1
-        else:
-            od, q = _varint(buf, q, rend)
-        if od != i:
-            raise InvalidBatch(f"record {i} has offset delta {od}: deltas must be 0, 1, 2, ...")
-        for _kv in (0, 1):  # key, then value: length -1 (null) or >= 0
-            if q >= rend:
-                raise InvalidBatch(f"record {i} is cut short")
-            b = buf[q]
+
+    This loop is the produce path's per-record cost, so it reads one- and two-byte varints inline
+    (records and values up to 8 KiB) and leaves bounds to Python: reading past the buffer raises
+    IndexError, and a field that runs past its record shows as a record not ending where its
+    length says."""
+    varint = _varint
+    try:
+        for i in range(count):
+            b = buf[p]
             if b < 0x80:
-                n = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                b2 = buf[p + 1]
+                if b2 < 0x80:
+                    b = (b & 0x7F) | (b2 << 7)
+                    p += 2
+                else:
+                    b, p = varint(buf, p, end)
+                    b = (b << 1) if b >= 0 else ((-b << 1) - 1)  # back to zigzag form
+            rend = p + ((b >> 1) ^ -(b & 1))
+            q = p + 1  # attributes: not checked (Kafka ignores them in v2)
+            if buf[q] < 0x80:  # timestamp delta
                 q += 1
             else:
-                n, q = _varint(buf, q, rend)
-            if n > 0:
-                q += n
-            elif n < -1:
-                raise InvalidBatch(f"record {i} has a negative length {n}")
-        if q >= rend:
-            raise InvalidBatch(f"record {i} is cut short")
-        b = buf[q]
-        if b < 0x80:
-            hc = (b >> 1) ^ -(b & 1)
-            q += 1
-        else:
-            hc, q = _varint(buf, q, rend)
-        if hc < 0:
-            raise InvalidBatch(f"record {i} has a negative header count")
-        for _h in range(hc):
-            if q >= rend:
-                raise InvalidBatch(f"record {i} is cut short")
-            b = buf[q]
-            if b < 0x80 and not b & 1:
-                q += 1 + (b >> 1)
-            else:
-                n, q = _varint(buf, q, rend)
-                if n < 0:
-                    raise InvalidBatch(f"record {i} has a header with a null key")
-                q += n
-            if q >= rend:
-                raise InvalidBatch(f"record {i} is cut short")
+                _, q = varint(buf, q, end)
             b = buf[q]
             if b < 0x80:
-                n = (b >> 1) ^ -(b & 1)
+                od = (b >> 1) ^ -(b & 1)
                 q += 1
             else:
-                n, q = _varint(buf, q, rend)
-            if n > 0:
-                q += n
-            elif n < -1:
-                raise InvalidBatch(f"record {i} has a header of negative length")
-        if q != rend:
-            raise InvalidBatch(f"record {i} does not end where its length says")
-        p = rend
+                od, q = varint(buf, q, end)
+            if od != i:
+                raise InvalidBatch(f"record {i} has offset delta {od}: deltas must be 0, 1, 2, ...")
+            # key, then value: length -1 (null) or >= 0
+            b = buf[q]
+            if b < 0x80:
+                if b & 1:
+                    if b != 1:
+                        raise InvalidBatch(f"record {i} has a negative key length")
+                    q += 1
+                else:
+                    q += 1 + (b >> 1)
+            else:
+                n, q = varint(buf, q, end)
+                if n < -1:
+                    raise InvalidBatch(f"record {i} has a negative key length")
+                if n > 0:
+                    q += n
+            b = buf[q]
+            if b < 0x80:
+                if b & 1:
+                    if b != 1:
+                        raise InvalidBatch(f"record {i} has a negative value length")
+                    q += 1
+                else:
+                    q += 1 + (b >> 1)
+            else:
+                b2 = buf[q + 1]
+                if b2 < 0x80 and not b & 1:
+                    q += 2 + (((b & 0x7F) | (b2 << 7)) >> 1)
+                else:
+                    n, q = varint(buf, q, end)
+                    if n < -1:
+                        raise InvalidBatch(f"record {i} has a negative value length")
+                    if n > 0:
+                        q += n
+            b = buf[q]
+            if b == 0:  # no headers (zigzag 0)
+                q += 1
+            else:
+                if b < 0x80:
+                    hc = (b >> 1) ^ -(b & 1)
+                    q += 1
+                else:
+                    hc, q = varint(buf, q, end)
+                if hc < 0:
+                    raise InvalidBatch(f"record {i} has a negative header count")
+                for _h in range(hc):
+                    b = buf[q]
+                    if b < 0x80 and not b & 1:
+                        q += 1 + (b >> 1)
+                    else:
+                        n, q = varint(buf, q, end)
+                        if n < 0:
+                            raise InvalidBatch(f"record {i} has a header with a null key")
+                        q += n
+                    b = buf[q]
+                    if b < 0x80:
+                        if b & 1:
+                            if b != 1:
+                                raise InvalidBatch(f"record {i} has a header of negative length")
+                            q += 1
+                        else:
+                            q += 1 + (b >> 1)
+                    else:
+                        n, q = varint(buf, q, end)
+                        if n < -1:
+                            raise InvalidBatch(f"record {i} has a header of negative length")
+                        if n > 0:
+                            q += n
+            if q != rend:
+                raise InvalidBatch(f"record {i} does not end where its length says")
+            p = rend
+    except IndexError:
+        raise InvalidBatch(f"the batch says {count} records but its records are cut short") from None
     if p != end:
-        raise InvalidBatch(f"bytes after the last of the batch's {count} records")
+        raise InvalidBatch(f"the batch's {count} records do not end where the batch does")
 
 
 def control_batch(producer_id: int, producer_epoch: int, control_type: int, coordinator_epoch: int,
