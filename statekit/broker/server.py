@@ -423,6 +423,9 @@ class Broker:
                 if not conn.authenticated:
                     try:
                         out, close = self._authenticate(conn, frame)
+                    except Malformed as e:
+                        log.warning("closing connection from %s: malformed request (%s)", peer, e)
+                        break
                     finally:
                         self.pool.release(size)
                     done = asyncio.get_running_loop().create_future()
@@ -583,10 +586,8 @@ class Broker:
         supported = self.supported_versions().get(api_key)
         if supported is None or not supported[0] <= api_version <= supported[1]:
             return self._unsupported(api_key, api_version, corr)
-        req = self._decode(H.API_TABLE[api_key][0], frame, api_version)
-        resp = H.api_versions_response(self, api_version)
-        del req
-        return _encode(resp, api_version, corr)
+        self._decode(H.API_TABLE[api_key][0], frame, api_version)  # a malformed one closes the connection
+        return _encode(H.api_versions_response(self, api_version), api_version, corr)
 
     @staticmethod
     def _decode(req_cls, frame: bytes, version: int):

@@ -201,3 +201,33 @@ def test_cli_start_with_auth(tmp_path):
             assert [t.error_code for t in resp.topics] == [58]
     finally:
         subprocess.run([sys.executable, "-m", "statekit.cli", "broker", "stop", "--dir", d], timeout=60)
+
+
+def test_handshake_v0_raw_tokens_and_garbage_before_auth(auth_broker):
+    import struct
+
+    from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
+
+    creds = auth_broker.credentials
+    with Raw(auth_broker.bootstrap) as raw:
+        resp = raw.call(SaslHandshakeRequest(version=0, mechanism="PLAIN"), SaslHandshakeResponse)
+        assert resp.error_code == 0 and resp.mechanisms == ["PLAIN", "SCRAM-SHA-256"]
+        token = b"\0" + creds["sasl.username"].encode() + b"\0" + creds["sasl.password"].encode()
+        raw.send_bytes(struct.pack(">i", len(token)) + token)  # KIP-43: a bare token after v0
+        assert raw.recv_frame() == b""
+        resp = raw.call(MetadataRequest(version=9, topics=None, allow_auto_topic_creation=False,
+                                        include_topic_authorized_operations=False), MetadataResponse)
+        assert [b.node_id for b in resp.brokers] == [0]
+    with Raw(auth_broker.bootstrap) as raw:  # a wrong bare token: closed without an answer
+        raw.call(SaslHandshakeRequest(version=0, mechanism="PLAIN"), SaslHandshakeResponse)
+        raw.send_bytes(struct.pack(">i", 9) + b"\0x\0wrong!")
+        assert raw.closed_by_peer()
+    with Raw(auth_broker.bootstrap) as raw:  # an unknown mechanism
+        resp = raw.call(SaslHandshakeRequest(version=1, mechanism="GSSAPI"), SaslHandshakeResponse)
+        assert resp.error_code == 33
+        assert raw.closed_by_peer()
+    with Raw(auth_broker.bootstrap) as raw:  # garbage where a SaslHandshake should be
+        raw.send_bytes(struct.pack(">ihhi", 10, 17, 1, 7) + b"\xff\xff")
+        assert raw.closed_by_peer()
+    with Raw(auth_broker.bootstrap) as raw:
+        assert raw.call(ApiVersionsRequest(version=0), ApiVersionsResponse).error_code == 0
