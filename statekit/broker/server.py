@@ -54,6 +54,7 @@ READER_LIMIT = 256 << 10  # bytes a connection's stream reader buffers before pa
 WRITE_HIGH_WATER = 1 << 20  # answer bytes in a socket's send buffer before the writer waits
 SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS = 17, 36, 18
 UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE = 33, 34
+SASL_MAX_RECEIVE = 512 << 10  # largest frame before authentication (Kafka's sasl.server.max.receive.size)
 FRAME_BODY_TIMEOUT = 120.0  # seconds a request frame may take to arrive once its size is read
 FD_RESERVE_MIN = 64  # open files kept for connections and transient files, at least
 
@@ -398,6 +399,10 @@ class Broker:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
                 (size,) = struct.unpack(">i", head)
+                if not conn.authenticated and size > SASL_MAX_RECEIVE:
+                    log.warning("closing connection from %s: a %d-byte request before authentication "
+                                "(at most %d)", peer, size, SASL_MAX_RECEIVE)
+                    break
                 if size < 8 or size > self.max_request:
                     if not conn.raw_sasl or size < 0 or size > self.max_request:
                         log.warning("closing connection from %s: frame size %d outside 8..%d bytes", peer, size,

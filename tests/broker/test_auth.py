@@ -229,5 +229,8 @@ def test_handshake_v0_raw_tokens_and_garbage_before_auth(auth_broker):
     with Raw(auth_broker.bootstrap) as raw:  # garbage where a SaslHandshake should be
         raw.send_bytes(struct.pack(">ihhi", 10, 17, 1, 7) + b"\xff\xff")
         assert raw.closed_by_peer()
+    with Raw(auth_broker.bootstrap) as raw:  # nothing big before authentication
+        raw.send_bytes(struct.pack(">i", 90 << 20) + b"\0" * 1000)
+        assert raw.closed_by_peer()
     with Raw(auth_broker.bootstrap) as raw:
         assert raw.call(ApiVersionsRequest(version=0), ApiVersionsResponse).error_code == 0
