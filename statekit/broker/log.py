@@ -11,6 +11,11 @@ Files, one directory per partition (`<dir>/logs/<topic>-<partition>/`):
   `index.interval.bytes` of log, used by Fetch to skip to the right place;
 - `log-start-offset`: the log start set by DeleteRecords (above the first segment's base);
 - `cleaner.json`: the cleaner's checkpoint and counters.
+
+The transaction state of a partition (each producer's open transaction, the aborted ones, hence the
+last stable offset) has no file: it is rebuilt from the batch headers, which `Segment.open` reads
+anyway, when the log opens. Closed segments keep one open file (the log); only the active one keeps
+its index file open for appends.
 """
 from __future__ import annotations
 
