@@ -45,9 +45,12 @@ def _broker_start(args) -> int:
         configs = parse_configs(args.config, args.auto_create_topics)
     except ValueError as e:
         raise StatekitError(str(e)) from None
-    h = broker.start(dir=args.dir, host=args.host, port=args.port, configs=configs, detach=True)
+    h = broker.start(dir=args.dir, host=args.host, port=args.port, configs=configs, detach=True, auth=args.auth)
     if not h.owned:
         print(f"statekit broker already running on {h.dir} (pid {h.pid}); reusing it", file=sys.stderr)
+    if h.auth:
+        print(f"SASL required; client settings in {os.path.join(h.dir, 'client.properties')} "
+              f"(e.g. kcat -F {os.path.join(h.dir, 'client.properties')} -L)", file=sys.stderr)
     print(h.bootstrap)
     return 0
 
@@ -62,6 +65,8 @@ def _broker_run(args) -> int:
         argv += ["--config", c]
     if args.auto_create_topics:
         argv.append("--auto-create-topics")
+    if args.auth:
+        argv.append("--auth")
     return run_main(argv)
 
 
@@ -78,7 +83,9 @@ def _broker_status(args) -> int:
     if info is None:
         print(f"no broker running on {_dir(args)}")
         return 1
-    print(f"running: {info['bootstrap']} (pid {info['pid']}, data in {_dir(args)})")
+    auth = f", SASL required: client settings in {os.path.join(_dir(args), 'client.properties')}" \
+        if info.get("auth") else ""
+    print(f"running: {info['bootstrap']} (pid {info['pid']}, data in {_dir(args)}{auth})")
     return 0
 
 
