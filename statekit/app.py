@@ -81,14 +81,21 @@ class App:
     of every micro-batch, so it is the default micro-batch trigger (``start(trigger=...)`` overrides
     it). ``acceptable_recovery_lag``, ``max_warmup_replicas`` and ``probing_rebalance_interval``
     (seconds) are Kafka Streams' high-availability assignment settings. ``restore_rate``
-    (records/s) holds every restore to that pace, so that it lasts long enough to watch."""
+    (records/s) holds every restore to that pace, so that it lasts long enough to watch.
+
+    ``processing_guarantee``: ``"exactly_once"`` (the default: each task's commit of a micro-batch —
+    changelog records, commit markers, sink and repartition records — is one Kafka transaction, so
+    a read_committed consumer sees every output once, whatever crashes) or ``"at_least_once"``
+    (no transactions: a crash may repeat a batch's output). Against a broker without transactions
+    the app says so once and runs at-least-once."""
 
     def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: int = 4,
                  instances: int = 1, standby_replicas: int = 0, state_dir: Optional[str] = None,
                  commit_interval: Optional[float] = None, cache_bytes: int = 10 << 20,
                  engine: Any = "changelog", acceptable_recovery_lag: int = 10_000,
                  max_warmup_replicas: int = 2, probing_rebalance_interval: float = 10.0,
-                 restore_rate: Optional[float] = None):
+                 restore_rate: Optional[float] = None,
+                 processing_guarantee: str = "exactly_once"):
         if not name or any(c in name for c in "/\\ "):
             raise StatekitError(f"app name {name!r} must be a non-empty word (it prefixes topic names)")
         for what, v, low in (("partitions", partitions, 1), ("instances", instances, 1),
@@ -109,6 +116,10 @@ class App:
         if isinstance(engine, str) and engine not in ENGINES:
             raise StatekitError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)} "
                                 f"(or statekit.NativeApp for Spark's own state store)")
+        if processing_guarantee not in ("exactly_once", "at_least_once"):
+            raise StatekitError(f"processing_guarantee must be 'exactly_once' or 'at_least_once', "
+                                f"not {processing_guarantee!r}")
+        self.processing_guarantee = processing_guarantee
         self.name = name
         self.partitions = int(partitions)
         self.initial_instances = int(instances)
@@ -126,6 +137,7 @@ class App:
         self._bootstrap_arg = bootstrap
         self._bootstrap: Optional[str] = None
         self._kafka = None
+        self._txn_support: Optional[bool] = None
 
         from statekit.topology import TopologyBuilder
 
@@ -374,8 +386,20 @@ class App:
 
         return WorkerSpec(application=self.name, bootstrap=self.bootstrap, plans=dict(self.subplans),
                           partitions=self.partitions, control_dir=self.layout.control_dir,
-                          cache_bytes=self.cache_bytes, sink=sink,
+                          cache_bytes=self.cache_bytes, sink=sink, exactly_once=self.exactly_once,
                           repartition_topics=tuple(getattr(self.plan, "repartition_topics", ()) or ()))
+
+    @property
+    def exactly_once(self) -> bool:
+        """Whether commits are transactions: asked for, and the broker has transactions."""
+        if self.processing_guarantee != "exactly_once":
+            return False
+        if self._txn_support is None:
+            self._txn_support = bool(self.kafka.supports_transactions())
+            if not self._txn_support:
+                log.warning("statekit: %s has no Kafka transactions; app '%s' runs at-least-once "
+                            "(a crash may repeat a micro-batch's output)", self.bootstrap, self.name)
+        return self._txn_support
 
     def _launch_queries(self) -> None:
         from statekit.engine.spec import RunSpec
@@ -858,7 +882,8 @@ class App:
               timeout: float = 60) -> dict:
         """Crash an instance for real.
 
-        With ``after_records=n`` (or another ``point``: "before_send", "after_ack", "after_rocksdb",
+        With ``after_records=n`` (or another ``point``: "before_send", "before_commit" (the batch's
+        records are written, its transaction not committed), "after_ack", "after_rocksdb",
         "mid_restore"), write a crash directive: the first task of that instance that has processed
         ``n`` records of one batch (or reaches the commit or restore point) SIGKILLs its own
         instance. With ``after_records=None`` and ``point="records"`` the instance is killed now.

@@ -5,8 +5,9 @@ The App (``App.crash``) writes ``<control_dir>/crash.json``::
     {"id": "<hex>", "instance": 1, "point": "records", "after_records": 25, "mode": "process"}
 
 ``point`` is one of ``records`` (after the task has processed ``after_records`` records of a batch),
-``before_send`` (commit step 2, before the changelog records go out), ``after_ack`` (the changelog is
-acknowledged, RocksDB not yet written), ``after_rocksdb`` (RocksDB written, checkpoint file not yet),
+``before_send`` (commit step 2, before the changelog records go out), ``before_commit`` (they are
+acknowledged, the batch's transaction not committed), ``after_ack`` (acknowledged and committed,
+RocksDB not yet written), ``after_rocksdb`` (RocksDB written, checkpoint file not yet),
 ``mid_restore`` (while restoring). ``instance`` None matches any instance.
 
 The worker side (``claim``, called by a task at each point): the first task on a matching instance
@@ -29,7 +30,7 @@ __all__ = [
     "maybe_crash", "die",
 ]
 
-POINTS = ("records", "before_send", "after_ack", "after_rocksdb", "mid_restore")
+POINTS = ("records", "before_send", "before_commit", "after_ack", "after_rocksdb", "mid_restore")
 DIRECTIVE = "crash.json"
 
 

@@ -408,7 +408,8 @@ class SparkEngine:
         r = (spark.readStream.format("statekit-kafka")
              .option("bootstrap", run.bootstrap)
              .option("topics", ",".join(dict.fromkeys(source_topics(run.plan))))
-             .option("startingOffsets", run.starting_offsets))
+             .option("startingOffsets", run.starting_offsets)
+             .option("isolation.level", run.isolation))
         if run.max_records_per_trigger:
             r = r.option("maxRecordsPerTrigger", str(int(run.max_records_per_trigger)))
         return r.load()
