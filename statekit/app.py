@@ -189,6 +189,13 @@ class App:
             return getattr(builder, item)
         raise AttributeError(f"'App' object has no attribute {item!r}")
 
+    def validate(self) -> "App":
+        """Compile the topology and check its source topics now (what ``start()`` would refuse,
+        refused here, in one line): ``%%statekit app`` calls it when the cell runs."""
+        self._set_plan(self._compile())
+        self.check_topics()
+        return self
+
     def describe(self):
         """The topology graph (nodes and edges): ``Plan.describe()``."""
         plan = self.plan or self._compile()
@@ -711,40 +718,52 @@ class App:
             time.sleep(0.05)
 
     def process_all_available(self, timeout: Optional[float] = None) -> bool:
-        """Block until every record available now is processed and committed by its task. Returns
-        True; False when no live instance can process (every instance is dead) or the time ran out
-        while tasks were still catching up. A failure raises its one-line error."""
+        """Block until every record available now is processed and committed by its task — through
+        every sub-topology: a round over the queries repeats until no repartition topic grew during
+        it. Returns True; False when no live instance can process (every instance is dead) or the
+        time ran out while tasks were still catching up. A failure raises its one-line error."""
         if not self._queries:
             if self.state == AppState.ERROR and self._error is not None:
                 raise self._error
             raise AppStateError(f"app '{self.name}' is {self.state}: nothing is running")
         t0 = time.monotonic()
-        for sub in sorted(self._queries):
-            q = self._queries.get(sub)
-            if q is None:
-                continue
-            left = None if timeout is None else max(1.0, timeout - (time.monotonic() - t0))
-            try:
-                if left is None:
-                    q.process_all_available()
-                else:
-                    q.process_all_available(timeout=left)
-            except Exception as exc:  # noqa: BLE001
-                if not _active(q):
-                    self._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
-                    if self.state == AppState.NOT_RUNNING:
-                        return True
-                    raise self._error or self._one_line(exc) from None
+
+        def left():
+            return None if timeout is None else max(1.0, timeout - (time.monotonic() - t0))
+
+        repart = list(getattr(self.plan, "repartition_topics", ()) or ())
+        while True:
+            before = self._topic_ends(repart)
+            for sub in sorted(self._queries):
+                q = self._queries.get(sub)
+                if q is None:
+                    continue
+                try:
+                    if timeout is None:
+                        q.process_all_available()
+                    else:
+                        q.process_all_available(timeout=left())
+                except Exception as exc:  # noqa: BLE001
+                    if not _active(q):
+                        self._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
+                        if self.state == AppState.NOT_RUNNING:
+                            return True
+                        raise self._error or self._one_line(exc) from None
+                    return False
+            if not self._wait_drained(left()):
+                if self.state == AppState.ERROR and isinstance(self._error, ProcessorError):
+                    raise self._error
                 return False
-        left = None if timeout is None else max(1.0, timeout - (time.monotonic() - t0))
-        if not self._wait_drained(left):
-            if self.state == AppState.ERROR and self._error is not None and \
-                    isinstance(self._error, ProcessorError):
-                raise self._error
-            return False
+            if self._topic_ends(repart) == before:
+                break
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                return False
         if self.state in (AppState.RESTORING, AppState.REBALANCING):
             self._transition(AppState.RUNNING, "caught up")
         return True
+
+    def _topic_ends(self, topics: list) -> dict:
+        return {t: self.kafka.end_offsets(t) for t in topics}
 
     def wait_until_idle(self, timeout: float = 60) -> bool:
         """``process_all_available`` with a timeout; True when idle, False otherwise."""
