@@ -879,7 +879,12 @@ class App:
         instance. With ``after_records=None`` and ``point="records"`` the instance is killed now.
         ``mode="disk-loss"`` also deletes the instance's state directories once it is dead. The
         other instances take over its tasks; a one-instance app goes to ERROR until ``restart()``.
-        With ``wait`` a crash now returns when it is done. Returns the crash record."""
+        With ``wait`` a crash now returns when it is done. Returns the crash record.
+
+        With ``placement="executors"``, ``instance`` is an executor number (None: any), the modes
+        are "process" (the Python worker), "executor" (its executor JVM too) and "disk-loss" (and
+        the executor's state directory), and a crash "now" fires before the first record of the
+        next batch (docs/ARCHITECTURE.md, "Running on a cluster")."""
         if self.placement == "executors" and self._coordinator is not None:
             return self._crash_on_executors(mode, instance, after_records, point)
         if mode not in ("process", "disk-loss"):
@@ -1251,6 +1256,8 @@ class App:
 
     def _crash_on_executors(self, mode, instance, after_records, point) -> dict:
         co = self._require_started("crash")
+        if co.stopped:
+            raise AppStateError(f"app '{self.name}' is {self.state}: start() or restart() it before crash")
         with self._lock:
             self.cancel_crash()
             rec = co.crash_directive(mode, instance, after_records, point)

@@ -255,6 +255,45 @@ def test_what_the_executors_placement_needs_on_a_cluster(tmp_path, monkeypatch):
     assert prepare(spark=_FakeSpark(), checkpoint_location="/mnt/ckpt", **kw)["scope"] != got["scope"]
 
 
+def test_instances_on_a_cluster_need_every_executor_on_this_machine(tmp_path, monkeypatch):
+    import socket
+
+    from statekit.contracts import Layout
+    from statekit.engine.spark import cluster
+
+    kw = dict(placement="instances", spark=_FakeSpark(), master="spark://h:7077",
+              layout=Layout(str(tmp_path), "app"), bootstrap="b:1", sink="memory",
+              checkpoint_location=None, executor_state_dir=None)
+    monkeypatch.setattr(cluster, "executor_hosts", lambda spark: {socket.gethostname()})
+    assert prepare(**kw) == {"placement": "instances"}      # a one-machine cluster
+    monkeypatch.setattr(cluster, "executor_hosts", lambda spark: {socket.gethostname(), "host-b"})
+    with pytest.raises(PlacementError) as ei:
+        prepare(**kw)
+    assert "executors run on host-b: use placement='executors'" in one_line(ei.value)
+
+
+def test_checkpoint_location_holds_the_engine_checkpoint_and_reset_deletes_it(shared_broker, kafka,
+                                                                               tmp_path):
+    topic = unique("lines")
+    kafka.ensure_topic(topic, 2)
+    kafka.send(topic, 0, [(None, b"a b a")])
+    ckpt = tmp_path / "shared" / "ckpt"
+    app = statekit.App(unique("ck"), bootstrap=shared_broker.bootstrap, partitions=2, engine="local",
+                       state_dir=str(tmp_path / "st"), checkpoint_location=f"file://{ckpt}")
+    app.stream(topic).flat_map_values(str.split).group_by(lambda k, w: w).count(store="counts")
+    try:
+        app.start()
+        assert app.process_all_available(timeout=120)
+        assert app.runs[0].checkpoint_dir == str(ckpt / "0")
+        assert H.store_as_dict(app, "counts") == {"a": 2, "b": 1}
+    finally:
+        app.stop()
+    assert os.listdir(ckpt / "0")                        # the engine's offset and commit logs
+    assert not os.path.exists(app.layout.checkpoint_dir(0))
+    app.reset()
+    assert not os.path.exists(ckpt / "0")
+
+
 def test_crash_without_a_shared_control_dir_is_refused_in_one_line(tmp_path):
     from statekit.contracts import Layout
     from statekit.runtime.placement import ExecutorsCoordinator

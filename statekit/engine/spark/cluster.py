@@ -84,9 +84,16 @@ def probe_executors(spark, paths: list, tasks: Optional[int] = None) -> list:
         n = tasks or max(4, 2 * int(spark.sparkContext.defaultParallelism))
     except Exception:  # noqa: BLE001 - Spark Connect
         n = tasks or 8
-    rows = (spark.range(n, numPartitions=n)
-            .mapInArrow(_probe_partition(list(paths)), "host string, executor string, seen string")
-            .collect())
+    try:
+        rows = (spark.range(n, numPartitions=n)
+                .mapInArrow(_probe_partition(list(paths)), "host string, executor string, seen string")
+                .collect())
+    except Exception as exc:  # noqa: BLE001
+        if "No module named 'statekit'" in str(exc) or "No module named statekit" in str(exc):
+            raise NotShared("the executors' Python cannot import statekit: install statekit and its "
+                            "dependencies in the Python PYSPARK_PYTHON names on every host (or ship "
+                            "them with spark.archives)") from None
+        raise
     return [{"host": r["host"], "executor": r["executor"],
              "seen": [c == "1" for c in r["seen"].split(",")] if paths else []} for r in rows]
 
