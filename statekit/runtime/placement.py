@@ -151,7 +151,8 @@ class ExecutorsCoordinator:
     stores from the driver's query replicas."""
 
     def __init__(self, *, application: str, layout: Layout, spec, tasks: list, extra: dict,
-                 publish: Callable[[ev.Event], None], subscribe: Callable, unsubscribe: Callable):
+                 publish: Callable[[ev.Event], None], subscribe: Callable, unsubscribe: Callable,
+                 generation: int = 0):
         from statekit.runtime.query_replicas import QueryReplicas
 
         self.application = application
@@ -167,7 +168,7 @@ class ExecutorsCoordinator:
         self.members: dict = {}
         self.rebalances: list = []
         self.stopped = True
-        self.generation = 0        # one per start or restart of the queries (no rebalances here)
+        self.generation = int(generation or 0)   # +1 per start or restart (no rebalances here)
         self._lock = threading.Lock()
         self._last: dict = {}      # task -> its last commit {instance, batch, offsets, at}
         self._opens: dict = {}     # task -> its last open {instance, source, restored}

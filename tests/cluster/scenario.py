@@ -5,7 +5,7 @@ of the other Spark tests.
 A real standalone cluster (master + two workers, each with its own work and local directories,
 every port ephemeral) and an embedded broker; the harness's word count and windowed count with
 ``placement="auto"`` on the cluster's master (the executors placement); four chunks of input, with
-an executor killed mid-batch twice by crash directives (its JVM SIGKILLed by the Python worker that
+the session passed as ``App(spark=...)``; an executor killed mid-batch twice by crash directives (its JVM SIGKILLed by the Python worker that
 claims the directive: first with its state kept, then with its state directory deleted). Writes
 ``ROOT/result.json`` with what the assertions need (the stores as the driver's query replicas hold
 them, the plain-Python references, the memory sink, events, state directories, lag) and keeps
@@ -63,8 +63,8 @@ def run(root: str) -> dict:
         cluster.start()
         _write(pids_path, sorted(cluster._seen))
         marks["cluster_up"] = time.monotonic() - t0
-        get_session("statekit-cluster-test", master=cluster.master_url,
-                    extra_conf={"spark.executor.memory": "512m", "spark.executor.cores": "1"})
+        spark = get_session("statekit-cluster-test", master=cluster.master_url,
+                            extra_conf={"spark.executor.memory": "512m", "spark.executor.cores": "1"})
         executors = cluster.wait_executors(2)
         _write(pids_path, sorted(cluster._seen))
         res["executors_at_start"] = executors
@@ -75,7 +75,7 @@ def run(root: str) -> dict:
         k.ensure_topic("clicks", 3)
         app = H.build_app("wc", broker, os.path.join(root, "driver-state"), SEED, engine="changelog",
                           partitions=PARTITIONS, instances=1, standby_replicas=0, cache_bytes=2048,
-                          checkpoint_location=os.path.join(root, "shared", "checkpoint"))
+                          checkpoint_location=os.path.join(root, "shared", "checkpoint"), spark=spark)
         rnd = random.Random(SEED)
         chunks = H.make_chunks(SEED, 4, lines_per_chunk=12, clicks_per_chunk=20)
 

@@ -190,6 +190,18 @@ def test_executors_placement_is_exact_across_a_disk_loss_and_queries_read_replic
         assert app.process_all_available(timeout=180)
         assert app.query("counts", word) == had + 8
         exact()
+
+        # stop and start again: the same executors' directories (the deployment id is kept), the
+        # query replicas resume from what they applied, the Spark checkpoint from its last batch
+        gen = app.generation
+        app.stop()
+        app.start()
+        assert app.generation == gen + 1
+        H.produce_chunk(kafka, chunks[2], lines_topic=lines, clicks_topic=clicks, rnd=rnd)
+        assert app.process_all_available(timeout=180)
+        exact()
+        opens = app.task_opens(since_generation=gen + 1).drop_duplicates("task", keep="first")
+        assert len(opens) and set(opens.source) == {"checkpoint"} and (opens.restored == 0).all()
     finally:
         app.stop()
 

@@ -194,7 +194,12 @@ class SessionEngine(SparkEngine):
             from statekit.engine.spark.source import register
 
             register(spark)
-            warm_workers(spark)
+            if not getattr(spark, "_statekit_warm", False):
+                warm_workers(spark)
+                try:
+                    spark._statekit_warm = True
+                except Exception:  # noqa: BLE001
+                    pass
             self._ready = True
         return spark
 
