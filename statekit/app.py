@@ -1210,9 +1210,8 @@ class App:
     def _new_coordinator(self, spec, sink: str):
         """The control side for the resolved placement (instances: ``runtime.coordinator``;
         executors: ``runtime.placement.ExecutorsCoordinator``)."""
-        from statekit.runtime import placement as pl
-
         from statekit.engine.spark.session import is_local_master
+        from statekit.runtime import placement as pl
 
         master = self._spark_master()
         self.placement = pl.resolve_placement(self._placement_arg, engine=self.engine_name,
