@@ -27,7 +27,7 @@ from typing import Optional
 
 __all__ = [
     "POINTS", "DIRECTIVE", "write_directive", "read_directive", "clear", "claimed", "claim",
-    "maybe_crash", "die",
+    "maybe_crash", "die", "on_death",
 ]
 
 POINTS = ("records", "before_send", "before_commit", "after_ack", "after_rocksdb", "mid_restore")
@@ -142,8 +142,24 @@ def claim(control_dir: str, instance: Optional[int], point: str, records: Option
     return d
 
 
-def die() -> None:  # pragma: no cover - the process ends here
+_DEATH = None
+
+
+def on_death(fn) -> None:
+    """How this process dies when it claims a directive: ``fn(directive)`` runs first (a Spark
+    Python worker on an executor takes its executor, and for disk-loss the executor's state
+    directory, with it: ``statekit.engine.spark.executors``); then the process SIGKILLs itself."""
+    global _DEATH
+    _DEATH = fn
+
+
+def die(directive: Optional[dict] = None) -> None:  # pragma: no cover - the process ends here
     """A real, uncatchable death: no finally blocks, no atexit, no RocksDB close."""
+    if _DEATH is not None and directive is not None:
+        try:
+            _DEATH(directive)
+        except Exception:  # noqa: BLE001 - dying is what matters
+            pass
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)
 

@@ -154,7 +154,7 @@ def _crash_hooks(control_dir, instance, task, publish):
                                             mode=d.get("mode", "process"), directive=d.get("id", ""),
                                             batch=self.batch, records=records))
                 finally:
-                    crash_mod.die()
+                    crash_mod.die(d)
 
             def hit(self, point: str, n: Optional[int] = None) -> None:
                 self.check(point, self.records)

@@ -408,11 +408,27 @@ class KafkaBatchReader(_OffsetsMixin, DataSourceReader):
         return super().read(partition)
 
 
+def _register_in_session(spark) -> None:
+    from pyspark.sql.udf import _wrap_function
+
+    sc = spark.sparkContext
+    ds = getattr(sc._jvm, "org.apache.spark.sql.execution.datasources.v2.python."
+                          "UserDefinedPythonDataSource")(_wrap_function(sc, KafkaDataSource))
+    spark._jsparkSession.sessionState().dataSourceManager().registerDataSource(NAME, ds)
+
+
 def register(spark) -> None:
     """Register `statekit-kafka` on this session (idempotent)."""
     if getattr(spark, "_statekit_kafka_registered", False):
         return
-    spark.dataSource.register(KafkaDataSource)
+    try:
+        spark.dataSource.register(KafkaDataSource)
+    except Exception as exc:
+        if "already exists" not in str(exc):
+            raise
+        # Spark's duplicate check looks the name up in the JVM's *active* session: another session
+        # of this context (the user's spark.newSession(), or statekit's own) has it, this one not
+        _register_in_session(spark)
     try:
         spark._statekit_kafka_registered = True
     except Exception:
