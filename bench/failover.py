@@ -14,10 +14,15 @@ Starts its own embedded broker (temp dir, port 0) and a local Spark session, sto
 * survivors: the records the surviving instances' own tasks committed per second in the `--window`
   seconds after the kill, against the `--window` seconds before it (with the standby run).
 
-Ends with two lines:
+* restart: a one-instance app on a warm session loses its disk; a record arrives; the time from
+  `restart()` to that record committed (the restore from scratch of the changelog included), against
+  the same after a process crash (its disk kept: a restore from its checkpoint).
+
+Ends with three lines:
 
     RESULT name=failover_recovery value=<s, with a standby> unit=s baseline=<s, without> ratio=<with/without>
     RESULT name=failover_survivors value=<records/s after> unit=records/s baseline=<records/s before> ratio=<after/before>
+    RESULT name=restart_first_record value=<s, disk lost> unit=s baseline=<s, disk kept> ratio=<lost/kept>
 """
 from __future__ import annotations
 
@@ -110,11 +115,48 @@ def scenario(bootstrap, work, name, standby, rate, window, partitions, say):
         k.close()
 
 
+def restart_to_first_record(bootstrap, work, name, mode, words, say):
+    """Seconds from restart() after a crash of the only instance to a new record committed."""
+    import statekit
+    from statekit.kafka import Kafka
+
+    k = Kafka(bootstrap)
+    topic = f"{name}-lines"
+    k.ensure_topic(topic, 2)
+    rnd = random.Random(3)
+    for i in range(0, words, 1000):
+        k.send(topic, i // 1000 % 2, [(None, " ".join(rnd.choice(WORDS) for _ in range(10)).encode())
+                                       for _ in range(100)])
+    app = statekit.App(name, bootstrap=bootstrap, partitions=2, instances=1,
+                       state_dir=os.path.join(work, name), engine="changelog")
+    app.stream(topic).flat_map_values(str.split).group_by(lambda _k, w: w).count(store="counts")
+    try:
+        app.start(sink="none")
+        app.process_all_available()
+        app.crash(mode, instance=0)
+        k.send(topic, 0, [(None, b"restart-probe")])
+        t0 = time.time()
+        app.restart()
+        e = app.wait_for_event(lambda e: e.type == "commit" and e.ts > t0 and e.records > 0, 120)
+        if e is None:
+            raise RuntimeError(f"{name}: nothing committed within 120 s of restart()")
+        opened = [x for x in app.events(types="task_opened") if x.ts > t0]
+        say(f"{name}: {mode}: first new record committed {e.ts - t0:.2f} s after restart() "
+            f"({sum(x.restored for x in opened)} changelog records restored, sources "
+            f"{sorted({x.source for x in opened})})")
+        return e.ts - t0
+    finally:
+        app.stop()
+        k.close()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=int, default=4000, help="input words/s")
     ap.add_argument("--window", type=float, default=10.0, help="seconds before/after the kill")
     ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--restart-words", type=int, default=200_000,
+                    help="words in the restart scenario's changelog history")
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from statekit import broker as broker_mod
@@ -132,8 +174,14 @@ def main(argv=None) -> int:
                                     args.partitions, say)
         print(f"RESULT name=failover_recovery value={rec_sb:.3f} unit=s baseline={rec_none:.3f} "
               f"ratio={rec_sb / rec_none:.3f}", flush=True)
+        lost = restart_to_first_record(handle.bootstrap, work, "rs-lost", "disk-loss",
+                                       args.restart_words, say)
+        kept = restart_to_first_record(handle.bootstrap, work, "rs-kept", "process",
+                                       args.restart_words, say)
         print(f"RESULT name=failover_survivors value={after:.0f} unit=records/s baseline={before:.0f} "
               f"ratio={after / before if before else 0:.3f}", flush=True)
+        print(f"RESULT name=restart_first_record value={lost:.3f} unit=s baseline={kept:.3f} "
+              f"ratio={lost / kept:.3f}", flush=True)
         return 0
     finally:
         try:

@@ -21,9 +21,23 @@ words, and writes the updated counts of each micro-batch to its own Kafka topic 
 
 Each pipeline runs once on a small warm-up topic first (JIT, Python workers), then `--rounds` timed
 runs (interleaved, fresh checkpoint and state each) are measured from `start()` to termination; the
-best run of each pipeline counts (the machine is shared). Prints rates, micro-batch latency p50/p95 (triggerExecution) and, last:
+best run of each pipeline counts (the machine is shared). statekit runs exactly-once (the default:
+one Kafka transaction per task and micro-batch) and, for the ratio, at-least-once.
+
+Latency: a producer writes `--latency-rate` records/s of unique keys (`--latency-seconds` long) to
+a topic that a keyed count reads (statekit, and Spark's groupBy in the same run), both as fast as
+they can (no trigger interval: `commit_interval` is the knob that trades latency for throughput);
+a consumer reads each pipeline's output topic read_committed; a record's latency is the time from
+its send to the arrival of its key's count. First batch: from `App.start()` on the warm session to
+the first committed micro-batch (Spark: from `start()` to its first micro-batch with rows).
+
+Prints rates, micro-batch durations p50/p95 (triggerExecution) and:
 
     RESULT name=pipeline_wordcount value=<statekit words/s> unit=records/s baseline=<groupBy words/s> ratio=<statekit/groupBy>
+    RESULT name=pipeline_exactly_once value=<EOS words/s> unit=records/s baseline=<at-least-once words/s> ratio=<EOS/ALOS>
+    RESULT name=pipeline_latency_p50 value=<ms> unit=ms baseline=<groupBy ms> ratio=<statekit/groupBy>
+    RESULT name=pipeline_latency_p95 value=<ms> unit=ms baseline=<groupBy ms> ratio=<statekit/groupBy>
+    RESULT name=pipeline_first_batch value=<s> unit=s baseline=<groupBy s> ratio=<statekit/groupBy>
 """
 from __future__ import annotations
 
@@ -79,11 +93,13 @@ def summarize(name, words, seconds, progress):
 # --- the three pipelines -------------------------------------------------------------------------
 
 
-def run_statekit(spark, bootstrap, topic, out_topic, work, partitions, batch_lines, app):
+def run_statekit(spark, bootstrap, topic, out_topic, work, partitions, batch_lines, app,
+                 guarantee="exactly_once"):
     import statekit
 
     a = statekit.App(app, bootstrap=bootstrap, partitions=partitions, instances=2,
-                     state_dir=os.path.join(work, app), engine="changelog")
+                     state_dir=os.path.join(work, app), engine="changelog",
+                     processing_guarantee=guarantee)
     (a.stream(topic).flat_map_values(str.split).group_by(lambda k, w: w)
      .count(store="counts").to_stream().to(out_topic, value_serde="int64"))
     t0 = time.perf_counter()
@@ -96,6 +112,155 @@ def run_statekit(spark, bootstrap, topic, out_topic, work, partitions, batch_lin
         return elapsed, a.progress()
     finally:
         a.stop()
+
+
+def run_statekit_alos(spark, bootstrap, topic, out_topic, work, partitions, batch_lines, app):
+    return run_statekit(spark, bootstrap, topic, out_topic, work, partitions, batch_lines, app,
+                        guarantee="at_least_once")
+
+
+# --- latency and the first batch -------------------------------------------------------------
+
+
+class _Flow:
+    """A producer of unique keys at a steady rate and a consumer of the output topic."""
+
+    def __init__(self, bootstrap, in_topic, out_topic, rate, partitions):
+        import threading
+
+        from statekit.kafka import Kafka
+
+        self.bootstrap, self.in_topic, self.out_topic = bootstrap, in_topic, out_topic
+        self.rate, self.partitions = rate, partitions
+        self.sent: dict = {}
+        self.got: dict = {}
+        self.stop = threading.Event()
+        self._threads = [threading.Thread(target=self._produce, daemon=True),
+                         threading.Thread(target=self._consume, daemon=True)]
+        self._kafka = Kafka
+
+    def _produce(self):
+        k = self._kafka(self.bootstrap)
+        tick = 0.01
+        per = max(1, int(self.rate * tick))
+        i = 0
+        nxt = time.monotonic()
+        while not self.stop.is_set():
+            now = time.time()
+            recs = []
+            for _ in range(per):
+                key = b"k%d" % i
+                self.sent[key] = now
+                recs.append((key, b"x"))
+                i += 1
+            k.send(self.in_topic, i % self.partitions, recs)
+            nxt += tick
+            self.stop.wait(max(0.0, nxt - time.monotonic()))
+        k.close()
+
+    def _consume(self):
+        k = self._kafka(self.bootstrap)
+        pos = {p: 0 for p in range(self.partitions)}
+        while not self.stop.is_set():
+            for p in pos:
+                ch = k.fetch(self.out_topic, p, pos[p], max_wait_ms=20, isolation="read_committed")
+                now = time.time()
+                for _off, _ts, key, _v, _h in ch.records:
+                    self.got.setdefault(key, now)
+                pos[p] = ch.next_offset
+        k.close()
+
+    def run(self, seconds):
+        for t in self._threads:
+            t.start()
+        time.sleep(seconds)
+        time.sleep(2.0)            # the last records' way out
+        self.stop.set()
+        for t in self._threads:
+            t.join()
+        cut = time.time() - 2.0 - seconds * 0.8   # the first fifth warms up
+        lats = sorted((self.got[k] - t) * 1000 for k, t in self.sent.items()
+                      if k in self.got and t >= cut)
+        return lats
+
+
+def latency_statekit(spark, bootstrap, work, partitions, rate, seconds):
+    import statekit
+    from statekit.kafka import Kafka
+
+    with Kafka(bootstrap) as k:
+        k.ensure_topic("lat-in-sk", partitions)
+        k.ensure_topic("lat-out-sk", partitions)
+    a = statekit.App("lat_sk", bootstrap=bootstrap, partitions=partitions, instances=2,
+                     state_dir=os.path.join(work, "lat_sk"), engine="changelog")
+    a.stream("lat-in-sk").group_by_key().count(store="c").to_stream().to("lat-out-sk",
+                                                                          value_serde="int64")
+    try:
+        a.start(sink="kafka")
+        return _Flow(bootstrap, "lat-in-sk", "lat-out-sk", rate, partitions).run(seconds)
+    finally:
+        a.stop()
+
+
+def latency_groupby(spark, bootstrap, work, partitions, rate, seconds):
+    from pyspark.sql import functions as F
+
+    from statekit.kafka import Kafka
+
+    with Kafka(bootstrap) as k:
+        k.ensure_topic("lat-in-gb", partitions)
+        k.ensure_topic("lat-out-gb", partitions)
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    src = (spark.readStream.format("statekit-kafka").option("bootstrap", bootstrap)
+           .option("topic", "lat-in-gb").option("startingOffsets", "earliest").load())
+    counts = src.groupBy(F.col("key")).count()
+    out = counts.select(F.col("key"), F.col("count").cast("string").cast("binary").alias("value"),
+                        F.lit("lat-out-gb").alias("topic"))
+
+    def write_batch(batch_df, batch_id):
+        batch_df.write.format("statekit-kafka").option("bootstrap", bootstrap).mode("append").save()
+
+    q = (out.writeStream.queryName("lat_gb").option("checkpointLocation", os.path.join(work, "lat_gb"))
+         .outputMode("update").foreachBatch(write_batch).start())
+    try:
+        return _Flow(bootstrap, "lat-in-gb", "lat-out-gb", rate, partitions).run(seconds)
+    finally:
+        q.stop()
+
+
+def first_batch_statekit(spark, bootstrap, work, partitions):
+    import statekit
+
+    a = statekit.App("first_sk", bootstrap=bootstrap, partitions=partitions, instances=2,
+                     state_dir=os.path.join(work, "first_sk"), engine="changelog")
+    a.stream("first-lines").flat_map_values(str.split).group_by(lambda k, w: w).count(store="c")
+    try:
+        t0 = time.time()
+        a.start(sink="none")
+        e = a.wait_for_event(lambda e: e.type == "commit" and e.records > 0, 120)
+        return e.ts - t0
+    finally:
+        a.stop()
+
+
+def first_batch_groupby(spark, bootstrap, work, partitions):
+    from pyspark.sql import functions as F
+
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    src = (spark.readStream.format("statekit-kafka").option("bootstrap", bootstrap)
+           .option("topic", "first-lines").option("startingOffsets", "earliest").load())
+    counts = src.select(F.explode(F.split(F.col("value").cast("string"), " ")).alias("w")) \
+        .groupBy("w").count()
+    t0 = time.time()
+    q = (counts.writeStream.queryName("first_gb").option("checkpointLocation",
+                                                          os.path.join(work, "first_gb"))
+         .outputMode("update").format("noop").start())
+    try:
+        while not any((p.numInputRows or 0) > 0 for p in q.recentProgress):
+            time.sleep(0.01)
+        return time.time() - t0
+    finally:
+        q.stop()
 
 
 def _words_frame(spark, bootstrap, topic, batch_lines):
@@ -186,6 +351,8 @@ def main(argv=None) -> int:
     ap.add_argument("--partitions", type=int, default=2, help="input partitions = tasks")
     ap.add_argument("--warmup-words", type=int, default=100_000)
     ap.add_argument("--skip-tws", action="store_true")
+    ap.add_argument("--latency-rate", type=int, default=2000, help="records/s for the latency runs")
+    ap.add_argument("--latency-seconds", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=2,
                     help="timed runs per pipeline, interleaved; the best of each is reported "
                          "(the machine is shared: the best run is the least disturbed one)")
@@ -212,18 +379,19 @@ def main(argv=None) -> int:
                             extra_conf={"spark.sql.streaming.stateStore.providerClass":
                                         "org.apache.spark.sql.execution.streaming.state."
                                         "RocksDBStateStoreProvider"})
-        pipelines = [("statekit", run_statekit), ("groupBy+RocksDB", run_groupby)]
+        pipelines = [("statekit", run_statekit), ("statekit at-least-once", run_statekit_alos),
+                     ("groupBy+RocksDB", run_groupby)]
         if not args.skip_tws:
             pipelines.append(("transformWithStateInPandas", run_tws))
         rates: dict = {}
         for label, fn in pipelines:
-            tag = label.split("+")[0].lower()
+            tag = label.split("+")[0].lower().replace(" ", "_").replace("-", "_")
             t0 = time.perf_counter()
             fn(spark, handle.bootstrap, "warm-lines", f"warm-{tag}-out", work, n, batch_lines, f"warm_{tag}")
             print(f"{label:>28}: warm-up {time.perf_counter() - t0:.1f} s", flush=True)
         for r in range(args.rounds):
             for label, fn in pipelines:
-                tag = label.split("+")[0].lower()
+                tag = label.split("+")[0].lower().replace(" ", "_").replace("-", "_")
                 secs, progress = fn(spark, handle.bootstrap, "bench-lines", f"{tag}-out-{r}", work, n,
                                     batch_lines, f"bench_{tag}_{r}")
                 rate = summarize(f"{label} #{r + 1}", words, secs, progress)
@@ -233,9 +401,33 @@ def main(argv=None) -> int:
         if "transformWithStateInPandas" in rates:
             tws = rates["transformWithStateInPandas"]
             print(f"statekit / transformWithStateInPandas = {sk / tws:.2f} (target >= 1.0)")
-        print(f"statekit / groupBy+RocksDB = {sk / gb:.2f} (target >= 0.5)")
+        print(f"statekit / groupBy+RocksDB = {sk / gb:.2f} (target >= 1.0)")
+        eos, alos = rates["statekit"], rates["statekit at-least-once"]
+        print(f"exactly-once / at-least-once = {eos / alos:.2f} (target >= 0.8)")
+
+        lat_sk = latency_statekit(spark, handle.bootstrap, work, n, args.latency_rate,
+                                  args.latency_seconds)
+        lat_gb = latency_groupby(spark, handle.bootstrap, work, n, args.latency_rate,
+                                 args.latency_seconds)
+        sk50, sk95, gb50, gb95 = (pct(lat_sk, .5), pct(lat_sk, .95), pct(lat_gb, .5), pct(lat_gb, .95))
+        print(f"latency at {args.latency_rate} records/s: statekit p50 {sk50:.0f} ms p95 {sk95:.0f} ms "
+              f"({len(lat_sk)} records); groupBy p50 {gb50:.0f} ms p95 {gb95:.0f} ms ({len(lat_gb)})",
+              flush=True)
+        produce_lines(client, "first-lines", 20_000, n, seed=9)
+        fb_sk = first_batch_statekit(spark, handle.bootstrap, work, n)
+        fb_gb = first_batch_groupby(spark, handle.bootstrap, work, n)
+        print(f"first committed batch after start, warm session: statekit {fb_sk:.2f} s, "
+              f"groupBy {fb_gb:.2f} s", flush=True)
         print(f"RESULT name=pipeline_wordcount value={sk:.0f} unit=records/s baseline={gb:.0f} "
               f"ratio={sk / gb:.3f}", flush=True)
+        print(f"RESULT name=pipeline_exactly_once value={eos:.0f} unit=records/s baseline={alos:.0f} "
+              f"ratio={eos / alos:.3f}", flush=True)
+        print(f"RESULT name=pipeline_latency_p50 value={sk50:.0f} unit=ms baseline={gb50:.0f} "
+              f"ratio={sk50 / gb50:.3f}", flush=True)
+        print(f"RESULT name=pipeline_latency_p95 value={sk95:.0f} unit=ms baseline={gb95:.0f} "
+              f"ratio={sk95 / gb95:.3f}", flush=True)
+        print(f"RESULT name=pipeline_first_batch value={fb_sk:.3f} unit=s baseline={fb_gb:.3f} "
+              f"ratio={fb_sk / fb_gb:.3f}", flush=True)
         return 0
     finally:
         try:

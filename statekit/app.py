@@ -164,7 +164,7 @@ class App:
 
         from statekit.runtime import supervisor
 
-        supervisor.warm()   # a spare instance process, so that start() does not wait for imports
+        supervisor.warm(instances)   # spare processes: start() does not wait for imports
         self._life = Lifecycle()
         self._life.add_listener(self._on_state_change)
         self._lock = threading.RLock()

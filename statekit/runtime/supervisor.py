@@ -61,11 +61,13 @@ def _env() -> dict:
 
 
 class _Spares:
-    """One warm process waiting for an identity (per App process, shared by every app)."""
+    """Warm processes waiting for an identity (per App process, shared by every app): as many as
+    the largest app asked for, so that all its instances start at once."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._spare: Optional[subprocess.Popen] = None
+        self._spares: list = []
+        self.size = 1
         atexit.register(self.close)
 
     def _start(self) -> subprocess.Popen:
@@ -73,35 +75,39 @@ class _Spares:
                                 env=_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, close_fds=True)
 
-    def warm(self) -> None:
+    def warm(self, n: int = 1) -> None:
         with self._lock:
-            if self._spare is None or self._spare.poll() is not None:
-                self._spare = self._start()
+            self.size = max(self.size, int(n))
+            self._spares = [sp for sp in self._spares if sp.poll() is None]
+            while len(self._spares) < self.size:
+                self._spares.append(self._start())
 
     def take(self) -> Optional[subprocess.Popen]:
-        """The spare (a new one is started for next time), or None when there is none alive."""
+        """A spare (a new one is started for next time), or None when there is none alive."""
         with self._lock:
-            sp, self._spare = self._spare, None
-            self._spare = self._start()
-        return sp if sp is not None and sp.poll() is None else None
+            live = [sp for sp in self._spares if sp.poll() is None]
+            sp = live.pop(0) if live else None
+            self._spares = live + [self._start()]
+        return sp
 
     def close(self) -> None:
         with self._lock:
-            sp, self._spare = self._spare, None
-        if sp is not None and sp.poll() is None:
-            try:
-                sp.stdin.close()    # it reads EOF and exits
-                sp.wait(timeout=5)
-            except Exception:  # noqa: BLE001
-                sp.kill()
+            spares, self._spares = self._spares, []
+        for sp in spares:
+            if sp.poll() is None:
+                try:
+                    sp.stdin.close()    # it reads EOF and exits
+                    sp.wait(timeout=5)
+                except Exception:  # noqa: BLE001
+                    sp.kill()
 
 
 SPARES = _Spares()
 
 
-def warm() -> None:
-    """Start a spare instance process now, so that the first instance starts at once."""
-    SPARES.warm()
+def warm(n: int = 1) -> None:
+    """Keep ``n`` spare instance processes ready, so that ``n`` instances start at once."""
+    SPARES.warm(n)
 
 
 def launch(control: ControlDir, instance: int, incarnation: int, state_dir: str) -> InstanceProcess:
