@@ -363,7 +363,9 @@ class LocalQuery:
                     for si in index_of.get(topic, ()):
                         for seq, (task, rec) in enumerate(plan.shuffle(si, kb, vb, ts, p, off, n)):
                             keyed.setdefault(task, []).append(((ts, si, p, off, seq), rec))
-        by_task = {t: [r for _k, r in sorted(recs, key=lambda x: x[0])] for t, recs in keyed.items()}
+        # processing order, each record with its source index and sequence (the fragment format)
+        by_task = {t: [tuple(r) + (k[1], k[4]) for k, r in sorted(recs, key=lambda x: x[0])]
+                   for t, recs in keyed.items()}
         return by_task, records
 
     def _deliver(self, batch: int, by_task: dict) -> None:

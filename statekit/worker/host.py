@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from statekit import events as ev
 from statekit.contracts import TaskId, task_dir
-from statekit.worker.protocol import ipc_count, ipc_to_records
+from statekit.worker.protocol import ipc_count, merge_fragments
 from statekit.worker.spool import Spool
 from statekit.worker.task import StreamTask, WorkerSpec, one_line, store_specs
 
@@ -277,21 +277,37 @@ class TaskHost:
                 ids = slot.spool.batches()
                 if not ids:
                     return
-                b = ids[0]
-                try:
-                    self._run(slot, b, ipc_to_records(slot.spool.read(b)), from_spool=True)
-                except Exception as exc:  # noqa: BLE001 - already published as TaskFailed
-                    slot.state = "failed"
-                    slot.error = one_line(exc)
+                if self._process_head(slot, ids[0], from_spool=True) is None:
                     return
-                slot.spool.remove(b)
+
+    def _process_head(self, slot: _Slot, b: int, from_spool: bool) -> Optional[int]:
+        """Process spooled batch ``b`` (the oldest there) if all its fragments are there; None when
+        it is incomplete (or the task failed). A batch the task has applied is dropped."""
+        if b <= slot.stream.last_batch:
+            slot.spool.remove(b)          # applied: a retried split, or committed before a death
+            return 0
+        if not slot.spool.complete(b):
+            return None                   # its other fragments are on their way
+        try:
+            n = self._run(slot, b, merge_fragments(slot.spool.fragments(b)), from_spool=from_spool)
+        except Exception as exc:  # noqa: BLE001 - already published as TaskFailed
+            if from_spool:
+                slot.state = "failed"
+                slot.error = one_line(exc)
+                return None
+            raise
+        slot.spool.remove(b)
+        return n
 
     def _run(self, slot: _Slot, batch: int, records: list, from_spool: bool = False) -> int:
         return len(slot.stream.process(batch, records, from_spool=from_spool))
 
     # -- micro-batches -----------------------------------------------------------------------
-    def batch(self, task, batch: int, generation: Optional[int], records_ipc: bytes) -> tuple:
-        """Process one micro-batch of a task now, or spool it (see the module docstring)."""
+    def batch(self, task, batch: int, generation: Optional[int], fragment: bytes, split: int = 0,
+              splits: int = 1) -> tuple:
+        """Take one fragment of a micro-batch of a task: keep it until the batch's last fragment
+        arrives, then process the batch; spool the batch when the task cannot process it now (see
+        the module docstring)."""
         t = TaskId.parse(task)
         with self._lock:
             slot = self.slots.get(t)
@@ -302,22 +318,27 @@ class TaskHost:
                 return ("not_owner", self.generation)
             if slot.state == "failed":
                 return ("failed", slot.error or "the task failed", "ProcessorError")
+            running = slot.state == "running"
+            if running and batch <= slot.stream.last_batch:
+                return ("done", 0)        # applied already: a split Spark retried
             waiting = slot.spool.batches()
-            if slot.state != "running" or waiting:
-                if batch not in waiting:
-                    slot.spool.put(batch, records_ipc)
-                backlog = len(waiting) + (batch not in waiting)
-                self.publish(ev.BatchSpooled(task=str(t), instance=self.instance, batch=batch,
-                                             records=ipc_count(records_ipc), backlog=backlog,
-                                             generation=self.generation))
-                if slot.state == "running" and not slot.draining:
-                    threading.Thread(target=self._drain, args=(slot,), daemon=True).start()
-                return ("spooled", backlog)
             try:
-                n = self._run(slot, batch, ipc_to_records(records_ipc))
-            except Exception as exc:  # noqa: BLE001 - the engine reports it
+                if running and splits == 1 and not waiting:    # the whole batch, nothing before it
+                    return ("done", self._run(slot, batch, merge_fragments([fragment])))
+                slot.spool.put(batch, fragment, split, splits)
+                if not slot.spool.complete(batch):
+                    return ("stored",)
+                if running and slot.spool.batches()[0] == batch:
+                    return ("done", self._process_head(slot, batch, from_spool=False))
+            except Exception as exc:  # noqa: BLE001 - the engine reports it (Spark retries)
                 return ("failed", one_line(exc), type(exc).__name__)
-            return ("done", n)
+            backlog = len(slot.spool.batches())
+            self.publish(ev.BatchSpooled(task=str(t), instance=self.instance, batch=batch,
+                                         records=sum(ipc_count(f) for f in slot.spool.fragments(batch)),
+                                         backlog=backlog, generation=self.generation))
+            if running and not slot.draining:
+                threading.Thread(target=self._drain, args=(slot,), daemon=True).start()
+            return ("spooled", backlog)
 
     def pause_replicas(self, paused: bool) -> list:
         """Stop (or resume) tailing in every replica of this instance: their stores stay open and

@@ -121,8 +121,8 @@ class InstanceServer:
         op = msg[0]
         try:
             if op == "batch":
-                _, task, batch, generation, records = msg
-                return self.host.batch(task, batch, generation, records)
+                _, task, batch, generation, split, splits, fragment = msg
+                return self.host.batch(task, batch, generation, fragment, split, splits)
             if op == "assign":
                 _, generation, mine, options = msg
                 return ("ok", self.host.assign(generation, mine, options))

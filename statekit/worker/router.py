@@ -1,13 +1,15 @@
 """The engine's side of a task: hand a micro-batch to the instance that owns the task.
 
-An engine (a Spark Python worker in stage 2, or the local engine's driver) calls
+An engine (a Spark Python worker reading one input split, or the local engine's driver) calls
 
-    deliver(control_dir, task, batch_id, records_ipc)
+    deliver(control_dir, task, batch_id, fragment_ipc, split=s, splits=n)
 
+once per task and split: the task's part of split ``s`` of the micro-batch (``worker.protocol``).
 It reads the current assignment (``control/assignment.json``, rewritten atomically by the App's
-coordinator at every rebalance generation) and sends the batch to the task's active instance, which
-processes and commits it (``("done", n)``) or, when the task is not ready (restoring, just moved),
-spools it (``("spooled", backlog)``). When the owner is dead or dies during the call, the router
+coordinator at every rebalance generation) and sends the fragment to the task's active instance,
+which keeps it (``("stored",)``) until the batch's last fragment arrives, then processes and commits
+the batch before it answers that one (``("done", n)``); when the task is not ready (restoring, just
+moved) the instance spools the fragments (``("spooled", backlog)``). When the owner is dead or dies during the call, the router
 spools the batch itself: the next owner processes it, in order, before anything newer. Either way
 the micro-batch goes on, so one instance's failure never holds the others back — Spark's own tasks
 never fail for it.
@@ -94,9 +96,10 @@ def _routes(control_dir: str) -> _Routes:
     return r
 
 
-def _spool(routes: _Routes, task: str, batch: int, records_ipc: bytes, publish) -> tuple:
+def _spool(routes: _Routes, task: str, batch: int, records_ipc: bytes, publish, split: int = 0,
+           splits: int = 1) -> tuple:
     sp = Spool(routes.control.spool_dir(task))
-    sp.put(batch, records_ipc)
+    sp.put(batch, records_ipc, split, splits)
     backlog = len(sp.batches())
     if publish is not None:
         from statekit.events import BatchSpooled
@@ -107,10 +110,11 @@ def _spool(routes: _Routes, task: str, batch: int, records_ipc: bytes, publish) 
 
 
 def deliver(control_dir: str, task, batch: int, records_ipc: bytes, publish=None,
-            not_owner_wait: float = 5.0) -> tuple:
-    """Deliver one micro-batch of ``task``; returns ``("done", outputs)`` or ``("spooled",
-    backlog)``. Raises ``ProcessorError`` when the task's processing failed (the engine fails the
-    batch, as Spark fails a task) and ``EngineStopping`` when the application stops."""
+            not_owner_wait: float = 5.0, split: int = 0, splits: int = 1) -> tuple:
+    """Deliver one fragment of a micro-batch of ``task``; returns ``("done", outputs)``,
+    ``("stored",)`` or ``("spooled", backlog)``. Raises ``ProcessorError`` when the task's
+    processing failed (the engine fails the batch, as Spark fails a task) and ``EngineStopping``
+    when the application stops."""
     routes = _routes(control_dir)
     task = str(task)
     deadline = time.monotonic() + not_owner_wait
@@ -123,20 +127,20 @@ def deliver(control_dir: str, task, batch: int, records_ipc: bytes, publish=None
         owner = a.get("active", {}).get(task)
         info = a.get("instances", {}).get(str(owner)) if owner is not None else None
         if info is None or info.get("status") != "alive":
-            return _spool(routes, task, batch, records_ipc, publish)
+            return _spool(routes, task, batch, records_ipc, publish, split, splits)
         try:
             reply = call(routes.conn(str(owner), info), "batch", task, int(batch),
-                         a.get("generation"), records_ipc)
+                         a.get("generation"), int(split), int(splits), records_ipc)
         except InstanceUnreachable:
             routes.drop(str(owner))
-            return _spool(routes, task, batch, records_ipc, publish)
+            return _spool(routes, task, batch, records_ipc, publish, split, splits)
         kind = reply[0]
-        if kind in ("done", "spooled"):
+        if kind in ("done", "spooled", "stored"):
             return reply
         if kind == "not_owner":
             # the owner already acts on a newer generation than our file: wait for the file
             if time.monotonic() > deadline:
-                return _spool(routes, task, batch, records_ipc, publish)
+                return _spool(routes, task, batch, records_ipc, publish, split, splits)
             time.sleep(0.02)
             continue
         if kind == "failed":

@@ -103,3 +103,25 @@ def test_unknown_topic_is_one_line(spark, kafka_broker):
     msg = str(err)
     assert "no-such-topic" in msg and "does not exist" in msg, msg
     assert "\n" not in msg and "at org.apache" not in msg and "Traceback" not in msg
+
+
+def test_split_columns_and_the_marker_of_a_split_without_records(spark, kafka_broker):
+    """includeSplits: every row says which input split of the micro-batch it is from and how many
+    there are; a split whose range holds no record (all aborted, say) still yields one marker row
+    (offset -1), so a reader of each split learns both."""
+    from statekit.engine.spark.source import kafka_schema, read_range
+
+    handle, client = kafka_broker
+    client.ensure_topic("splits", 2)
+    _produce(client, "splits", [4, 3], "s")
+    df = (spark.read.format("statekit-kafka").option("bootstrap", handle.bootstrap)
+          .option("topic", "splits").option("includeSplits", "true").load())
+    rows = df.collect()
+    assert len(rows) == 7
+    assert sorted({(r.partition, r.split, r.splits) for r in rows}) == [(0, 0, 2), (1, 1, 2)]
+    schema = kafka_schema(include_splits=True)
+    batches = list(read_range(handle.bootstrap, "splits", 0, 2, 2, schema, split=(3, 5)))
+    marker = [b.to_pylist() for b in batches]
+    assert len(marker) == 1 and len(marker[0]) == 1
+    assert marker[0][0]["offset"] == -1 and (marker[0][0]["split"], marker[0][0]["splits"]) == (3, 5)
+    assert list(read_range(handle.bootstrap, "splits", 0, 2, 2, kafka_schema())) == []

@@ -512,3 +512,36 @@ def test_restore_forecast_names_the_records_a_restore_then_reads(shared_broker, 
             assert sum(restored[t].values()) == n, (t, restored[t], n)
     finally:
         app.stop()
+
+
+def test_fragments_wait_for_their_batch_and_a_retried_one_is_not_applied_twice(shared_broker, kafka, tmp_path):
+    from statekit.worker.protocol import records_to_ipc
+    from statekit.worker.router import deliver
+
+    topic = unique("lines")
+    kafka.ensure_topic(topic, 1)
+    app = wordcount_app(shared_broker, tmp_path, topic, partitions=1)
+    try:
+        app.start()
+        assert app.process_all_available()
+        plan, task = app.subplans[0], TaskId(0, 0)
+        lines = ["a b", "b c", "c d", "a a"]
+        frags = []
+        for split, ln in enumerate(lines[:3]):           # split i holds line i, offset i
+            recs = [tuple(r) + (0, seq) for seq, (_t, r) in
+                    enumerate(plan.shuffle(0, None, ln.encode(), 1000 - split, 0, split, 1))]
+            frags.append(records_to_ipc(recs))
+        ctl = app.layout.control_dir
+        assert deliver(ctl, task, 500, frags[2], split=2, splits=3)[0] == "stored"
+        assert deliver(ctl, task, 500, frags[0], split=0, splits=3)[0] == "stored"
+        assert app.query("counts", "a") is None               # nothing processed yet
+        done = deliver(ctl, task, 500, frags[1], split=1, splits=3)
+        assert done[0] == "done"                               # the last fragment: processed, committed
+        assert counts(app) == reference(lines[:3])
+        assert deliver(ctl, task, 500, frags[0], split=0, splits=3) == ("done", 0)   # Spark retried it
+        assert counts(app) == reference(lines[:3])
+        # merged in (timestamp, source, partition, offset) order, whatever order they came in
+        commit = app.wait_for_event(lambda e: e.type == "commit" and e.batch == 500, 10)
+        assert commit.records == 6
+    finally:
+        app.stop()

@@ -1,21 +1,32 @@
-"""`SparkEngine`: run a topology `Plan` as one Spark Structured Streaming query.
+"""`SparkEngine`: run a topology `Plan` (one sub-topology) as one Spark Structured Streaming query.
 
-    source(s)  statekit-kafka, every topic of plan.sources in one reader
-    stage 1    mapInArrow: plan.shuffle per record (decode, pre_shuffle, task = partition_for(key
-               bytes, N)) -> (task, salt, route, source_index, src_partition, offset, timestamp,
-               seq, key, value)
-    shuffle    repartition(N, "salt"): salt = salts(N)[task], so Spark partition p holds task p only
-    stage 2    mapInArrow: the records of task p, sorted by (timestamp, source_index, src_partition,
-               offset, seq), handed to the instance that owns task p (statekit.worker.router), which
-               processes, commits and writes the outputs; batch_id is the micro-batch id Spark
-               replays after a failure
+With tasks in instance processes (the default placement), one stage:
+
+    source     statekit-kafka, every topic of plan.sources in one reader, with its split columns
+               (which input split of the micro-batch a row belongs to, and how many there are)
+    deliver    mapInArrow, one Spark task per input split: plan.shuffle per record (decode,
+               pre_shuffle, task = partition_for(key bytes, N)), then every task's part of the split
+               (possibly empty) goes to the instance that owns the task (statekit.worker.router), all
+               tasks at once; the instance processes a task's micro-batch when it holds all of the
+               batch's fragments, merged in (timestamp, source_index, src_partition, offset, seq)
+               order, commits it and writes its outputs; the call that completes a batch returns once
+               it is committed. batch_id is the micro-batch id Spark replays after a failure
     sink       noop: the tasks wrote their outputs (Kafka topics, or the memory sink's files)
+
+No Spark shuffle: the instances are the reduce side. With the ``executors`` placement (a cluster)
+the tasks run inside Spark, so the plan keeps Spark's shuffle:
+
+    stage 1    mapInArrow: plan.shuffle per record -> (task, salt, route, source_index,
+               src_partition, offset, timestamp, seq, key, value)
+    shuffle    repartition(N, "salt"): salt = salts(N)[task], so Spark partition p holds task p only
+    stage 2    mapInArrow: task p's records, sorted, run by the task right there
+               (`engine.spark.executors`)
 
 `RunningQuery` wraps the StreamingQuery; errors come out as one-line `StatekitError`s. Progress can
 be forwarded live to a callback (`start(run, on_progress=fn)`, dicts from `progress_dict`).
 Set STATEKIT_ENGINE_TRACE=/path.jsonl to have workers log per-stage timings.
 
-A task's records travel as Arrow IPC with the columns of `statekit.worker.protocol.BATCH_FIELDS`.
+A task's records travel as Arrow IPC with the columns of `statekit.worker.protocol.FRAGMENT_FIELDS`.
 """
 from __future__ import annotations
 
@@ -133,55 +144,88 @@ def make_stage1(plan, partitions: int):
 
 
 def make_stage2(run: RunSpec):
-    """Stage 2 (mapInArrow; one Spark partition = one task): the task's records of the micro-batch,
-    sorted by (timestamp, source_index, src_partition, offset, seq), handed to the instance that owns
-    the task (`statekit.worker.router.deliver`). The instance writes the outputs; nothing comes back
-    to Spark. With the ``executors`` placement the task runs here instead (`engine.spark.executors`)."""
-    if run.extra.get("placement") == "executors":
-        from statekit.engine.spark.executors import make_executor_stage2
+    """Stage 2 of the ``executors`` placement (one Spark partition = one task): the task runs its
+    micro-batch right here (`engine.spark.executors`)."""
+    from statekit.engine.spark.executors import make_executor_stage2
 
-        return make_executor_stage2(run)
+    return make_executor_stage2(run)
+
+
+def make_deliver(run: RunSpec):
+    """The one stage of the instances placement (see the module docstring): per input split,
+    `plan.shuffle` per record, then each task's fragment to its owner, every task at once."""
+    plan, n = run.plan, run.partitions
+    topics = source_topics(plan)
+    by_topic: dict = {}
+    for i, t in enumerate(topics):
+        by_topic.setdefault(t, []).append(i)
     control_dir, sub = run.control_dir, int(run.subtopology)
     app, bootstrap, events = run.app, run.bootstrap, run.events
 
-    def stage2(batches):
+    def deliver_split(batches):
         import time as _time
+        from concurrent.futures import ThreadPoolExecutor
 
-        import pyarrow as pa
-        import pyarrow.compute as pc
         from pyspark import TaskContext
 
         from statekit.contracts import TaskId
-        from statekit.worker.protocol import table_to_ipc
+        from statekit.worker.protocol import columns_to_ipc
         from statekit.worker.router import deliver
 
         t0 = _time.perf_counter()
-        parts = [b for b in batches if b.num_rows]
-        if not parts:
-            return
-        tbl = pa.Table.from_batches(parts)
-        ctx = TaskContext.get()
-        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
-        pid = ctx.partitionId()
-        tasks = pc.unique(tbl.column("task")).to_pylist()
-        if tasks != [pid]:
-            raise EngineError(f"shuffle partition {pid} received tasks {sorted(tasks)}; the salt "
-                              f"mapping does not match this Spark version")
-        tbl = tbl.take(pc.sort_indices(tbl, sort_keys=_SORT_KEYS))
+        shuffle = plan.shuffle
+        cols = [[[] for _ in range(8)] for _ in range(n)]   # per task, FRAGMENT_FIELDS columns
+        split = splits = None
+        rows = 0
+        for rb in batches:
+            if rb.num_rows == 0:
+                continue
+            if split is None:
+                split = int(rb.column("split")[0].as_py())
+                splits = int(rb.column("splits")[0].as_py())
+            for key, value, topic, part, off, ts in zip(
+                    _pylist(rb.column("key")), _pylist(rb.column("value")),
+                    _pylist(rb.column("topic")), _pylist(rb.column("partition")),
+                    _pylist(rb.column("offset")), _pylist(rb.column("ts"))):
+                if off < 0:
+                    continue                 # the marker of a split without records
+                rows += 1
+                for si in by_topic.get(topic, ()):
+                    seq = 0
+                    for task, rec in shuffle(si, key, value, ts, part, off, n):
+                        c = cols[task]
+                        c[0].append(rec[0])
+                        c[1].append(rec[1])
+                        c[2].append(rec[2])
+                        c[3].append(rec[3])
+                        c[4].append(rec[4])
+                        c[5].append(rec[5])
+                        c[6].append(si)
+                        c[7].append(seq)
+                        seq += 1
+        if split is None:
+            return                           # no row at all: Spark planned no split for this batch
+        batch_id = int(TaskContext.get().getLocalProperty("streaming.sql.batchId") or -1)
         t1 = _time.perf_counter()
         publish = None
         if events:
             from statekit.event_bus import EventPublisher
 
             publish = EventPublisher(bootstrap, app).publish
-        reply = deliver(control_dir, TaskId(sub, pid), batch_id, table_to_ipc(tbl), publish=publish)
-        _trace({"stage": 2, "task": pid, "batch": batch_id, "records": tbl.num_rows,
-                "reply": reply[0], "prepare_s": round(t1 - t0, 3),
-                "deliver_s": round(_time.perf_counter() - t1, 3)})
-        return
-        yield  # a generator that yields nothing: the instance wrote the outputs
 
-    return stage2
+        def one(t):
+            return deliver(control_dir, TaskId(sub, t), batch_id, columns_to_ipc(cols[t]),
+                           publish=publish, split=split, splits=splits)
+
+        with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
+            replies = list(pool.map(one, range(n)))    # the first failure raises here
+        _trace({"stage": "deliver", "split": split, "splits": splits, "batch": batch_id, "rows": rows,
+                "shuffle_s": round(t1 - t0, 3), "deliver_s": round(_time.perf_counter() - t1, 3),
+                "replies": [r[0] for r in replies]})
+        return
+        yield  # a generator that yields nothing: the instances wrote the outputs
+
+    return deliver_split
 
 
 # --- progress ---------------------------------------------------------------------------------------
@@ -411,6 +455,7 @@ class SparkEngine:
         spark = self.session()
         r = (spark.readStream.format("statekit-kafka")
              .option("bootstrap", run.bootstrap)
+             .option("includeSplits", str(run.extra.get("placement") != "executors").lower())
              .option("topics", ",".join(dict.fromkeys(source_topics(run.plan))))
              .option("startingOffsets", run.starting_offsets)
              .option("isolation.level", run.isolation))
@@ -423,6 +468,10 @@ class SparkEngine:
         from pyspark.sql import functions as F
 
         src = self.source_frame(run)
+        if run.extra.get("placement") != "executors":
+            src = src.select("key", "value", "topic", "partition", "offset",
+                             F.unix_millis("timestamp").alias("ts"), "split", "splits")
+            return src.mapInArrow(make_deliver(run), OUTPUT_SCHEMA)
         src = src.select("key", "value", "topic", "partition", "offset",
                          F.unix_millis("timestamp").alias("ts"))
         staged = src.mapInArrow(make_stage1(run.plan, run.partitions), STAGE1_SCHEMA)
@@ -491,4 +540,4 @@ def start(run: RunSpec, on_progress=None) -> RunningQuery:
 
 
 __all__ = ["SparkEngine", "RunningQuery", "RunSpec", "EngineError", "SparkFailure", "start", "launch",
-           "progress_dict", "make_stage1", "make_stage2"]
+           "progress_dict", "make_stage1", "make_stage2", "make_deliver"]

@@ -10,7 +10,10 @@ writes), built on Spark 4's Python data source API and `statekit.kafka` (no Spar
 
 The schema is Spark's Kafka source schema: `key binary, value binary, topic string, partition int,
 offset long, timestamp timestamp, timestampType int` (+ `headers array<struct<key string, value
-binary>>` with `.option("includeHeaders", "true")`). Offsets are `{topic: {"partition": next
+binary>>` with `.option("includeHeaders", "true")`; + `split int, splits int` with
+`.option("includeSplits", "true")`: which of the micro-batch's input partitions a row came from, and
+how many there are — every partition then yields at least one row, a marker with offset -1 when its
+range holds no record, so that a reader of each partition always learns both). Offsets are `{topic: {"partition": next
 offset}}` JSON dicts, kept in Spark's checkpoint (the offset log), so a restarted query continues
 where the last committed batch ended. One input partition per Kafka partition range (split further
 with `minPartitions`). `read()` runs in a Python worker and yields pyarrow RecordBatches decoded by
@@ -66,8 +69,12 @@ class SourceOptionError(StatekitError):
     pass
 
 
-def kafka_schema(include_headers: bool = False) -> StructType:
-    return StructType(BASE_FIELDS + ([HEADERS_FIELD] if include_headers else []))
+SPLIT_FIELDS = [StructField("split", IntegerType(), False), StructField("splits", IntegerType(), False)]
+
+
+def kafka_schema(include_headers: bool = False, include_splits: bool = False) -> StructType:
+    return StructType(BASE_FIELDS + ([HEADERS_FIELD] if include_headers else [])
+                      + (SPLIT_FIELDS if include_splits else []))
 
 
 def _truthy(v) -> bool:
@@ -75,11 +82,13 @@ def _truthy(v) -> bool:
 
 
 class KafkaPartition(InputPartition):
-    """Offsets [start, end) of one Kafka partition."""
+    """Offsets [start, end) of one Kafka partition; the `split`-th of the batch's `splits`."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int):
+    def __init__(self, topic: str, partition: int, start: int, end: int, split: int = 0,
+                 splits: int = 1):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
-        super().__init__((topic, partition, start, end))
+        self.split, self.splits = split, splits
+        super().__init__((topic, partition, start, end, split, splits))
 
     def __repr__(self):
         return f"KafkaPartition({self.topic}[{self.partition}] {self.start}..{self.end})"
@@ -131,8 +140,11 @@ def from_json(d: dict | None) -> dict:
 
 
 def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int, schema: StructType,
-               batch_rows: int = 50_000, isolation: str = "read_uncommitted") -> Iterator:
-    """Yield pyarrow RecordBatches (in `schema`) for offsets [start, end) of topic[partition]."""
+               batch_rows: int = 50_000, isolation: str = "read_uncommitted",
+               split: tuple | None = None) -> Iterator:
+    """Yield pyarrow RecordBatches (in `schema`) for offsets [start, end) of topic[partition].
+    `split`: (index, count) for the `split`/`splits` columns; a range without any record then
+    yields one marker row (offset -1)."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -144,18 +156,21 @@ def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
     client = Kafka(bootstrap)
     try:
         pending: list = []
+        rows = 0
         for chunk in client.read(topic, partition, start, end, isolation=isolation):
             pending.extend(chunk.records)
             if len(pending) >= batch_rows:
-                yield _to_batch(pending, topic, partition, pa_schema, ts_type, with_headers, pa)
+                rows += len(pending)
+                yield _to_batch(pending, topic, partition, pa_schema, ts_type, with_headers, pa, split)
                 pending = []
-        if pending:
-            yield _to_batch(pending, topic, partition, pa_schema, ts_type, with_headers, pa)
+        if pending or (split is not None and not rows):
+            yield _to_batch(pending or [(-1, 0, None, None, ())], topic, partition, pa_schema,
+                            ts_type, with_headers, pa, split)
     finally:
         client.close()
 
 
-def _to_batch(records, topic, partition, pa_schema, ts_type, with_headers, pa):
+def _to_batch(records, topic, partition, pa_schema, ts_type, with_headers, pa, split=None):
     n = len(records)
     offsets, stamps, keys, values, headers = zip(*records)
     cols = [
@@ -170,6 +185,9 @@ def _to_batch(records, topic, partition, pa_schema, ts_type, with_headers, pa):
     if with_headers:
         cols.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in headers],
                              pa_schema.field("headers").type))
+    if split is not None:
+        cols.append(pa.array([split[0]] * n, pa.int32()))
+        cols.append(pa.array([split[1]] * n, pa.int32()))
     return pa.RecordBatch.from_arrays(cols, schema=pa_schema)
 
 
@@ -195,6 +213,7 @@ class _Options:
         self.starting = o.get("startingoffsets", "earliest")
         self.ending = o.get("endingoffsets", "latest")
         self.include_headers = _truthy(o.get("includeheaders", "false"))
+        self.include_splits = _truthy(o.get("includesplits", "false"))
         self.min_partitions = int(o.get("minpartitions") or 0)
         # Kafka's isolation.level: read_committed ends at the last stable offset and drops the
         # records of aborted transactions (exactly-once output of an upstream sub-topology)
@@ -212,8 +231,9 @@ class KafkaDataSource(DataSource):
         return NAME
 
     def schema(self):
-        return kafka_schema(_truthy(dict(self.options).get("includeHeaders",
-                                                          dict(self.options).get("includeheaders", "false"))))
+        o = {str(k).lower(): v for k, v in dict(self.options).items()}
+        return kafka_schema(_truthy(o.get("includeheaders", "false")),
+                            _truthy(o.get("includesplits", "false")))
 
     def streamReader(self, schema: StructType) -> "KafkaStreamReader":
         return KafkaStreamReader(_Options(self.options), schema)
@@ -320,11 +340,13 @@ class _OffsetsMixin:
                 for a in range(s, e, step):
                     split.append((t, p, a, min(e, a + step)))
             parts = split
-        return [KafkaPartition(*x) for x in parts]
+        return [KafkaPartition(*x, i, len(parts)) for i, x in enumerate(parts)]
 
     def read(self, partition: KafkaPartition):
         return read_range(self.opts.bootstrap, partition.topic, partition.partition, partition.start,
-                          partition.end, self.schema, isolation=self.opts.isolation)
+                          partition.end, self.schema, isolation=self.opts.isolation,
+                          split=(partition.split, partition.splits) if self.opts.include_splits
+                          else None)
 
     def __getstate__(self):
         d = dict(self.__dict__)
