@@ -172,7 +172,10 @@ class Session:
             if kind == "instance_died":
                 died.update(ts=e.ts, cause=e.cause, instance=e.instance)
                 return
-            if kind != "state" or getattr(e, "state", None) != "ERROR":
+            if kind != "state":
+                return
+            if e.state != "ERROR":
+                died.clear()   # a restart, a rebalance: a later ERROR is news of its own
                 return
             if self.apps.get(name) is not app:
                 return  # redefined since
