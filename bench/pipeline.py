@@ -9,9 +9,11 @@ through the `statekit-kafka` source with `maxRecordsPerTrigger` and `Trigger.Ava
 words, and writes the updated counts of each micro-batch to its own Kafka topic through the
 `statekit-kafka` sink. A record here is a word.
 
-* statekit: `SparkEngine` running the DSL topology `stream.flat_map_values(split).group_by(word)
-  .count().to_stream().to(...)` — RocksDB stores (rocksdict), record cache, changelog topic in Kafka,
-  commit per micro-batch per task.
+* statekit: a `statekit.App` (2 instances, engine "changelog") running the DSL topology
+  `stream.flat_map_values(split).group_by(word).count().to_stream().to(...)` — the Spark query reads
+  and shuffles, the instances' tasks keep RocksDB stores (rocksdict) with a record cache and a
+  changelog topic in Kafka, and commit per micro-batch per task; measured from `start()` until the
+  app has processed everything and stopped.
 * groupBy: `explode(split(value)) .groupBy(word).count()`, update mode, Spark's RocksDB state store
   provider; written with foreachBatch (Python data source writers accept Append mode only).
 * transformWithStateInPandas: the same with a `StatefulProcessor` holding a ValueState count per word
@@ -78,26 +80,22 @@ def summarize(name, words, seconds, progress):
 
 
 def run_statekit(spark, bootstrap, topic, out_topic, work, partitions, batch_lines, app):
-    from statekit.engine.spark import SparkEngine
-    from statekit.engine.spec import RunSpec
-    from statekit.topology import TopologyBuilder
+    import statekit
 
-    b = TopologyBuilder()
-    (b.stream(topic).flat_map_values(str.split).group_by(lambda k, w: w)
+    a = statekit.App(app, bootstrap=bootstrap, partitions=partitions, instances=2,
+                     state_dir=os.path.join(work, app), engine="changelog")
+    (a.stream(topic).flat_map_values(str.split).group_by(lambda k, w: w)
      .count(store="counts").to_stream().to(out_topic, value_serde="int64"))
-    run = RunSpec(app=app, bootstrap=bootstrap, plan=b.compile(), partitions=partitions,
-                  checkpoint_dir=os.path.join(work, app, "checkpoint"),
-                  control_dir=os.path.join(work, app, "control"),
-                  state_dirs={t: os.path.join(work, app, "state") for t in range(partitions)},
-                  trigger="availableNow", max_records_per_trigger=batch_lines, sink="kafka",
-                  extra={"events": False})
     t0 = time.perf_counter()
-    q = SparkEngine(spark).start(run)
-    q.await_termination()
+    a.start(trigger="availableNow", max_records_per_trigger=batch_lines, sink="kafka")
+    state = a.wait_for_state("NOT_RUNNING", None)
     elapsed = time.perf_counter() - t0
-    if q.exception():
-        raise RuntimeError(q.exception())
-    return elapsed, q.recent_progress
+    try:
+        if str(state) != "NOT_RUNNING":
+            raise RuntimeError(f"{app} ended {state}: {a.error}")
+        return elapsed, a.progress()
+    finally:
+        a.stop()
 
 
 def _words_frame(spark, bootstrap, topic, batch_lines):

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
-import pickle
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -46,6 +44,10 @@ ENGINES = ("changelog", "local")
 
 class AppStateError(StatekitError):
     """An operation that the application's current state does not allow."""
+
+
+class NoLiveInstance(StatekitError):
+    """Every instance is dead: nothing processes until one is revived (or the app restarted)."""
 
 
 def _progress_dict(p) -> dict:
@@ -78,13 +80,15 @@ class App:
     ``commit_interval`` (seconds) is Kafka Streams' ``commit.interval.ms``: tasks commit at the end
     of every micro-batch, so it is the default micro-batch trigger (``start(trigger=...)`` overrides
     it). ``acceptable_recovery_lag``, ``max_warmup_replicas`` and ``probing_rebalance_interval``
-    (seconds) are Kafka Streams' high-availability assignment settings."""
+    (seconds) are Kafka Streams' high-availability assignment settings. ``restore_rate``
+    (records/s) holds every restore to that pace, so that it lasts long enough to watch."""
 
     def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: int = 4,
                  instances: int = 1, standby_replicas: int = 0, state_dir: Optional[str] = None,
                  commit_interval: Optional[float] = None, cache_bytes: int = 10 << 20,
                  engine: Any = "changelog", acceptable_recovery_lag: int = 10_000,
-                 max_warmup_replicas: int = 2, probing_rebalance_interval: float = 10.0):
+                 max_warmup_replicas: int = 2, probing_rebalance_interval: float = 10.0,
+                 restore_rate: Optional[float] = None):
         if not name or any(c in name for c in "/\\ "):
             raise StatekitError(f"app name {name!r} must be a non-empty word (it prefixes topic names)")
         for what, v, low in (("partitions", partitions, 1), ("instances", instances, 1),
@@ -93,6 +97,9 @@ class App:
                              ("max_warmup_replicas", max_warmup_replicas, 0)):
             if int(v) < low:
                 raise StatekitError(f"{what} must be >= {low}, got {v}")
+        if restore_rate is not None and float(restore_rate) <= 0:
+            raise StatekitError(f"restore_rate must be > 0 records/s, got {restore_rate}")
+        self.restore_rate = float(restore_rate) if restore_rate else None
         if float(probing_rebalance_interval) <= 0:
             raise StatekitError(f"probing_rebalance_interval must be > 0 seconds, got "
                                 f"{probing_rebalance_interval}")
@@ -126,11 +133,15 @@ class App:
         self.plan = None
         self._subplans: dict = {}
 
+        from statekit.runtime import supervisor
+
+        supervisor.warm()   # a spare instance process, so that start() does not wait for imports
         self._life = Lifecycle()
         self._life.add_listener(self._on_state_change)
         self._lock = threading.RLock()
         self._coordinator: Optional[Coordinator] = None
         self._queries: dict = {}           # sub-topology -> running query
+        self.runs: dict = {}               # sub-topology -> its engine.spec.RunSpec
         self._run_opts: dict = {}
         self._started_at = 0.0
         self._stopping = False
@@ -366,15 +377,6 @@ class App:
                           cache_bytes=self.cache_bytes, sink=sink,
                           repartition_topics=tuple(getattr(self.plan, "repartition_topics", ()) or ()))
 
-    def _write_runspec(self, spec) -> None:
-        from pyspark import cloudpickle  # the plans hold user functions
-
-        path = self.layout.control.runspec
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(cloudpickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))
-        os.replace(tmp, path)
-
     def _launch_queries(self) -> None:
         from statekit.engine.spec import RunSpec
 
@@ -392,6 +394,7 @@ class App:
                           max_records_per_trigger=opts.get("max_records_per_trigger"),
                           starting_offsets=opts.get("starting_offsets") or "earliest",
                           query_name=self.name if sub == 0 else f"{self.name}_{sub}")
+            self.runs[sub] = run
             try:
                 self._queries[sub] = engine.start(run)
             except StatekitError:
@@ -420,7 +423,6 @@ class App:
             self._check_partitions()
             crash_mod.clear(self.layout.control_dir)  # a directive left over from another session
             spec = self._worker_spec(sink)
-            self._write_runspec(spec)
             self._start_events()
             self._error = None
             self._transition(AppState.RESTORING, "start")
@@ -428,7 +430,8 @@ class App:
                                             tasks=self.tasks(), settings=self.settings,
                                             publish=self._publish, on_change=self._on_membership)
             try:
-                self._coordinator.start(self.initial_instances)
+                self._coordinator.start(self.initial_instances,
+                                        options={"restore_rate": self.restore_rate})
                 self._started_at = time.time()
                 self._stopping = False
                 self._launch_queries()
@@ -587,8 +590,8 @@ class App:
         """The coordinator's news: a rebalance (REBALANCING until the moved tasks are open), or no
         live instance left (ERROR: nothing can process)."""
         if what == "no-live-instance":
-            self._fail(StatekitError(f"every instance of '{self.name}' is dead: restart() or "
-                                     f"revive() one"))
+            self._fail(NoLiveInstance(f"every instance of '{self.name}' is dead: restart() or "
+                                      f"revive() one"))
         elif what == "rebalance" and self.state == AppState.RUNNING:
             self._transition(AppState.REBALANCING, f"generation {self.generation}")
 
@@ -634,7 +637,7 @@ class App:
                 continue
             key = (sub, bid, d.get("timestamp"))
             if key not in self._progress:
-                self._progress[key] = d
+                self._progress[key] = dict(d, subtopology=sub, seen_at=time.time())
                 self._records_processed += int(d.get("num_input_rows") or 0)
 
     def _one_line(self, exc) -> StatekitError:
@@ -677,7 +680,7 @@ class App:
                 return True
             if not co.live() or self.state == AppState.ERROR:
                 return False
-            if co.tasks_ready():
+            if co.tasks_ready(fresh=True):
                 return True
             if deadline is not None and time.monotonic() > deadline:
                 return False
@@ -725,6 +728,14 @@ class App:
             return self.process_all_available(timeout=timeout)
         except AppStateError:
             return False
+
+    def progress(self, since: Optional[float] = None) -> list:
+        """The engines' micro-batch progress (dicts: batch_id, num_input_rows, input and processed
+        rates, batch_duration_ms, subtopology, seen_at), oldest first; from time ``since`` on."""
+        for sub, q in list(self._queries.items()):
+            self._poll_progress(sub, q)
+        out = list(self._progress.values())
+        return out if since is None else [p for p in out if p["seen_at"] >= since]
 
     def metrics(self) -> dict:
         """Records processed, input rate, last batch latency (from the engines' progress)."""
@@ -780,7 +791,7 @@ class App:
         without. Returns the new assignment."""
         co = self._require_started("revive")
         a = co.revive(instance, disk=disk)
-        if self.state == AppState.ERROR and self._queries:
+        if self.state == AppState.ERROR and isinstance(self._error, NoLiveInstance) and self._queries:
             self._error = None
             self._transition(AppState.REBALANCING, f"instance {instance} revived")
         return a
@@ -797,6 +808,14 @@ class App:
     def scale(self, n: int) -> list[int]:
         """Add or remove instances until ``n`` are live (the highest numbers leave first)."""
         return self._require_started("scale").scale(n)
+
+    def pause_standbys(self, instance: Optional[int] = None) -> list:
+        """Stop the standby (and warmup) replicas from tailing — on one instance or all — so that
+        their lag grows and a promotion visibly replays it. ``resume_standbys()`` undoes it."""
+        return self._require_started("pause_standbys").pause_replicas(True, instance)
+
+    def resume_standbys(self, instance: Optional[int] = None) -> list:
+        return self._require_started("resume_standbys").pause_replicas(False, instance)
 
     @property
     def assignment(self):
@@ -939,29 +958,19 @@ class App:
             crash = self.cancel_crash()
             if crash is not None:
                 crash["status"] = "withdrawn"
-            co.options["restore_rate"] = float(restore_rate) if restore_rate else None
-            self._error = None
-            self._task_errors = []
-            self._transition(AppState.RESTORING, "restart")
+            co.options["restore_rate"] = float(restore_rate) if restore_rate else self.restore_rate
             if crash_during:
                 cd = dict(crash_during)
-                inst = cd.get("instance")
-                d = crash_mod.write_directive(self.layout.control_dir,
-                                              inst if inst is not None else None,
+                d = crash_mod.write_directive(self.layout.control_dir, cd.get("instance"),
                                               cd.get("point", "mid_restore"),
                                               cd.get("after_records") or 0, cd.get("mode", "process"))
                 self._crash = {**cd, "id": d["id"], "status": "pending", "requested_at": time.time()}
                 self.crashes.append(self._crash)
-            dead = [i for i, m in sorted(co.members.items()) if m.status == "dead"]
             gen0 = self.generation
-            if not dead:
-                for i in co.live():
-                    co.kill(i, mode="process", cause="kill", allow_last=True)
-                dead = [i for i, m in sorted(co.members.items()) if m.status == "dead"]
-            revived = []
-            for i in dead:
-                co.revive(i, disk=True)
-                revived.append(i)
+            revived = co.restart_instances()
+            self._error = None
+            self._task_errors = []
+            self._transition(AppState.RESTORING, "restart")
             self._launch_queries()
             if self._monitor is None:
                 self._start_monitor()

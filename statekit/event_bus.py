@@ -11,6 +11,7 @@ log).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -115,8 +116,15 @@ class EventPublisher:
         self.dropped = 0
 
     def _stamp(self, ev) -> dict:
+        """The event's fields; a default of this publisher (e.g. its instance) fills a field the
+        event left at its own default."""
         out = dict(self.defaults)
-        out.update(ev.to_dict() if isinstance(ev, Event) else ev)
+        if isinstance(ev, Event):
+            unset = {f.name for f in dataclasses.fields(ev)
+                     if f.name in self.defaults and getattr(ev, f.name) == f.default}
+            out.update({k: v for k, v in ev.to_dict().items() if k not in unset})
+        else:
+            out.update(ev)
         if out.get("ts") == 0.0:
             out.pop("ts")
         if out.get("pid") == 0:

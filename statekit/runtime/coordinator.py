@@ -134,11 +134,24 @@ class Coordinator:
         os.replace(tmp, path)
 
     # -- life --------------------------------------------------------------------------------
+    def _write_runspec(self) -> None:
+        """What instance processes load: the worker spec, with the plans' user functions."""
+        import pickle
+
+        from pyspark import cloudpickle
+
+        path = self.control.runspec
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(cloudpickle.dumps(self.spec, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, path)
+
     def start(self, instances: int, options: Optional[dict] = None) -> Assignment:
         """Start instances 0..n-1 (a previous run's disks are kept) and the first assignment."""
         with self._lock:
             self.options = dict(options or {})
             self.stopped = False
+            self._write_runspec()
             saved = self._saved_assignment()
             procs = []
             for i in range(int(instances)):
@@ -246,7 +259,7 @@ class Coordinator:
         self._status_at = time.monotonic()
         return out
 
-    def _on_death(self, m: Member) -> None:
+    def _on_death(self, m: Member, rebalance: bool = True) -> None:
         from statekit.worker import crash as crash_mod
 
         code = m.process.exit_code()
@@ -273,6 +286,8 @@ class Coordinator:
                                      mode=mode, point=point, exit_code=code, tasks=tasks,
                                      deleted=len(deleted), generation=self.generation))
         self._write_assignment()   # the routers stop calling it at once
+        if not rebalance:
+            return
         if self.live():
             self._rebalance(f"instance {m.instance} died", dead={m.instance})
         else:
@@ -441,6 +456,35 @@ class Coordinator:
             self._spawn(m, reason="revive", disk=("kept" if kept else "wiped") if disk else "wiped")
             return self._rebalance(f"instance {m.instance} revived")
 
+    def restart_instances(self) -> list[int]:
+        """Bring every instance back at once: the dead ones are revived with their disks; when none
+        is dead, every live one is killed (a process crash of all of them) and revived. One
+        rebalance at the end. Returns the instances started."""
+        with self._lock:
+            dead = [i for i, m in sorted(self.members.items()) if m.status == "dead"]
+            if not dead:
+                for i in self.live():
+                    m = self.members[i]
+                    m.kill_request = {"cause": "kill", "mode": "process"}
+                    supervisor.kill(m.process)
+                    self._on_death(m, rebalance=False)
+                dead = [i for i, m in sorted(self.members.items()) if m.status == "dead"]
+            procs = []
+            for i in dead:
+                m = self.members[i]
+                m.incarnation += 1
+                procs.append((m, supervisor.launch(self.control, i, m.incarnation,
+                                                   self.layout.instance_dir(i))))
+            for m, ip in procs:
+                m.process = supervisor.wait_ready(self.control, ip)
+                m.status, m.conn = "alive", None
+                self.publish(ev.InstanceStarted(
+                    instance=m.instance, incarnation=m.incarnation, instance_pid=ip.pid,
+                    reason="restart", generation=self.generation,
+                    disk="kept" if self.layout.tasks_on_disk(m.instance) else "wiped"))
+            self._rebalance("restart")
+            return dead
+
     def add_instance(self) -> int:
         with self._lock:
             i = max(self.members) + 1 if self.members else 0
@@ -510,6 +554,17 @@ class Coordinator:
             changed.append(i)
         return changed
 
+    def pause_replicas(self, paused: bool, instance=None) -> list:
+        """Stop (or resume) the standby and warmup replicas of one live instance, or of all."""
+        with self._lock:
+            ms = [self._member(instance)] if instance is not None else \
+                [m for m in self.members.values() if m.live]
+            out = []
+            for m in ms:
+                reply = self._call(m, "pause_replicas", bool(paused))
+                out += [(m.instance, t) for t in reply[1]]
+            return out
+
     # -- observation -------------------------------------------------------------------------
     def statuses(self, fresh: bool = False) -> dict:
         with self._lock:
@@ -517,11 +572,14 @@ class Coordinator:
                 self._refresh_statuses()
             return dict(self._statuses)
 
-    def tasks_ready(self) -> bool:
-        """Every active task is open and running, with no spooled batch waiting."""
-        st = self.statuses()
-        if self.assignment is None:
+    def tasks_ready(self, fresh: bool = False) -> bool:
+        """Every active task is open and running, with no spooled batch waiting (the spools are
+        read from the control directory, so a batch an engine spooled a moment ago counts)."""
+        from statekit.worker.spool import backlog
+
+        if self.assignment is None or backlog(os.path.join(self.control.path, "spool")):
             return False
+        st = self.statuses(fresh=fresh)
         for t, i in self.assignment.active.items():
             row = (st.get(i) or {}).get("tasks", {}).get(str(t))
             if row is None or row.get("state") != "running" or row.get("backlog"):

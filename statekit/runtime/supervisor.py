@@ -1,17 +1,24 @@
 """Instance processes: start them, and stop or kill them for real.
 
 An instance is ``python -m statekit.worker.instance`` run as a child of the App's process, with its
-own state directory. ``spawn`` returns once it listens (its ``control/instances/<i>.json`` names the
-incarnation we started); ``kill`` is a SIGKILL, nothing else: what the instance had in memory is
-gone, as after a real crash.
+own state directory. ``launch`` starts one, ``wait_ready`` returns once it listens (its
+``control/instances/<i>.json`` names the incarnation we started); ``kill`` is a SIGKILL, nothing
+else: what the instance had in memory is gone, as after a real crash.
+
+Most of an instance's start-up is Python importing Kafka, RocksDB and Arrow, so the supervisor keeps
+a *spare*: a process that has imported all of it and waits to be told which instance to become.
+``launch`` hands a spare its identity when there is one (and starts the next spare), so a revived or
+added instance serves at once; ``warm()`` starts the first spare ahead of time.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -46,22 +53,83 @@ def _project_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _env() -> dict:
+    env = dict(os.environ)
+    root = _project_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class _Spares:
+    """One warm process waiting for an identity (per App process, shared by every app)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._spare: Optional[subprocess.Popen] = None
+        atexit.register(self.close)
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "statekit.worker.instance", "--spare"],
+                                env=_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, close_fds=True)
+
+    def warm(self) -> None:
+        with self._lock:
+            if self._spare is None or self._spare.poll() is not None:
+                self._spare = self._start()
+
+    def take(self) -> Optional[subprocess.Popen]:
+        """The spare (a new one is started for next time), or None when there is none alive."""
+        with self._lock:
+            sp, self._spare = self._spare, None
+            self._spare = self._start()
+        return sp if sp is not None and sp.poll() is None else None
+
+    def close(self) -> None:
+        with self._lock:
+            sp, self._spare = self._spare, None
+        if sp is not None and sp.poll() is None:
+            try:
+                sp.stdin.close()    # it reads EOF and exits
+                sp.wait(timeout=5)
+            except Exception:  # noqa: BLE001
+                sp.kill()
+
+
+SPARES = _Spares()
+
+
+def warm() -> None:
+    """Start a spare instance process now, so that the first instance starts at once."""
+    SPARES.warm()
+
+
 def launch(control: ControlDir, instance: int, incarnation: int, state_dir: str) -> InstanceProcess:
-    """Start the process (do not wait for it)."""
+    """Start the process (do not wait for it): a spare becomes it, else a new process starts."""
     try:
         os.unlink(control.instance_file(instance))
     except FileNotFoundError:
         pass
-    env = dict(os.environ)
-    root = _project_root()
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     log_path = os.path.join(control.path, "instances", f"{int(instance)}.log")
+    spare = SPARES.take()
+    if spare is not None:
+        who = {"control": control.path, "instance": int(instance), "incarnation": int(incarnation),
+               "state_dir": state_dir, "log": log_path,
+               # settings read from the environment at use (crash plans, Kafka security): as now
+               "env": {k: v for k, v in os.environ.items() if k.startswith("STATEKIT_")}}
+        try:
+            spare.stdin.write((json.dumps(who) + "\n").encode())
+            spare.stdin.flush()
+            spare.stdin.close()
+            return InstanceProcess(int(instance), int(incarnation), spare)
+        except OSError:   # the spare died meanwhile: start one the slow way
+            pass
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "statekit.worker.instance", "--control", control.path,
              "--instance", str(int(instance)), "--incarnation", str(int(incarnation)),
              "--state-dir", state_dir],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True)
+            env=_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True)
     return InstanceProcess(int(instance), int(incarnation), proc)
 
 

@@ -20,7 +20,6 @@ import time
 from statekit.errors import StatekitError, UnknownTopic
 from statekit.state import checkpoint as ckpt
 from statekit.state.restore import NO_BATCH, StoreReplay, meta_key
-from statekit import contracts
 from statekit.state.task import _Lock, changelog_topic, task_dir_for
 
 log = logging.getLogger("statekit.state")
@@ -38,8 +37,11 @@ class StandbyReplica:
         from statekit.kafka import Kafka, resolve_bootstrap
         from statekit.stores import build_stores
 
+        from statekit.contracts import TaskId
+
         self.application = application
-        self.task_id = task_id if isinstance(task_id, contracts.TaskId) else int(task_id)
+        # a contracts.TaskId (sub-topology, partition), or a bare partition
+        self.task_id = task_id if isinstance(task_id, TaskId) else int(task_id)
         self.partition = int(getattr(task_id, "partition", task_id))
         self.specs = [s for s in specs if getattr(s, "logging", True)]
         self.state_dir = state_dir

@@ -181,7 +181,8 @@ class TaskHost:
             log.warning("replica of %s did not start: %s", t, one_line(exc))
             return
         self.replicas[t] = (role, sb)
-        sb.start()
+        if not self.paused:
+            sb.start()
         try:
             lag = sb.lag()
         except Exception:  # noqa: BLE001
@@ -318,6 +319,21 @@ class TaskHost:
                 return ("failed", one_line(exc), type(exc).__name__)
             return ("done", n)
 
+    def pause_replicas(self, paused: bool) -> list:
+        """Stop (or resume) tailing in every replica of this instance: their stores stay open and
+        their lag grows, so a promotion has something to replay (for teaching and tests)."""
+        with self._lock:
+            reps = dict(self.replicas)
+        for _t, (_role, sb) in reps.items():
+            if paused:
+                sb.stop()
+            else:
+                sb.start()
+        self.paused = paused
+        return [str(t) for t in reps]
+
+    paused = False
+
     # -- observation -------------------------------------------------------------------------
     def status(self) -> dict:
         with self._lock:
@@ -345,7 +361,7 @@ class TaskHost:
                                 "error": None if sb.error is None else one_line(sb.error)}
         return {"instance": self.instance, "incarnation": self.incarnation, "pid": os.getpid(),
                 "generation": self.generation, "tasks": tasks, "replicas": replicas,
-                "at": time.time()}
+                "replicas_paused": self.paused, "at": time.time()}
 
     def stop(self) -> None:
         """Close every task and replica (a graceful shutdown)."""

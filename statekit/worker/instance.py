@@ -13,6 +13,11 @@ authenticated connection (``statekit.worker.protocol``).
 On start the process writes ``control/instances/<i>.json`` (pid, port, incarnation) once it listens.
 It exits when its parent (the App's process) goes away, so a notebook kernel that dies leaves no
 instance behind.
+
+``--spare``: start, import everything a task needs (Python, Kafka, RocksDB, Arrow: most of an
+instance's start-up time), then wait on stdin for one JSON line naming the instance to become
+(``{"control", "instance", "incarnation", "state_dir", "log"}``). The supervisor keeps one spare
+ready, so a revived or added instance is serving within milliseconds.
 """
 from __future__ import annotations
 
@@ -123,6 +128,8 @@ class InstanceServer:
                 return ("ok", self.host.assign(generation, mine, options))
             if op == "status":
                 return ("ok", self.host.status())
+            if op == "pause_replicas":
+                return ("ok", self.host.pause_replicas(bool(msg[1])))
             if op == "stop":
                 self.host.stop()
                 return ("ok",)
@@ -134,14 +141,48 @@ class InstanceServer:
             return ("error", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
 
 
+def warm_imports() -> None:
+    """What the first micro-batch of a task would otherwise pay for."""
+    import pyarrow  # noqa: F401
+    import pyarrow.ipc  # noqa: F401
+
+    import statekit.kafka  # noqa: F401
+    import statekit.state  # noqa: F401
+    import statekit.stores.rocksdb  # noqa: F401
+    import statekit.topology.plan  # noqa: F401
+    import statekit.worker.host  # noqa: F401
+    import statekit.worker.output  # noqa: F401
+
+
+def _become(line: str) -> argparse.Namespace:
+    """A spare's identity, sent by the supervisor; stdout and stderr go to the instance's log."""
+    who = json.loads(line)
+    for k in [k for k in os.environ if k.startswith("STATEKIT_")]:
+        del os.environ[k]
+    os.environ.update(who.get("env") or {})
+    fd = os.open(who["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return argparse.Namespace(control=who["control"], instance=int(who["instance"]),
+                              incarnation=int(who["incarnation"]), state_dir=who["state_dir"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m statekit.worker.instance")
-    ap.add_argument("--control", required=True)
-    ap.add_argument("--instance", type=int, required=True)
+    ap.add_argument("--spare", action="store_true")
+    ap.add_argument("--control")
+    ap.add_argument("--instance", type=int)
     ap.add_argument("--incarnation", type=int, default=1)
-    ap.add_argument("--state-dir", required=True)
+    ap.add_argument("--state-dir")
     args = ap.parse_args(argv)
     _die_with_parent()
+    warm_imports()
+    if args.spare:
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0   # the pool closed: nothing to become
+        args = _become(line)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     server = InstanceServer(args.control, args.instance, args.incarnation, args.state_dir)
     server.serve()

@@ -11,6 +11,8 @@ drive an instance. A message is a pickled tuple; the first element names the cal
         -> ("ok", {task: how it will open})
     ("status",)                                          App -> instance
         -> ("ok", {...}) (see TaskHost.status)
+    ("pause_replicas", paused)                           App -> instance
+        -> ("ok", [task])
     ("stop",)                                            App -> instance: close every task, exit
         -> ("ok",)
 

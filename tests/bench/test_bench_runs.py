@@ -24,6 +24,8 @@ SMALL = {
                   "--rounds", "1"], {}, ["pipeline_wordcount"]),
     "dashboard": (["--records", "4000", "--per-batch", "1000", "--rounds", "1",
                    "--warmup-phases", "1"], {}, ["dashboard_overhead"]),
+    "failover": (["--rate", "1000", "--window", "2", "--partitions", "3"], {},
+                 ["failover_recovery", "failover_survivors"]),
     "engines": (["--chunks", "2", "--lines", "20", "--clicks", "10", "--per-trigger", "100"], {},
                 ["engines_restore"]),
 }

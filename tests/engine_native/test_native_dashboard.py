@@ -23,9 +23,8 @@ def test_dashboard_model_reads_a_live_native_app(native_broker, native_spark, tm
         k.send("dash-lines", i % 2, [(None, ln.encode())])
     want = dict(collections.Counter(w for ln in lines for w in ln.split()))
 
-    app = statekit.App("dashnative", bootstrap=native_broker.bootstrap, partitions=2,
-                       state_dir=str(tmp_path / "native"), engine="spark",
-                       engine_options={"min_deltas_for_snapshot": 50})
+    app = statekit.NativeApp("dashnative", bootstrap=native_broker.bootstrap, partitions=2,
+                             state_dir=str(tmp_path / "native"), min_deltas_for_snapshot=50)
     app.stream("dash-lines").flat_map_values(str.split).group_by(lambda key, w: w).count(store="counts")
     try:
         app.start(max_records_per_trigger=10)

@@ -92,63 +92,110 @@ def store_as_dict(app, store) -> dict:
     return {k: int(v) for k, v in zip(df["key"], df["value"])}
 
 
-def random_crash(rnd: random.Random, instances: int) -> dict:
-    point = rnd.choice(POINTS)
-    return {"mode": rnd.choice(["process", "disk-loss"]), "instance": rnd.randrange(instances),
+def build_app(name, broker, state_dir, seed, engine="local", **over):
+    """A word count (with a sink) and a windowed click count, sized by the seed."""
+    import statekit
+
+    rnd = random.Random(seed)
+    kw = dict(partitions=rnd.choice([2, 3, 4]), instances=rnd.choice([1, 2, 3, 3]),
+              cache_bytes=rnd.choice([0, 2048, 10 << 20]), probing_rebalance_interval=0.3,
+              acceptable_recovery_lag=rnd.choice([0, 40, 10_000]), max_warmup_replicas=rnd.choice([1, 2]))
+    kw["standby_replicas"] = rnd.choice([0, 1]) if kw["instances"] > 1 else 0
+    kw.update(over)
+    app = statekit.App(name, bootstrap=broker.bootstrap, state_dir=state_dir, engine=engine, **kw)
+    (app.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w).count(store="counts")
+     .to_stream().to("counts-out", value_serde="int64"))
+    (app.stream("clicks").group_by_key().windowed_by(__import__("statekit").topology.tumbling(WINDOW_MS),
+                                                      grace_ms=10 ** 9)
+     .count(store="clicks-per-window"))
+    return app
+
+
+def check_exact(app, kafka, sink="memory") -> None:
+    """Stores equal the plain-Python references; the memory sink holds every batch's outputs once."""
+    want_words = wordcount_reference(kafka)
+    assert store_as_dict(app, "counts") == want_words
+    assert store_as_dict(app, "clicks-per-window") == windowed_reference(kafka)
+    if sink != "memory":
+        return
+    df = app.output()
+    # (with the record cache off a key is forwarded at every update, each with its new count)
+    assert not df.duplicated(["batch", "task", "key", "value"]).any(), "a batch's output written twice"
+    last: dict = {}
+    for key, value in zip(df.key, df.value):   # batch order
+        assert value > last.get(key, 0), (key, value, last.get(key))   # counts only grow
+        last[key] = value
+    assert last == want_words
+
+
+POINTS_ALL = ("records", "records", "before_send", "after_ack", "after_rocksdb", "mid_restore")
+
+
+def random_crash(rnd: random.Random, live: list) -> dict:
+    point = rnd.choice(POINTS_ALL)
+    return {"mode": rnd.choice(["process", "disk-loss"]), "instance": rnd.choice(live),
             "point": point, "after_records": rnd.randint(0, 12) if point == "records" else None}
 
 
-def run_crash_schedule(app, kafka, seed: int, chunks: int = 5, crash_p: float = 0.7,
-                       log=None) -> dict:
-    """Feed the chunks, crashing at random points; recover after each crash. Returns a summary."""
-    rnd = random.Random(seed * 7919 + 1)
-    data = make_chunks(seed, chunks, lines_per_chunk=12, clicks_per_chunk=20)
-    summary = {"crashes": [], "restarts": 0}
-    say = log or (lambda *a: None)
-    for i, chunk in enumerate(data):
-        if (i == 0 or rnd.random() < crash_p) and app.pending_crash is None and app.state.is_running():
-            c = random_crash(rnd, app.instances)
-            if i == 0:  # every schedule crashes at least once; both modes over consecutive seeds
-                c["mode"] = "process" if seed % 2 == 0 else "disk-loss"
-            if c["point"] == "records" and c["after_records"] is None:
-                c["after_records"] = 0
-            app.crash(c["mode"], instance=c["instance"], after_records=c["after_records"],
-                      point=c["point"])
-            summary["crashes"].append(c)
-            say("crash armed", c)
-        produce_chunk(kafka, chunk, rnd=rnd)
-        _settle(app, rnd, summary, say)
-    # a directive that never fired is withdrawn; everything left is processed
-    first = app.cancel_crash()
-    if first is not None and not any(c.get("applied") for c in app.crashes):
-        # it never found enough records in one batch: crash now instead (the query is idle: abort)
-        app.crash(first["mode"], instance=first["instance"])
-        say("crash now", first["mode"])
-    _settle(app, rnd, summary, say)
-    return summary
-
-
-def _settle(app, rnd, summary, say, rounds: int = 12) -> None:
+def run_membership_schedule(app, kafka, seed: int, steps: int = 5, log=None) -> dict:
+    """Feed seeded chunks while instances die (kills and crash directives of both modes at every
+    point, restores included), come back (with or without their disk), join and leave. Ends with
+    everything processed. Returns what happened."""
     from statekit.runtime.lifecycle import AppState
 
-    for _ in range(rounds):
-        if app.state == AppState.ERROR:
-            crash_during = None
-            if rnd.random() < 0.25:
-                crash_during = {"mode": rnd.choice(["process", "disk-loss"]),
-                                "instance": rnd.randrange(app.instances), "point": "mid_restore"}
-                summary["crashes"].append(dict(crash_during))
-            say("restart", app.error, "crash_during", crash_during)
-            app.restart(crash_during=crash_during)
-            summary["restarts"] += 1
-            if crash_during is None:
-                pass
-        say("pa begin", app.state)
-        ok = app.process_all_available(timeout=120)
-        say("pa end", ok, app.state)
-        if ok and app.state != AppState.ERROR:
-            pc = app.pending_crash
-            if pc is not None and pc.get("point") == "mid_restore":
-                app.cancel_crash()  # no restore happened to crash in
-            return
-    raise AssertionError(f"the app did not settle: {app.state} {app.error}")
+    rnd = random.Random(seed * 7919 + 1)
+    data = make_chunks(seed, steps, lines_per_chunk=12, clicks_per_chunk=20)
+    done: list = []
+    say = log or (lambda *a: None)
+    co = app._coordinator
+    for i, chunk in enumerate(data):
+        live = co.live()
+        dead = [m for m, mem in co.members.items() if mem.status == "dead"]
+        ops = ["crash", "crash"] if app.pending_crash is None else []
+        if len(live) >= 2:
+            ops += ["kill", "remove"]
+        if dead:
+            ops += ["revive", "revive"]
+        if len(live) < 4:
+            ops += ["add"]
+        if app.state == AppState.ERROR or not ops:
+            ops = ["restart"]
+        op = rnd.choice(ops)
+        say(i, op, "live", live, "dead", dead, app.state)
+        if op == "crash":
+            c = random_crash(rnd, live)
+            app.crash(c["mode"], instance=c["instance"], after_records=c["after_records"],
+                      point=c["point"])
+            done.append(("crash", c))
+        elif op == "kill":
+            i_ = rnd.choice(live)
+            app.kill(i_)
+            done.append(("kill", i_))
+        elif op == "revive":
+            i_, disk = rnd.choice(dead), rnd.random() < 0.6
+            app.revive(i_, disk=disk)
+            done.append(("revive", i_, disk))
+        elif op == "add":
+            done.append(("add", app.add_instance()))
+        elif op == "remove":
+            i_ = rnd.choice(live)
+            app.remove_instance(i_, timeout=20)
+            done.append(("remove", i_))
+        elif op == "restart":
+            cd = None
+            if rnd.random() < 0.3:
+                cd = {"mode": rnd.choice(["process", "disk-loss"]), "point": "mid_restore"}
+            app.restart(crash_during=cd)
+            done.append(("restart", cd))
+        produce_chunk(kafka, chunk, rnd=rnd)
+        if rnd.random() < 0.5:
+            app.process_all_available(timeout=60)
+    # the end: a crash still armed is withdrawn, whatever is dead comes back, everything drains
+    for _ in range(8):
+        app.cancel_crash()
+        if app.state == AppState.ERROR or not co.live():
+            app.restart()
+            done.append(("restart", None))
+        if app.process_all_available(timeout=120):
+            return {"ops": done}
+    raise AssertionError(f"the app did not settle: {app.state} {app.error} {done}")

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from statekit.runtime import crash as crash_mod
-from statekit.runtime.layout import Layout, has_state
+from statekit.contracts import Layout, TaskId, has_state
 from statekit.runtime.lifecycle import AppState, IllegalTransition, Lifecycle
+from statekit.worker import crash as crash_mod
 
 
 def test_lifecycle_happy_path_and_listeners():
@@ -24,13 +24,16 @@ def test_lifecycle_happy_path_and_listeners():
     assert lc.reason == "worker died"
     lc.transition(AppState.RESTORING)
     lc.transition(AppState.RUNNING)
+    lc.transition(AppState.REBALANCING, "instance 1 died")
+    lc.transition(AppState.RUNNING)
     lc.transition(AppState.PENDING_SHUTDOWN)
     lc.transition(AppState.NOT_RUNNING)
     assert seen == [("CREATED", "RESTORING"), ("RESTORING", "RUNNING"), ("RUNNING", "ERROR"),
-                    ("ERROR", "RESTORING"), ("RESTORING", "RUNNING"), ("RUNNING", "PENDING_SHUTDOWN"),
+                    ("ERROR", "RESTORING"), ("RESTORING", "RUNNING"), ("RUNNING", "REBALANCING"),
+                    ("REBALANCING", "RUNNING"), ("RUNNING", "PENDING_SHUTDOWN"),
                     ("PENDING_SHUTDOWN", "NOT_RUNNING")]
-    assert [str(s) for s in AppState] == ["CREATED", "RESTORING", "RUNNING", "PENDING_SHUTDOWN",
-                                          "NOT_RUNNING", "ERROR"]
+    assert [str(s) for s in AppState] == ["CREATED", "RESTORING", "REBALANCING", "RUNNING",
+                                          "PENDING_SHUTDOWN", "NOT_RUNNING", "ERROR"]
 
 
 def test_lifecycle_rejects_illegal_moves():
@@ -85,7 +88,7 @@ def test_crash_directive_any_instance_and_bad_point(tmp_path):
 def test_exactly_one_claimer_among_racing_processes(tmp_path):
     ctl = str(tmp_path)
     d = crash_mod.write_directive(ctl, instance=0, point="records", after_records=0)
-    code = ("import sys; from statekit.runtime import crash as c; "
+    code = ("import sys; from statekit.worker import crash as c; "
             "r = c.claim(sys.argv[1], 0, 'records', 1); print('WON' if r else 'LOST')")
     procs = [subprocess.Popen([sys.executable, "-c", code, ctl], stdout=subprocess.PIPE, text=True)
              for _ in range(6)]
@@ -97,29 +100,50 @@ def test_exactly_one_claimer_among_racing_processes(tmp_path):
 def test_maybe_crash_really_kills_the_process(tmp_path):
     ctl = str(tmp_path)
     crash_mod.write_directive(ctl, instance=2, point="before_send")
-    code = ("import sys; from statekit.runtime import crash as c; "
+    code = ("import sys; from statekit.worker import crash as c; "
             "c.maybe_crash(sys.argv[1], 2, 'before_send', task=1, batch=0); print('survived')")
     p = subprocess.run([sys.executable, "-c", code, ctl], capture_output=True, text=True, timeout=60)
     assert p.returncode == -9
     assert "survived" not in p.stdout
 
 
+def test_find_claim_matches_the_dead_process_once(tmp_path):
+    ctl = str(tmp_path)
+    d = crash_mod.write_directive(ctl, instance=1, point="after_ack", mode="disk-loss")
+    assert crash_mod.claim(ctl, 1, "after_ack", task="0_2", batch=4)["id"] == d["id"]
+    assert crash_mod.find_claim(ctl, 1, os.getpid() + 1) is None       # another process
+    got = crash_mod.find_claim(ctl, 1, os.getpid())
+    assert got["mode"] == "disk-loss" and got["task"] == "0_2" and got["point"] == "after_ack"
+    assert crash_mod.find_claim(ctl, 1, os.getpid()) is None           # consumed
+
+
 def test_layout_and_disk_loss(tmp_path):
     lay = Layout(str(tmp_path / "app"), "wc")
-    assert lay.task_dir(1, 3) == str(tmp_path / "app" / "instance-1" / "wc" / "3")
-    lay.ensure(2)
-    td = lay.task_dir(1, 3)
+    assert lay.task_dir(1, TaskId(0, 3)) == str(tmp_path / "app" / "instance-1" / "wc" / "0_3")
+    assert lay.task_dir(1, "1_2") == str(tmp_path / "app" / "instance-1" / "wc" / "1_2")
+    td = lay.task_dir(1, "0_3")
     os.makedirs(os.path.join(td, "rocksdb"))
     assert not has_state(td)
     open(os.path.join(td, "rocksdb", "CURRENT"), "w").close()
     assert has_state(td)
-    os.makedirs(lay.task_dir(1, 0))
-    open(os.path.join(lay.task_dir(1, 0), ".checkpoint"), "w").close()
-    assert lay.tasks_on_disk(1) == [0, 3]
+    os.makedirs(lay.task_dir(1, "1_0"))
+    open(os.path.join(lay.task_dir(1, "1_0"), ".checkpoint"), "w").close()
+    os.makedirs(lay.task_dir(0, "0_0"))
+    assert lay.tasks_on_disk(1) == [TaskId(0, 3), TaskId(1, 0)]
     assert lay.tasks_on_disk(0) == []
     assert lay.instances_on_disk() == [0, 1]
     gone = lay.wipe_instance(1)
     assert len(gone) == 2 and lay.tasks_on_disk(1) == []
     assert os.path.isdir(lay.instance_dir(1))
-    lay.save_assignment({"active": {"0": 1}})
-    assert lay.load_assignment() == {"active": {"0": 1}}
+    assert lay.checkpoint_dir(1) == str(tmp_path / "app" / "spark-checkpoint" / "1")
+    ctl = lay.control.ensure()
+    assert os.path.isdir(os.path.join(ctl.path, "instances"))
+    assert ctl.spool_dir("0_1") == os.path.join(ctl.path, "spool", "0_1")
+
+
+def test_task_ids_parse_and_print():
+    assert str(TaskId(1, 3)) == "1_3" and TaskId.parse("1_3") == TaskId(1, 3)
+    assert TaskId.parse(2) == TaskId(0, 2) and TaskId.parse("7") == TaskId(0, 7)
+    assert TaskId.parse((2, 5)) == TaskId(2, 5) and TaskId.parse(TaskId(0, 1)) == TaskId(0, 1)
+    with pytest.raises(ValueError, match="subtopology"):
+        TaskId.parse("a_b")

@@ -1,34 +1,37 @@
-"""Events (publisher/reader) and the task runner's spec handling."""
+"""Events (the typed contract and its transport), the memory sink's encoding, the worker spec."""
 from __future__ import annotations
 
 import pickle
 import time
 
-from statekit.runtime.events import EventPublisher, EventReader, events_topic
-from statekit.runtime.task_runner import (TaskRunSpec, as_task_spec, decode_outputs, encode_outputs)
+from statekit import events as ev
+from statekit.contracts import events_topic
+from statekit.event_bus import EventPublisher, EventReader
 
 
-def test_publish_and_read_subscribe_since(broker):
+def test_publish_and_read_typed_events(broker):
     reader = EventReader(broker.bootstrap, "evapp")
     got = []
     try:
         reader.subscribe(got.append)
-        pub = EventPublisher(broker.bootstrap, "evapp", {"task": 3})
-        assert pub.publish({"type": "commit", "records": 5})
-        assert pub.publish_many([{"type": "restore_start", "store": "s"}, {"type": "restore_end"}])
-        ev = reader.wait_for(lambda e: e["type"] == "restore_end", timeout=10)
-        assert ev is not None
+        pub = EventPublisher(broker.bootstrap, "evapp", {"instance": 3})
+        assert pub.publish(ev.Committed(task="0_1", batch=4, records=5))
+        assert pub.publish_many([ev.RestoreStarted(task="0_1", store="s", to_replay=7),
+                                 ev.RestoreEnded(task="0_1", store="s", restored=7, seconds=0.5)])
+        e = reader.wait_for(lambda e: e.type == "restore_end", timeout=10)
+        assert isinstance(e, ev.RestoreEnded) and e.restored == 7 and e.seconds == 0.5
         evs = reader.events()
-        assert [e["type"] for e in evs] == ["commit", "restore_start", "restore_end"]
-        assert all(e["app"] == "evapp" and e["task"] == 3 and "ts" in e and "pid" in e for e in evs)
-        assert [e["offset"] for e in reader.events(since=evs[0]["offset"])] == [evs[1]["offset"], evs[2]["offset"]]
-        assert [e["type"] for e in reader.events(types="commit")] == ["commit"]
+        assert [type(e) for e in evs] == [ev.Committed, ev.RestoreStarted, ev.RestoreEnded]
+        assert all(e.app == "evapp" and e.instance == 3 and e.ts > 0 and e.pid > 0 for e in evs)
+        assert evs[0].records == 5 and evs[0].batch == 4 and evs[1].to_replay == 7
+        assert [e.offset for e in reader.events(since=evs[0].offset)] == [evs[1].offset, evs[2].offset]
+        assert [e.type for e in reader.events(types="commit")] == ["commit"]
         assert reader.events(since_ts=time.time() + 60) == []
         deadline = time.time() + 5
         while len(got) < 3 and time.time() < deadline:
             time.sleep(0.05)
-        assert [e["type"] for e in got] == ["commit", "restore_start", "restore_end"]
-        assert [e["type"] for e in reader.poll(0.1)] == ["commit", "restore_start", "restore_end"]
+        assert [e.type for e in got] == ["commit", "restore_start", "restore_end"]
+        assert [e.type for e in reader.poll(0.1)] == ["commit", "restore_start", "restore_end"]
         assert reader.poll(0.1) == []
         from statekit.kafka import Kafka
 
@@ -40,49 +43,63 @@ def test_publish_and_read_subscribe_since(broker):
     assert not reader.running
 
 
-def test_reader_from_beginning(broker):
-    EventPublisher(broker.bootstrap, "evb").publish({"type": "x"})
+def test_unknown_type_and_unknown_fields_survive(broker):
+    EventPublisher(broker.bootstrap, "evb").publish({"type": "from_the_future", "x": 1})
+    EventPublisher(broker.bootstrap, "evb").publish({"type": "commit", "task": "0_0", "newfield": 2})
     with EventReader(broker.bootstrap, "evb", start="beginning") as r:
-        assert r.wait_for(lambda e: e["type"] == "x", timeout=10) is not None
+        e = r.wait_for(lambda e: e.type == "commit", timeout=10)
+        assert e is not None and e.extra == {"newfield": 2} and e.get("newfield") == 2
+        assert e.to_dict()["newfield"] == 2
+        old = r.events()[0]
+        assert type(old) is ev.Event and old.get("x") == 1 and old.extra["type"] == "from_the_future"
+
+
+def test_every_event_round_trips_through_its_dict():
+    for cls in ev.EVENT_TYPES.values():
+        e = cls(app="a", ts=1.5, pid=7, generation=3)
+        back = ev.from_dict(e.to_dict())
+        assert type(back) is cls and back.to_dict() == e.to_dict()
 
 
 def test_publisher_never_raises_without_broker():
     pub = EventPublisher("127.0.0.1:1", "nobroker")
     t = time.time()
-    assert pub.publish({"type": "commit"}) is False
+    assert pub.publish(ev.Committed()) is False
     assert pub.dropped == 1 and time.time() - t < 30
     t = time.time()
-    assert pub.publish({"type": "commit"}) is False      # backing off: no new connection attempt
+    assert pub.publish(ev.Committed()) is False      # backing off: no new connection attempt
     assert pub.dropped == 2 and time.time() - t < 0.5
 
 
-def test_outbox_encoding_roundtrip():
+def test_memory_sink_encoding_roundtrip(tmp_path):
+    from statekit.worker.output import decode, encode, read_outputs, write_outputs
+
     outs = [("t", b"k", b"v"), ("topic-2", None, b""), ("t", b"", None), ("é", b"x" * 300_000, b"y")]
-    chunks = encode_outputs(outs)
-    assert len(chunks) == 2          # the big record starts a chunk of its own
-    assert [o for c in chunks for o in decode_outputs(c)] == outs
-    assert encode_outputs([]) == []
+    assert decode(encode(outs)) == outs
+    assert encode([]) == b""
+    write_outputs(str(tmp_path / "0_1"), 3, outs[:2])
+    write_outputs(str(tmp_path / "0_0"), 3, outs[2:])
+    write_outputs(str(tmp_path / "0_0"), 3, outs[2:])       # a replay rewrites the same file
+    write_outputs(str(tmp_path / "0_1"), 1, [("t", b"a", b"b")])
+    assert read_outputs(str(tmp_path)) == (
+        [(1, "0_1", "t", b"a", b"b")] + [(3, "0_0") + o for o in outs[2:]] + [(3, "0_1") + o for o in outs[:2]])
 
 
-def test_task_run_spec_from_run_spec_and_pickle():
-    from statekit.engine.spec import RunSpec
-    from statekit.topology import TopologyBuilder
-
-    b = TopologyBuilder()
-    b.stream("a").group_by_key().count(store="c")
-    run = RunSpec(app="x", bootstrap="h:1", plan=b.compile(), partitions=4, checkpoint_dir="/ck",
-                  control_dir="/ctl", state_dirs={0: "/s0", 1: "/s1"}, task_instances={0: 0, 1: 1},
-                  cache_bytes=123, extra={"generation": 2})
-    spec = as_task_spec(run)
-    assert isinstance(spec, TaskRunSpec)
-    assert (spec.application, spec.partitions, spec.cache_bytes, spec.control_dir) == ("x", 4, 123, "/ctl")
-    assert spec.state_dir_for(1) == "/s1" and spec.instance_for(1) == 1 and spec.extra["generation"] == 2
+def test_worker_spec_pickles_with_user_functions():
     from pyspark import cloudpickle
 
+    from statekit.topology import TopologyBuilder
+    from statekit.worker.task import WorkerSpec, store_specs
+
+    b = TopologyBuilder()
+    b.stream("a").map_values(lambda v: v + "!").group_by_key().count(store="c")
+    spec = WorkerSpec(application="x", bootstrap="h:1", plans={0: b.compile()}, partitions=4,
+                      control_dir="/ctl", cache_bytes=123)
     spec2 = pickle.loads(cloudpickle.dumps(spec))
-    assert spec2.plan.store_names == ["c"] and spec2.state_dirs == {0: "/s0", 1: "/s1"}
+    assert spec2.plan(0).store_names == ["c"] and spec2.cache_bytes == 123
+    assert [s.name for s in store_specs(spec2.plan(0), 0)] == ["c"]
     import pytest
     from statekit.errors import StatekitError
 
-    with pytest.raises(StatekitError, match="no state directory"):
-        spec.state_dir_for(3)
+    with pytest.raises(StatekitError, match="no sub-topology 2"):
+        spec.plan(2)

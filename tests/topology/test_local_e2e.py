@@ -163,8 +163,8 @@ def test_forwarding_rule_cache_on_vs_off(broker, tmp_path, how):
                         ordered([("c", 2), ("a", 4)])]
     assert outs == _split(wordcount_outputs(data, 2, every_update=(how != "caching on")),
                           [len(o) for o in outs])
-    # a replayed batch re-emits exactly what it forwarded (the outbox)
-    assert eng.decode(eng.replay()) == outs[-1]
+    # a replayed batch is skipped: its outputs were written with its commit
+    assert eng.replay() == []
 
 
 def _split(items, sizes):
@@ -176,19 +176,19 @@ def _split(items, sizes):
     return out
 
 
-def test_replay_skips_and_reemits_outbox(broker, tmp_path):
+def test_replay_skips_an_applied_batch(broker, tmp_path):
     plan = wordcount_plan()
     eng = make_engine(plan, broker, tmp_path, "wcr", partitions=3)
     data = word_batches(11, n_batches=3)
     first = [eng.run_batch(b) for b in data]
+    assert first[-1]
     before = eng.store("counts")
-    topics = ["wcr-counts-changelog", "wcr-_task-changelog"]
+    topics = ["wcr-counts-changelog"]
     ends = end_offsets(broker, topics)
-    again = eng.replay()                       # batch 2 again, same id
-    assert sorted(again) == sorted(first[-1]) and again
+    # batch 2 again, same id: skipped; its outputs went out with its commit, nothing is re-emitted
+    assert eng.replay() == []
     assert eng.store("counts") == before
     assert end_offsets(broker, topics) == ends  # nothing written: the batch was skipped
-    # an older batch id: skipped, nothing re-emitted (the outbox holds the last batch only)
     assert eng.run_tasks(0, eng._encode(data[0])) == []
     assert eng.store("counts") == before
     # the next batch continues normally
@@ -200,8 +200,8 @@ def test_replay_skips_and_reemits_outbox(broker, tmp_path):
     assert eng.store("counts") == dict(ref)
 
 
-def test_restore_from_scratch_then_replay_reemits(broker, tmp_path):
-    from statekit.runtime.events import EventReader
+def test_restore_from_scratch_then_replay_skips(broker, tmp_path):
+    from statekit.event_bus import EventReader
 
     plan = wordcount_plan()
     reader = EventReader(broker.bootstrap, "wcs")
@@ -210,23 +210,23 @@ def test_restore_from_scratch_then_replay_reemits(broker, tmp_path):
         data = word_batches(5, n_batches=3)
         outs = [eng.run_batch(b) for b in data]
         shutil.rmtree(tmp_path / "state")       # disk loss: every task restores from its changelog
-        again = eng.replay()                    # opens (restores), sees batch 2 applied, re-emits
-        assert sorted(again) == sorted(outs[-1])
+        assert outs[-1]
+        assert eng.replay() == []               # opens (restores), sees batch 2 applied, skips it
         ref = Counter(w for b in data for _t, _k, line, _ts in b for w in line.split())
         assert eng.store("counts") == dict(ref)
-        ev = reader.wait_for(lambda e: e["type"] == "batch_skipped" and e["task"] == 1, timeout=10)
-        assert ev is not None and ev["reemitted"] > 0 and ev["batch"] == 2
+        ev = reader.wait_for(lambda e: e.type == "batch_skipped" and e.task == "0_1", timeout=10)
+        assert ev is not None and ev.batch == 2 and ev.last_batch == 2
         evs = reader.events()
-        types = Counter(e["type"] for e in evs)
+        types = Counter(e.type for e in evs)
         assert types["commit"] >= 3 and types["task_opened"] >= 5
-        ends = [e for e in evs if e["type"] == "restore_end" and e["store"] == "counts"]
-        assert {e["task"] for e in ends} == {0, 1}
-        assert all(e["from"] == "scratch" and e["restored"] > 0 for e in ends)
-        starts = [e for e in evs if e["type"] == "restore_start"]
-        assert starts and all(e["lag"] > 0 for e in starts)
-        commit = next(e for e in evs if e["type"] == "commit")
-        assert {"records", "outputs", "changelog", "offsets", "rows", "commit_ms"} <= set(commit)
-        assert commit["app"] == "wcs" and "counts" in commit["offsets"]
+        ends = [e for e in evs if e.type == "restore_end" and e.store == "counts"]
+        assert {e.task for e in ends} == {"0_0", "0_1"}
+        assert all(e.source == "scratch" and e.restored > 0 for e in ends)
+        starts = [e for e in evs if e.type == "restore_start"]
+        assert starts and all(e.to_replay > 0 for e in starts)
+        commit = next(e for e in evs if e.type == "commit")
+        assert commit.app == "wcs" and "counts" in commit.offsets and commit.records > 0
+        assert commit.changelog["counts"] > 0 and commit.rows["counts"] > 0
     finally:
         reader.close()
 
@@ -437,7 +437,7 @@ def test_processor_error_one_line_and_nothing_committed(broker, tmp_path):
                                    pytest.param("before_send", marks=pytest.mark.slow),
                                    pytest.param("after_rocksdb", marks=pytest.mark.slow)])
 def test_crash_directive_then_replay_is_exactly_once(broker, tmp_path, point):
-    from statekit.runtime import crash as crash_mod
+    from statekit.worker import crash as crash_mod
 
     w = _load_worker()
     state, control = str(tmp_path / "state"), str(tmp_path / "control")

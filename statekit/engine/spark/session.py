@@ -180,7 +180,33 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
         from statekit.engine.spark.source import register
 
         register(spark)
+        if not getattr(spark, "_statekit_warm", False):
+            warm_workers(spark)
+            spark._statekit_warm = True
         return spark
+
+
+def _warm_partition(batches):
+    """In a Python worker: import what stage 1 and stage 2 of a statekit query use."""
+    import pyarrow  # noqa: F401
+    import pyarrow.compute  # noqa: F401
+
+    import statekit.event_bus  # noqa: F401
+    import statekit.topology.plan  # noqa: F401
+    import statekit.worker.router  # noqa: F401
+
+    for b in batches:
+        yield b
+
+
+def warm_workers(spark) -> None:
+    """Start Spark's Python workers and import statekit's worker-side modules in them (Spark keeps
+    them for the next jobs), so that the first micro-batch of a query does not pay for it."""
+    n = max(2, int(spark.sparkContext.defaultParallelism))
+    try:
+        spark.range(n).repartition(n).mapInArrow(_warm_partition, "id long").collect()
+    except Exception:  # noqa: BLE001 - a warm-up only; the query says what is wrong, if anything
+        pass
 
 
 def stop_session() -> None:

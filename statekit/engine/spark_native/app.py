@@ -10,8 +10,8 @@
     app.restore_report()               # the first batch's load metrics (snapshot load, changelog replay)
     app.checkpoint_files(); app.changelog_lag(); app.state_metrics(); app.metrics()
 
-`statekit.App(..., engine="spark")` builds a `SparkNativeEngine` and calls its `start(RunSpec)`; this
-class is the stand-alone runner (same verbs, no instances/standbys: Spark owns placement).
+`statekit.NativeApp` is this class: it builds a `SparkNativeEngine` and calls its `start(RunSpec)`
+(the App's verbs, no instances or standbys: Spark owns placement).
 """
 from __future__ import annotations
 

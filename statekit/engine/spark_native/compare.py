@@ -157,13 +157,14 @@ def compare_engines(bootstrap: str, broker_dir: str, work_dir: str, chunks: int 
         cl.process_all_available(timeout)
         say(f"changelog engine caught up in {time.time() - t:.1f}s")
         res["native"]["steady_records_per_s"] = _steady(native.progress())
-        res["changelog"]["steady_records_per_s"] = _steady(list(cl._progress.values()))
+        res["changelog"]["steady_records_per_s"] = _steady(cl.progress())
         time.sleep(max(1.5, float(maintenance_interval) * 1.5 if isinstance(maintenance_interval, (int, float)) else 1.5))
         # 2. the crash: the changelog engine's instance loses its disk (idle: its query is aborted
         # and its state dirs deleted at once); more input arrives; the JVM dies mid-batch
         crec = cl.crash("disk-loss")
         res["crash"] = {"changelog": {kk: crec.get(kk) for kk in ("mode", "instance", "status")}}
-        res["changelog"]["wiped_files"] = len(crec.get("deleted") or [])
+        died = cl.wait_for_event(lambda e: e.type == "instance_died", 30)
+        res["changelog"]["wiped_files"] = died.deleted if died is not None else 0
         for c in data[chunks:]:
             produce(k, c)
         lag = native.changelog_lag()
@@ -181,7 +182,7 @@ def compare_engines(bootstrap: str, broker_dir: str, work_dir: str, chunks: int 
         native.restart()
         native.process_all_available(timeout)
         res["native"]["restart_to_caught_up_s"] = time.time() - t
-        t = time.time()
+        t = restarted = time.time()
         cl.restart()
         cl.process_all_available(timeout)
         res["changelog"]["restart_to_caught_up_s"] = time.time() - t
@@ -198,7 +199,7 @@ def compare_engines(bootstrap: str, broker_dir: str, work_dir: str, chunks: int 
             loaded_from_checkpoint=rr.get("rocksdbNumLoadedFromDfs"),
             bytes_on_disk=native.bytes_on_disk(), restore_metrics=rr)
         rs = cl.restore_summary()
-        gen_prog = [p for (g, _b), p in sorted(cl._progress.items()) if g == cl._generation]
+        gen_prog = cl.progress(since=restarted)
         first = next((p for p in gen_prog if p.get("num_input_rows")), gen_prog[0] if gen_prog else {})
         topics = cl.plan.changelog_topics(cl.name).values() if cl.plan is not None else []
         topic_bytes = sum(int(p.get("bytes") or 0) for t_ in topics for p in log_stats(broker_dir, t_))

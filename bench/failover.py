@@ -1,0 +1,148 @@
+"""Failover while records flow: three instances of a word count on Spark, one of them killed.
+
+    .venv/bin/python bench/failover.py [--rate 4000] [--window 10] [--partitions 6]
+
+Starts its own embedded broker (temp dir, port 0) and a local Spark session, stops both at the end
+(also on failure). A producer thread writes `--rate` words/s to the input topic, steadily. The app
+(`partitions` tasks, 3 instances) reaches a steady state, then instance 1 is SIGKILLed
+(`App.kill`). Measured from the events the instances publish:
+
+* recovery: from the kill to the moment every task the dead instance owned has committed a batch on
+  its new owner (restored and caught up with the batches spooled meanwhile) — once with one standby
+  replica per task (a promotion replays only the standby's lag), once without (a restore of the
+  whole changelog), in the same run;
+* survivors: the records the surviving instances' own tasks committed per second in the `--window`
+  seconds after the kill, against the `--window` seconds before it (with the standby run).
+
+Ends with two lines:
+
+    RESULT name=failover_recovery value=<s, with a standby> unit=s baseline=<s, without> ratio=<with/without>
+    RESULT name=failover_survivors value=<records/s after> unit=records/s baseline=<records/s before> ratio=<after/before>
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+WORDS = [f"w{i:04d}" for i in range(2000)]
+
+
+class Producer(threading.Thread):
+    """Writes `rate` words/s (lines of 10 words), in 20 sends a second."""
+
+    def __init__(self, kafka, topic, rate, partitions, seed=1):
+        super().__init__(daemon=True)
+        self.kafka, self.topic, self.rate, self.partitions = kafka, topic, rate, partitions
+        self.rnd = random.Random(seed)
+        self.stop_ = threading.Event()
+        self.sent = 0
+
+    def run(self):
+        tick = 0.05
+        per_tick = max(1, int(self.rate * tick / 10))
+        nxt = time.monotonic()
+        i = 0
+        while not self.stop_.is_set():
+            recs = [(None, " ".join(self.rnd.choice(WORDS) for _ in range(10)).encode())
+                    for _ in range(per_tick)]
+            self.kafka.send(self.topic, i % self.partitions, recs)
+            self.sent += 10 * len(recs)
+            i += 1
+            nxt += tick
+            self.stop_.wait(max(0.0, nxt - time.monotonic()))
+
+
+def scenario(bootstrap, work, name, standby, rate, window, partitions, say):
+    import statekit
+    from statekit.kafka import Kafka
+
+    k = Kafka(bootstrap)
+    topic = f"{name}-lines"
+    k.ensure_topic(topic, 3)
+    app = statekit.App(name, bootstrap=bootstrap, partitions=partitions, instances=3,
+                       standby_replicas=standby, state_dir=os.path.join(work, name), engine="changelog")
+    app.stream(topic).flat_map_values(str.split).group_by(lambda _k, w: w).count(store="counts")
+    prod = Producer(k, topic, rate, 3)
+    try:
+        app.start(sink="none")
+        prod.start()
+        app.wait_for_state("RUNNING", 120)
+        time.sleep(window + 3)                     # steady state, and a full window before the kill
+        victim = 1
+        moved = {str(t) for t in app.assignment.active_tasks(victim)}
+        t_kill = time.time()
+        app.kill(victim)
+        time.sleep(window + 0.5)
+        commits = app.events(types="commit")
+        back = {}
+        for e in commits:
+            if e.task in moved and e.ts > t_kill and e.instance != victim and e.task not in back:
+                back[e.task] = e.ts
+        if set(back) != moved:
+            raise RuntimeError(f"moved tasks not back within {window}s: {sorted(moved - set(back))}")
+        recovery = max(back.values()) - t_kill
+
+        def rate_in(lo, hi):
+            n = sum(e.records for e in commits if e.task not in moved and lo <= e.ts < hi)
+            return n / (hi - lo)
+
+        before, after = rate_in(t_kill - window, t_kill), rate_in(t_kill, t_kill + window)
+        opened = [e for e in app.events(types="task_opened") if e.ts > t_kill and e.task in moved]
+        say(f"{name}: standby={standby}: killed instance {victim} ({len(moved)} tasks); every one "
+            f"committing again after {recovery:.2f} s (sources: "
+            f"{sorted({e.source for e in opened})}, replayed {sum(e.restored for e in opened)} records); "
+            f"survivors {before:.0f} -> {after:.0f} records/s")
+        return recovery, before, after
+    finally:
+        prod.stop_.set()
+        prod.join()
+        app.stop()
+        k.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rate", type=int, default=4000, help="input words/s")
+    ap.add_argument("--window", type=float, default=10.0, help="seconds before/after the kill")
+    ap.add_argument("--partitions", type=int, default=6)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from statekit import broker as broker_mod
+    from statekit.engine.spark.session import get_session, stop_session
+
+    work = tempfile.mkdtemp(prefix="statekit-bench-failover-")
+    handle = None
+    try:
+        handle = broker_mod.start(dir=os.path.join(work, "broker"), port=0)
+        get_session("statekit-bench-failover")
+        say = lambda *a: print(*a, flush=True)  # noqa: E731
+        rec_sb, before, after = scenario(handle.bootstrap, work, "fo-standby", 1, args.rate,
+                                         args.window, args.partitions, say)
+        rec_none, _b, _a = scenario(handle.bootstrap, work, "fo-scratch", 0, args.rate, args.window,
+                                    args.partitions, say)
+        print(f"RESULT name=failover_recovery value={rec_sb:.3f} unit=s baseline={rec_none:.3f} "
+              f"ratio={rec_sb / rec_none:.3f}", flush=True)
+        print(f"RESULT name=failover_survivors value={after:.0f} unit=records/s baseline={before:.0f} "
+              f"ratio={after / before if before else 0:.3f}", flush=True)
+        return 0
+    finally:
+        try:
+            stop_session()
+        finally:
+            if handle is not None:
+                handle.stop()
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
