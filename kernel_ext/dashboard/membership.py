@@ -39,6 +39,9 @@ class OwnershipTimeline:
         self.warmups: dict[str, list[Segment]] = {}
         self.markers: deque = deque(maxlen=max_markers)
         self.moves = 0             # tasks whose active instance changed, over every rebalance seen
+        self.last_moves: list = []  # the moves of the latest rebalance that moved tasks
+        self.last_moves_at: Optional[float] = None
+        self.last_moves_generation = None
         self.t0: Optional[float] = None
         self.version = 0           # bumps on every change (the chart redraws only then)
 
@@ -72,6 +75,9 @@ class OwnershipTimeline:
             # the new owner was told (published before the rebalance that announces it)
             self._assign(str(_get(e, "task")), int(_get(e, "instance")), ts)
         elif kind == "rebalance":
+            if _get(e, "moves"):
+                self.last_moves = [dict(m) for m in _get(e, "moves")]
+                self.last_moves_at, self.last_moves_generation = ts, _get(e, "generation")
             for task, inst in (_get(e, "active", {}) or {}).items():
                 cur = self._open(str(task))
                 if cur is None or cur.instance != int(inst):

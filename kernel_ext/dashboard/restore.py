@@ -196,6 +196,38 @@ class RestoreRound:
 
         return sorted(self.rows.values(), key=key)
 
+    def eta(self, row: RestoreRow) -> Optional[float]:
+        """Seconds until `row`'s task is restored: its own ETA while it restores; for a queued task,
+        what the tasks ahead of it on its instance (one opens at a time) and its own records to
+        replay take at the rate its instance restores now."""
+        if row.status == "restoring":
+            if row.eta is not None:
+                return row.eta
+            rate = self._rate_so_far(row.instance)   # no progress report yet: this round's rate
+            total = row.total
+            return None if not rate or total is None else max(0.0, (total - row.restored) / rate)
+        if row.status != "queued":
+            return row.eta
+        mates = [r for r in self.rows.values() if r.instance == row.instance]
+        running = [r for r in mates if r.status == "restoring"]
+        if not running or row.to_replay is None:
+            return None
+        cur = running[0]
+        rate = cur.rate or self._rate_so_far(row.instance)
+        if not rate:
+            return None
+        ahead = [r for r in mates if r.status == "queued" and (r.queued_at or 0, r.task) < (row.queued_at or 0, row.task)]
+        left = max(0, (cur.total or 0) - cur.restored) + sum(r.to_replay or 0 for r in ahead) + row.to_replay
+        return left / rate
+
+    def _rate_so_far(self, instance) -> Optional[float]:
+        """The mean rate of the tasks this round restored (on `instance` if any, else anywhere)."""
+        for pick in (lambda r: r.instance == instance, lambda r: True):
+            rates = [r.rate for r in self.rows.values() if r.status == "done" and pick(r) and r.rate]
+            if rates:
+                return sum(rates) / len(rates)
+        return None
+
     def feed(self, e) -> None:
         self.events.append(e)
         if _type(e) == "restore_queued" and _get(e, "generation") is not None:

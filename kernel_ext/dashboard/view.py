@@ -75,6 +75,7 @@ table.sk td.lagbad { color: #c62828; font-weight: 600; }
 .sk-empty { color: #888; font-style: italic; padding: 6px; white-space: normal; }
 .sk-scroll { overflow-x: auto; max-width: 100%; }
 .sk-row { column-gap: 14px; row-gap: 6px; }
+.sk-moves { white-space: normal; margin: 0 0 0 6px; }
 </style>
 """
 
@@ -272,9 +273,15 @@ def render_restore_table(rnd, forecast_rows=None) -> str:
         replayed = f"{fmt_num(r.restored)} / {fmt_num(total)}" if total is not None or r.restored else "–"
         if r.status in ("nothing",):
             replayed = "0 / 0"
-        eta = {"done": fmt_secs(r.seconds), "restoring": fmt_eta(r.eta)}.get(r.status, "–")
         if r.status == "done":
-            eta = f"took {eta}"
+            eta = f"took {fmt_secs(r.seconds)}"
+        elif r.status == "restoring":
+            eta = fmt_eta(rnd.eta(r))
+        elif r.status == "queued":
+            q = rnd.eta(r)
+            eta = f"≈ {fmt_eta(q)}" if q is not None else "–"
+        else:
+            eta = "–"
         line = [_e(r.task), fmt_num(r.instance), _e(r.source), bar, replayed, fmt_rate(r.rate), eta,
                 _e(r.label) + (f" <span title='{_e(r.error)}'>⚠</span>" if r.error else "")]
         if with_fc:
@@ -331,6 +338,26 @@ def render_restore(m: DashboardModel) -> str:
         summary = f"<div class='sk-sum'>✔ {_e(s.line())}{_e(extra)}</div>"
     fc = render_forecast(m) if rnd.final else ""
     return _dash(f"{head}<span class='sk-note'>{_e(note)}</span></div>{t}{summary}{fc}")
+
+
+MOVE_REASONS = {"owner-died": "its instance died", "owner-leaving": "its instance is leaving",
+                "warmup-caught-up": "a warmup caught up", "balance": "balance"}
+
+
+def render_moves(m: DashboardModel) -> str:
+    """The chart's words: the latest tasks that moved, and why (also what a screen reader gets)."""
+    own = m.ownership
+    if not own.segments:
+        return ""
+    if not own.last_moves:
+        return _dash("<div class='sk-note'>no task has moved yet</div>")
+    when = time.strftime("%H:%M:%S", time.localtime(own.last_moves_at))
+    moves = ", ".join(f"{_e(mv.get('task'))} {_e(mv.get('from'))}→{_e(mv.get('to'))}"
+                      f" ({_e(MOVE_REASONS.get(mv.get('reason'), mv.get('reason') or ''))})"
+                      for mv in own.last_moves[:6]) + (" …" if len(own.last_moves) > 6 else "")
+    return _dash(f"<div class='sk-note sk-moves'>latest move{'s' if len(own.last_moves) > 1 else ''} "
+                 f"(generation {_e(own.last_moves_generation)}, {when}): {moves} · {own.moves} move(s) "
+                 f"so far</div>")
 
 
 INSTANCE_STATUS_COLORS = {"alive": "#43a047", "leaving": "#f9a825", "dead": "#c62828", "stopped": "#9e9e9e"}
@@ -614,7 +641,9 @@ class DashboardView:
         lay = W.Layout
         self.header = W.HTML(layout=lay(width="100%"))
         self.lag = W.Image(format="png", layout=lay(width="441px", height="auto", flex="0 0 auto"))
-        self.ownership = W.Image(format="png", layout=lay(width="441px", height="auto", flex="0 0 auto"))
+        self.ownership = W.Image(format="png", layout=lay(width="441px", height="auto"))
+        self.moves = W.HTML(layout=lay(width="441px"))
+        self.ownership_box = W.VBox([self.ownership, self.moves], layout=lay(flex="0 0 auto", width="441px"))
         self.restore = W.HTML(layout=lay(flex="1 1 640px", min_width="0", width="auto"))
         self.instances = W.HTML(layout=lay(flex="1 1 320px", min_width="0", width="auto"))
         self.tasks = W.HTML(layout=lay(width="100%"))
@@ -639,7 +668,7 @@ class DashboardView:
         self.stop_button.on_click(lambda _b: self.stop())
 
         wrap = dict(flex_flow="row wrap", align_items="flex-start", width="100%")
-        self.charts = W.HBox([self.lag, self.ownership], layout=lay(margin="6px 0 0 0", **wrap))
+        self.charts = W.HBox([self.lag, self.ownership_box], layout=lay(margin="6px 0 0 0", **wrap))
         self.panels = W.HBox([self.restore, self.instances], layout=lay(**wrap))
         for box in (self.charts, self.panels):
             box.add_class("sk-row")  # gaps between wrapped panels (CSS below)
@@ -730,9 +759,10 @@ class DashboardView:
         """Redrawn when the ownership changed, else every 5 s while the app runs (the bars grow)."""
         own = m.ownership
         if not own.segments:
-            self.ownership.layout.display = "none"
+            self.ownership_box.layout.display = "none"
             return
-        self.ownership.layout.display = None
+        self.ownership_box.layout.display = None
+        self.moves.value = render_moves(m)
         now = m.snapshot.t if m.snapshot else time.time()
         sig = own.version
         running = m.snapshot is not None and m.snapshot.state in ("RUNNING", "RESTORING", "REBALANCING")

@@ -137,6 +137,8 @@ def test_restore_round_queued_restoring_done_with_eta_and_summary():
     assert (r0.status, r0.restored, r0.total, r0.fraction) == ("restoring", 400, 1000, 0.4)
     assert r0.rate == pytest.approx(200.0)  # over the last two progress reports
     assert r0.eta == pytest.approx(3.0)
+    # 0_1 waits behind 0_0 on instance 0: 600 records left there + its own 0, at 200 records/s
+    assert rnd.eta(rnd.rows["0_1"]) == pytest.approx(3.0) and rnd.eta(rnd.rows["0_0"]) == r0.eta
     assert (rnd.rows["0_2"].status, rnd.rows["0_2"].label) == ("promoted", "promoted standby")
     assert m.badge_reason() == "restoring 1 task(s), 1 queued"
     assert not rnd.final and rnd.summary() is None
@@ -407,3 +409,21 @@ def test_throttled_heavy_panel_and_nice_axis_limits():
     assert got == [1, 1, 1, 2, 2, 3] and calls == [0.0, 5.0, 11.0] and th.calls == 3
     assert [axis_limit(v, floor=30.0) for v in (1, 29, 31, 37, 41, 123, 599)] == [30, 30, 40, 40, 50, 150, 600]
     assert [axis_limit(v, floor=4) for v in (0, 4.6, 115, 575.0)] == [4, 5, 150, 600]
+
+
+def test_a_restore_without_progress_yet_gets_an_eta_from_the_tasks_done_before_it():
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=20.0, events=[
+        E(ev.RestoreQueued, 10.0, task="0_0", instance=0, to_replay=300, generation=2),
+        E(ev.RestoreQueued, 10.0, task="0_1", instance=0, to_replay=500, generation=2),
+        E(ev.RestoreStarted, 10.1, task="0_0", instance=0, store="s", to_replay=300, start_offset=0,
+          end_offset=300),
+        E(ev.RestoreEnded, 13.1, task="0_0", instance=0, store="s", restored=300, seconds=3.0),
+        E(ev.TaskOpened, 13.1, task="0_0", instance=0, restored=300),
+        E(ev.RestoreStarted, 13.2, task="0_1", instance=0, store="s", to_replay=500, start_offset=0,
+          end_offset=500)]))
+    rnd = m.restores.current
+    row = rnd.rows["0_1"]
+    assert row.status == "restoring" and row.eta is None      # no progress report yet
+    assert rnd.eta(row) == pytest.approx(5.0)                   # 500 records at 0_0's 100 records/s

@@ -189,16 +189,6 @@ def test_restart_of_a_one_instance_app_reports_no_move(ip, capsys):
     assert int(app.restore_summary()["records"].sum()) > 0
 
 
-def _restore_rate_supported() -> bool:
-    import inspect
-
-    from statekit.state import TaskState
-
-    return "restore_rate" in inspect.signature(TaskState.__init__).parameters
-
-
-@pytest.mark.skipif(not _restore_rate_supported(),
-                    reason="TaskState(restore_rate=...) is not on this branch yet (the speed branch adds it)")
 def test_restart_with_a_restore_rate_throttles_and_says_so(ip, capsys):
     from statekit import datagen
 
