@@ -95,10 +95,14 @@ def test_notebook_02_restoration_panel_while_a_restore_from_scratch_runs(tmp_pat
         _lab.wait_for_output(page, "after the process crash", timeout=400)
         restoring = []     # every restoring row seen in the scratch round
         shot = {}
+        seen = []          # what the panel showed, for the failure message
 
         def poll():
             panel = page.evaluate(RESTORE_ROWS_JS)
             rows = (panel or {}).get("rows") or []
+            states = [(r["task"], r["source"], r["status"]) for r in rows]
+            if not seen or seen[-1] != states:
+                seen.append(states)
             live = [r for r in rows if r["source"] == "scratch" and r["status"] == "restoring"]
             restoring.extend(live)
             if live and "during" not in shot:
@@ -113,7 +117,7 @@ def test_notebook_02_restoration_panel_while_a_restore_from_scratch_runs(tmp_pat
             poll()
             assert time.monotonic() < deadline, "the disk-loss restore did not finish"
             time.sleep(0.2)
-        assert restoring, "no restoring task was ever shown while the restore from scratch ran"
+        assert restoring, f"no restoring task was ever shown while the restore from scratch ran: {seen}"
         for r in restoring:
             assert r["width"] is not None and r["width"] < 100, r
             assert r["eta"] not in ("", "–"), r
