@@ -188,8 +188,11 @@ def test_restart_of_a_one_instance_app_reports_no_move(ip, capsys):
     assert app.process_all_available(timeout=60)
     assert int(app.restore_summary()["records"].sum()) > 0
     # the disk is gone: the restores say "scratch" from their first event on (the dashboard shows it)
-    starts = app.events(types="restore_start", since=app.restarts[-1]["at"] - 5)
+    since = app.events(types="instance_died")[-1].ts
+    starts = app.events(types="restore_start", since=since)
     assert sorted(e.task for e in starts) == ["0_0", "0_1"] and {e.source for e in starts} == {"scratch"}
+    queued = [e for e in app.events(types="restore_queued", since=since)]
+    assert sorted(e.task for e in queued) == ["0_0", "0_1"] and {e.source for e in queued} == {"scratch"}
 
 
 def test_restart_with_a_restore_rate_throttles_and_says_so(ip, capsys):
