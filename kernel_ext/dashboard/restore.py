@@ -144,15 +144,23 @@ class RoundSummary:
         return max(0.0, self.finished - self.started)
 
     @property
+    def replay_seconds(self) -> float:
+        """The tasks' own restore times, summed (the rest of the wall time is opening, waiting)."""
+        return sum(sec for sec, _n, _r in self.task_seconds.values())
+
+    @property
     def rate(self) -> Optional[float]:
-        return self.records / self.seconds if self.seconds > 0 and self.records else None
+        """Records/s while replaying."""
+        secs = self.replay_seconds or self.seconds
+        return self.records / secs if secs > 0 and self.records else None
 
     def line(self) -> str:
         parts = []
         if self.restored_tasks:
             src = ", ".join(f"{n} from {s}" for s, n in sorted(self.by_source.items()))
             rate = f" at {self.rate:,.0f} records/s" if self.rate else ""
-            parts.append(f"restored {self.restored_tasks} task(s) in {self.seconds:.1f} s: "
+            work = f" ({self.replay_seconds:.1f} s replaying)" if self.replay_seconds else ""
+            parts.append(f"restored {self.restored_tasks} task(s) in {self.seconds:.1f} s{work}: "
                          f"{self.records:,} records{rate} ({src})")
         if self.promoted:
             parts.append(f"{self.promoted} promoted replica(s)")

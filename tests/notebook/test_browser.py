@@ -121,7 +121,12 @@ def test_notebook_02_restoration_panel_while_a_restore_from_scratch_runs(tmp_pat
         for r in restoring:
             assert r["width"] is not None and r["width"] < 100, r
             assert r["eta"] not in ("", "–"), r
+        deadline = time.monotonic() + 15   # the dashboard refreshes once a second
         panel = page.evaluate(RESTORE_ROWS_JS)
+        while not (panel["summary"] and all(r["status"] == "done" for r in panel["rows"])) \
+                and time.monotonic() < deadline:
+            time.sleep(0.3)
+            panel = page.evaluate(RESTORE_ROWS_JS)
         tasks = sorted(r["task"] for r in panel["rows"])
         assert tasks == ["0_0", "0_1", "0_2", "0_3"], panel
         for r in panel["rows"]:

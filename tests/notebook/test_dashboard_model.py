@@ -156,7 +156,8 @@ def test_restore_round_queued_restoring_done_with_eta_and_summary():
     assert (s.tasks, s.restored_tasks, s.records, s.promoted, s.nothing) == (3, 1, 1000, 1, 1)
     assert s.seconds == pytest.approx(4.1)  # its restore began at 100.5, the task opened at 104.6
     assert s.task_seconds == {"0_0": (4.0, 1000, 250.0)}
-    assert s.line() == ("restored 1 task(s) in 4.1 s: 1,000 records at 244 records/s (1 from scratch); "
+    assert s.line() == ("restored 1 task(s) in 4.1 s (4.0 s replaying): 1,000 records at 250 records/s "
+                        "(1 from scratch); "
                         "1 promoted replica(s); 1 task(s) with nothing to replay")
     assert [(k, lab) for _t, k, lab in m.chart_markers()] == [("restored", "restored in 4.1 s")]
 
