@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -210,6 +211,21 @@ def clip(text, n: int) -> str:
     return s if len(s) <= n else s[: max(0, n - 1)].rstrip() + "…"
 
 
+_EXC_RE = re.compile(r"\b[A-Z][A-Za-z0-9_]*(?:Error|Exception|Interrupt|Exit)\b: .*$")
+_STEP_RE = re.compile(r"\(([a-z][a-z -]{1,40})\) failed")
+
+
+def short_error(text: str) -> str:
+    """The part of a one-line error a badge can show: "map values failed: ZeroDivisionError:
+    division by zero" for a user function's error (the whole line stays on the error strip)."""
+    text = " ".join(str(text).split())
+    m = _EXC_RE.search(text)
+    if not m or m.start() == 0:
+        return text
+    step = _STEP_RE.search(text[: m.start()])
+    return f"{step.group(1)} failed: {m.group(0)}" if step else m.group(0)
+
+
 def _sort_value(v):
     """A number to rank a store value by: the value itself, or a count/sum/value field."""
     if isinstance(v, bool):
@@ -390,8 +406,8 @@ class DashboardModel:
     # -- feeding ------------------------------------------------------------------------------
 
     def update(self, snap: Snapshot) -> "DashboardModel":
-        if self.t0 is None:
-            self.t0 = snap.t
+        if self.t0 is None:  # the charts' time origin: the first refresh, or the first event before it
+            self.t0 = min([snap.t] + [float(_get(e, "ts", snap.t) or snap.t) for e in snap.events])
         snap.tasks = [normalize_task(r) for r in snap.tasks]
         self.previous, self.snapshot = self.snapshot, snap
         self.refreshes += 1
@@ -505,7 +521,7 @@ class DashboardModel:
         if s is None:
             return ""
         if s.state == "ERROR":
-            return s.app_error or self.last_error or self.state_reason or "failed"
+            return short_error(s.app_error or self.last_error or self.state_reason or "failed")
         cur = self.restores.current
         if cur is not None and not cur.final:
             rows = list(cur.rows.values())

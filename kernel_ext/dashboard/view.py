@@ -36,7 +36,7 @@ CSS = """
   background: linear-gradient(90deg, #f7f9fc, #eef3f9); border: 1px solid #dde4ee; border-radius: 8px; }
 .sk-title { font-size: 15px; font-weight: 600; white-space: nowrap; }
 .sk-badge { color: white; padding: 2px 9px; border-radius: 10px; font-size: 11.5px; font-weight: 600; letter-spacing: .3px; white-space: nowrap; }
-.sk-reason { font-size: 11.5px; color: #37474f; max-width: 430px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.sk-reason { font-size: 11.5px; color: #37474f; max-width: 520px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .sk-reason.bad { color: #b71c1c; font-weight: 600; }
 .sk-kpis { display: flex; column-gap: 14px; row-gap: 2px; flex-wrap: wrap; }
 .sk-kpi { display: flex; flex-direction: column; line-height: 1.15; white-space: nowrap; }
@@ -159,8 +159,9 @@ def render_header(name: str, m: DashboardModel, note: str = "") -> str:
           if reason else "")
     chips = render_chips(m)
     err = ""
-    if bad and reason:
-        err = f"<div class='sk-err'>⚠ {_e(clip(reason, 600))}</div>"
+    if bad:
+        full = m.snapshot.app_error if m.snapshot and m.snapshot.app_error else m.last_error or reason
+        err = f"<div class='sk-err'>⚠ {_e(clip(full, 600))}</div>" if full else ""
     warn = f"<div class='sk-warn'>not shown: {_e(clip(h['error'], 300))}</div>" if h.get("error") else ""
     note = f"<span class='sk-note'>{_e(note)}</span>" if note else ""
     return (f"{CSS}<div class='sk-dash'><div class='sk-head'><span class='sk-title'>{_e(name)}</span>"

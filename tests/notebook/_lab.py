@@ -174,14 +174,22 @@ def outputs_text(page) -> list[str]:
                          ".map(e => e.textContent)")
 
 
+ERRORS_JS = ("() => Array.from(document.querySelectorAll('.jp-RenderedText[data-mime-type=\"application/vnd.jupyter.error\"]'))"
+             ".map(e => e.textContent)")
+
+
 def wait_for_output(page, text: str, timeout: float = 300.0, poll=None) -> None:
-    """Until some cell output contains `text` (calls `poll()` every second meanwhile)."""
+    """Until some cell output contains `text` (calls `poll()` every second meanwhile); a cell that
+    fails meanwhile ends the wait with its error."""
     deadline = time.monotonic() + timeout
     js = ("(t) => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
           ".some(e => e.textContent.includes(t))")
     while not page.evaluate(js, text):
         if poll is not None:
             poll()
+        failed = page.evaluate(ERRORS_JS)
+        if failed:
+            raise AssertionError(f"a cell failed while waiting for {text!r}: {failed[0][-1500:]}")
         if time.monotonic() > deadline:
             raise AssertionError(f"no output contains {text!r} after {timeout:.0f} s")
         time.sleep(1.0)

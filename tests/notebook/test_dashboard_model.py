@@ -428,3 +428,16 @@ def test_a_restore_without_progress_yet_gets_an_eta_from_the_tasks_done_before_i
     row = rnd.rows["0_1"]
     assert row.status == "restoring" and row.eta is None      # no progress report yet
     assert rnd.eta(row) == pytest.approx(5.0)                   # 500 records at 0_0's 100 records/s
+
+
+def test_the_badge_shows_the_exception_of_a_long_error_line():
+    from kernel_ext.dashboard.model import short_error
+
+    line = ("KSTREAM-MAPVALUES-0000000001 (map values) failed on key='when' value={'seq': 3, 'word': "
+            "'when'} from nums partition 0 offset 0: ZeroDivisionError: division by zero")
+    assert short_error(line) == "map values failed: ZeroDivisionError: division by zero"
+    assert short_error("every instance of 'wc' is dead: restart() or revive() one") == \
+        "every instance of 'wc' is dead: restart() or revive() one"
+    m = DashboardModel()
+    m.update(Snapshot(t=0, state="ERROR", app_error=line))
+    assert m.badge_reason() == "map values failed: ZeroDivisionError: division by zero"
