@@ -779,11 +779,14 @@ while time.time() < deadline:   # until a task moved to the new instance
 while kernel_ext.session().producers["visits"].running:
     time.sleep(0.5)
 app.process_all_available()
-story = app.events_frame(types=["replica_started", "warmup_caught_up", "rebalance", "task_opened"],
-                         since=joined.ts)
-story = story[(story.get("instance") == joined.instance) | (story.type == "rebalance")]
-story["instance"] = story["instance"].astype("Int64")
-story[["type", "task", "instance", "role", "generation", "reason"]].fillna("").head(12)
+import pandas as pd
+story = pd.DataFrame([
+    {"type": e.type, "task": e.get("task") or "", "instance": "" if e.type == "rebalance" else e.instance,
+     "role": e.get("role") or "", "generation": e.generation, "reason": e.get("reason") or ""}
+    for e in app.events(since=joined.ts, types=["replica_started", "warmup_caught_up", "rebalance",
+                                                "task_opened"])
+    if e.type == "rebalance" or e.get("instance") == joined.instance])
+story.head(12)
 """),
     code("%statekit instances rb"),
     md("""
