@@ -40,6 +40,7 @@ class Snapshot:
     changelog: list[dict] = field(default_factory=list)  # one dict per changelog partition
     task_rows: dict = field(default_factory=dict)  # (task, store) -> keys, counted from the store read
     forecast: list[dict] | None = None  # App.restore_forecast() rows (None: not available)
+    has_events: bool = True  # the app publishes statekit.events (Spark's own state store does not)
     error: str | None = None  # a panel that could not be read (one line)
 
 
@@ -903,6 +904,7 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
             snap.stores[name], per_task = got
             for t, n in per_task.items():
                 snap.task_rows[(t, name)] = n
+    snap.has_events = callable(getattr(app, "events", None))
     if events is not None:
         snap.events = guard("events", events.poll) or []
     if changelog is not None:

@@ -316,8 +316,12 @@ def render_restore(m: DashboardModel) -> str:
     head = "<div class='sk-h'>Restoration"
     if rnd is None:
         fc = render_forecast(m)
-        hint = ("<div class='sk-empty'>no task has opened yet: tasks are listed here from the moment "
-                "they are assigned (queued, restoring, done)</div>")
+        if m.snapshot is not None and not m.snapshot.has_events:
+            hint = ("<div class='sk-empty'>Spark's own state store restores inside Spark: its load "
+                    "figures are in <code>app.restore_report()</code> (notebook 09)</div>")
+        else:
+            hint = ("<div class='sk-empty'>no task has opened yet: tasks are listed here from the moment "
+                    "they are assigned (queued, restoring, done)</div>")
         return _dash(f"{head}</div>{hint}{fc}")
     when = time.strftime("%H:%M:%S", time.localtime(rnd.started))
     throttle = max((r.throttle or 0 for r in rnd.rows.values()), default=0)

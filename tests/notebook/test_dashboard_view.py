@@ -216,3 +216,33 @@ def test_restore_replay_follows_the_latest_round_and_replays_it():
     r.slider.value = 1  # 0.1 s into the round: the task was restoring
     assert ">restoring<" in r.table.value and ">done<" not in r.table.value
     assert "t = 0.1 s" in r.clock.value
+
+
+def test_an_app_without_events_or_instances_still_gets_a_dashboard():
+    """Spark's own state store (NativeApp) has no event stream and one instance: the panels that
+    need them stay out of the way."""
+
+    class Native:
+        name = "nat"
+        state = "RUNNING"
+
+        def metrics(self):
+            return {"records_processed": 10, "last_batch_id": 1, "batches": 2, "state_rows": 3}
+
+        def lag(self):
+            return pd.DataFrame([{"task": 0, "store": "counts", "checkpoint_offset": 1, "changelog_end": 3,
+                                  "lag": 2}])
+
+        def query_all(self, store):
+            return pd.DataFrame({"key": ["a"], "value": [1]})
+
+        def describe(self):
+            return {"nodes": [], "edges": []}
+
+    d = LiveDashboard(Native(), interval=0.1, stores=["counts"])
+    snap = d.refresh()
+    assert snap.error is None and snap.events == [] and snap.instances == []
+    v = d.view
+    assert "state rows (Spark)" in v.header.value and ">0_0<" in v.tasks.value
+    assert v.instances.layout.display == "none" and v.ownership_box.layout.display == "none"
+    assert "restores inside Spark" in v.restore.value and "restore_report()" in v.restore.value
