@@ -396,6 +396,7 @@ class DashboardModel:
         self.task_info: dict[tuple, dict] = {}   # (task, store) -> rows, dirty from commit events
         self.state_changes: list[tuple[float, str]] = []
         self.last_rebalance = None               # the latest Rebalance event
+        self.failed_tasks: dict = {}             # task -> its TaskFailed error, until it opens again
         self.state_reason = ""                   # the reason of the latest state event
         self.last_error: str | None = None       # the app's last one-line error (kept after restart)
         self.forecast: list[dict] | None = None
@@ -480,6 +481,10 @@ class DashboardModel:
                 self.task_info[(task, store)] = {"rows": _num(rows.get(store)),
                                                  "dirty": _num(c.get("dirty")) if isinstance(c, dict) else None}
             return
+        if kind == "task_failed":
+            self.failed_tasks[task_id(_get(e, "task"))] = _get(e, "error", "")
+        elif kind == "task_opened":
+            self.failed_tasks.pop(task_id(_get(e, "task")), None)
         opened = self.restores.feed(e)
         if opened is not None and self.forecast is not None:
             self.round_forecasts[id(opened)] = (self.forecast_at, self.forecast)
@@ -610,6 +615,8 @@ class DashboardModel:
             row = cur.rows.get(c["task"]) if cur is not None else None
             c["fraction"] = row.fraction if row is not None and row.status in ("queued", "restoring") else None
             c["state"] = str(c["state"] or "").lower() or "unknown"
+            if c["task"] in self.failed_tasks:   # a batch failed: the task holds until a restart
+                c["state"], c["fraction"] = "failed", None
         return [chips[t] for t in sorted(chips, key=task_order)]
 
     def instance_rows(self) -> list[dict]:

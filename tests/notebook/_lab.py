@@ -259,7 +259,11 @@ OVERLAP_JS = """
 
 
 def screenshot(page, name: str, element=None) -> str:
+    """What the user sees at this moment (the viewport), with `element` scrolled to the top."""
     os.makedirs(BUILD, exist_ok=True)
     path = os.path.join(BUILD, name)
-    (element or page).screenshot(path=path)
+    if element is not None:
+        element.evaluate("e => e.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(300)
+    page.screenshot(path=path)
     return path

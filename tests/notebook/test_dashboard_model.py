@@ -281,6 +281,12 @@ def test_instances_rates_and_task_chips():
     assert [(c["task"], c["instance"], c["state"], c["backlog"]) for c in chips] == [
         ("0_0", 0, "running", 0), ("0_1", 1, "restoring", 2)]
     assert [(r["task"], r["rows"], r["dirty"]) for r in m.tasks()] == [("0_0", 10, 3), ("0_1", 10, 3)]
+    m.update(Snapshot(t=14.0, status={"0_0": {"instance": 0, "state": "running"}},
+                      events=[E(ev.TaskFailed, 13.5, task="0_0", instance=0, error="ZeroDivisionError: x")]))
+    assert [(c["task"], c["state"]) for c in m.task_chips()] == [("0_0", "failed")]
+    m.update(Snapshot(t=15.0, status={"0_0": {"instance": 0, "state": "running"}},
+                      events=[E(ev.TaskOpened, 14.5, task="0_0", instance=0)]))
+    assert [(c["task"], c["state"]) for c in m.task_chips()] == [("0_0", "running")]
 
 
 def test_forecast_by_instance_and_before_a_round():
