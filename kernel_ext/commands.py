@@ -403,9 +403,13 @@ class Session:
             else:
                 total = cmd.limit
         else:
-            records = datagen.generate(cmd.generator, seed=42 if cmd.seed is None else cmd.seed)
+            seed = 42 if cmd.seed is None else cmd.seed
+            keys = cmd.args.get("keys")
+            records = datagen.generate(cmd.generator, seed=seed, keys=keys)
             source = f"generator {cmd.generator}"
             total = cmd.limit
+        # a generator with a limit and no pace: pre-encoded record batches, millions per run
+        fast = cmd.generator and cmd.rate is None and cmd.limit is not None
         bar = W.IntProgress(value=0, min=0, max=total or 1, bar_style="info",
                             layout=W.Layout(width="320px"))
         label = W.HTML()
@@ -431,8 +435,14 @@ class Session:
 
         def work():
             try:
-                datagen.produce(cmd.topic, records, self.bootstrap, partitions=cmd.partitions or 4,
-                                rate=cmd.rate, limit=cmd.limit, stop=stop, progress=report)
+                if fast:
+                    datagen.produce_fast(cmd.topic, cmd.generator, seed, cmd.limit, self.bootstrap,
+                                         keys=keys, partitions=cmd.partitions or 4, stop=stop,
+                                         progress=report)
+                else:
+                    datagen.produce(cmd.topic, records, self.bootstrap,
+                                    partitions=cmd.partitions or 4, rate=cmd.rate,
+                                    limit=cmd.limit, stop=stop, progress=report)
             except Exception:  # shown in the progress label (one line)
                 pass
 

@@ -994,6 +994,18 @@ class App:
         return lag_frame(lag_rows(self.name, co.assignment, co.statuses(fresh=True), self.subplans,
                                   self.kafka, self.layout))
 
+    def restore_forecast(self, apply_rate: Optional[float] = None):
+        """Before anything crashes: how long each task's restore would take now — from its
+        checkpoint, from a standby or warmup (a promotion), from scratch — and, per instance, what
+        its death would cost ("if instance 0 died now: ≈ 4.1 s from scratch, 0.2 s from its
+        standby"). ``apply_rate`` (records/s) defaults to the last full-speed restore's."""
+        from statekit.runtime.forecasts import forecast, last_apply_rate
+
+        co = self._require_started("restore_forecast")
+        rate = apply_rate or last_apply_rate(self.events(types="restore_end"))
+        return forecast(self.name, co.assignment, co.statuses(fresh=True), self.subplans, self.kafka,
+                        self.layout, apply_rate=rate)
+
     def task_status(self) -> dict:
         """``{task: {instance, role, state, source, last_batch, backlog, ...}}`` as the instances
         report it (active tasks), for dashboards."""

@@ -1,19 +1,28 @@
-"""Seeded data generators: Zipf-distributed words, clickstream events, sensor readings.
+"""Seeded data generators: Zipf-distributed words, clickstream events, sensor readings, and
+bank-account movements over up to millions of accounts (for stores of >= 1,000,000 keys).
 
 Every generator yields `Record(key, value, timestamp)`: `key` a str (or None), `value` a JSON-able
 dict, `timestamp` epoch milliseconds. The same seed always yields the same records, so a notebook can
-compute a plain-Python reference over exactly what it produced.
+compute a plain-Python reference over exactly what it produced (`accounts_reference` does it for
+`accounts` without walking the records).
 
     python -m statekit.datagen --out sample_data          # small JSON-lines files
     python -m statekit.datagen --generator words --limit 5 # print a few records
 
 `produce(topic, records, ...)` streams records to a topic through `statekit.kafka` (rate limit,
-limit, stop event, progress callback); `%statekit produce` runs it in a background thread.
+limit, stop event, progress callback); `%statekit produce --rate` runs it in a background thread.
+`produce_fast(topic, generator, seed, limit)` writes the first `limit` records of a generator as fast
+as the broker takes them (millions per run): records are built and encoded column-wise with numpy
+into record batches per partition and written with raw, pipelined Produce requests
+(`Kafka.send_encoded`); `accounts` is defined block-wise with numpy, so it is vectorized end to
+end, the other generators are walked in Python and encoded in bulk. `%statekit produce --limit N`
+without `--rate` uses it.
 """
 from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import itertools
 import json
 import math
@@ -140,24 +149,139 @@ def sensors(seed: int = 42, count: int = 20, gap_ms: int = 100) -> Iterator[Reco
         }, ts)
 
 
+# -- accounts: defined block-wise with numpy, so a fast path can compute the same records at once
+
+ACCOUNTS_BLOCK = 1 << 16
+AMOUNT_MIN, AMOUNT_MAX = -500, 1000
+
+
+def _np_seed(seed) -> int:
+    return int(seed) % (1 << 64)
+
+
+@functools.lru_cache(maxsize=4)
+def _account_order(seed: int, keys: int):
+    """The seeded order in which the first `keys` records visit every account once."""
+    import numpy as np
+
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([_np_seed(seed), 1, keys])))
+    order = rng.permutation(keys)
+    order.flags.writeable = False
+    return order
+
+
+def _accounts_block(seed: int, keys: int, j: int):
+    """Block `j` of the accounts generator (its records j*ACCOUNTS_BLOCK ...): (ids, amounts).
+    This *is* the generator's definition; `accounts()` and the fast path both read it."""
+    import numpy as np
+
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([_np_seed(seed), 0, keys, j])))
+    ids = rng.integers(0, keys, ACCOUNTS_BLOCK, dtype=np.int64)
+    amounts = rng.integers(AMOUNT_MIN, AMOUNT_MAX + 1, ACCOUNTS_BLOCK, dtype=np.int64)
+    start = j * ACCOUNTS_BLOCK
+    if start < keys:
+        m = min(keys - start, ACCOUNTS_BLOCK)
+        ids[:m] = _account_order(seed, keys)[start:start + m]
+    return ids, amounts
+
+
+def _accounts_range(seed: int, keys: int, start: int, stop: int):
+    """(ids, amounts) of records [start, stop)."""
+    import numpy as np
+
+    ids, amounts = [], []
+    for j in range(start // ACCOUNTS_BLOCK, (stop - 1) // ACCOUNTS_BLOCK + 1):
+        a, b = _accounts_block(seed, keys, j)
+        lo = max(start - j * ACCOUNTS_BLOCK, 0)
+        hi = min(stop - j * ACCOUNTS_BLOCK, ACCOUNTS_BLOCK)
+        ids.append(a[lo:hi])
+        amounts.append(b[lo:hi])
+    return np.concatenate(ids), np.concatenate(amounts)
+
+
+def _check_keys(keys) -> int:
+    if not isinstance(keys, int) or isinstance(keys, bool) or not 1 <= keys <= 10**9:
+        from statekit.errors import StatekitError
+
+        raise StatekitError(f"keys must be a whole number of accounts from 1 to 1e9 (got {keys!r})")
+    return keys
+
+
+def account_key(i: int, keys: int = 1_000_000) -> str:
+    """The key of account number `i` (0 .. keys-1): "acct-" and at least 7 digits."""
+    return f"acct-{i:0{max(7, len(str(keys - 1)))}d}"
+
+
+def accounts(seed: int = 42, keys: int = 1_000_000, gap_ms: int = 1) -> Iterator[Record]:
+    """Bank-account movements over `keys` accounts: key = account id (`account_key`), value =
+    {"account": id, "amount": a} with a whole amount in [-500, 1000]. The first `keys` records
+    visit every account once (in a seeded order), so a store keyed by account holds exactly
+    min(records, keys) keys; later records pick accounts uniformly. Amounts and accounts come
+    from numpy's PCG64, block by block (`_accounts_block`)."""
+    keys = _check_keys(keys)
+    width = max(7, len(str(keys - 1)))
+    for j in itertools.count():
+        ids, amounts = _accounts_block(seed, keys, j)
+        ts = BASE_TS_MS + j * ACCOUNTS_BLOCK * gap_ms
+        for i, a in zip(ids.tolist(), amounts.tolist()):
+            ts += gap_ms
+            key = f"acct-{i:0{width}d}"
+            yield Record(key, {"account": key, "amount": a}, ts)
+
+
+def accounts_reference(seed: int = 42, limit: int = 1_000_000,
+                       keys: int = 1_000_000) -> tuple[dict, dict]:
+    """What the first `limit` records of `accounts(seed, keys)` add up to, without walking them:
+    ``(counts, sums)``, dicts from account key to the number of its records and the sum of their
+    amounts (accounts without a record are absent). For checking a count / sum app's stores."""
+    import numpy as np
+
+    keys = _check_keys(keys)
+    counts = np.zeros(keys, np.int64)
+    sums = np.zeros(keys, np.int64)
+    for start in range(0, limit, 16 * ACCOUNTS_BLOCK):
+        ids, amounts = _accounts_range(seed, keys, start, min(limit, start + 16 * ACCOUNTS_BLOCK))
+        counts += np.bincount(ids, minlength=keys)
+        sums += np.bincount(ids, weights=amounts, minlength=keys).astype(np.int64)
+    present = np.flatnonzero(counts).tolist()
+    width = max(7, len(str(keys - 1)))
+    names = [f"acct-{i:0{width}d}" for i in present]
+    return (dict(zip(names, counts[present].tolist())), dict(zip(names, sums[present].tolist())))
+
+
 GENERATORS: dict[str, Callable[..., Iterator[Record]]] = {
     "words": words,
     "clicks": clicks,
     "sensors": sensors,
+    "accounts": accounts,
 }
+
+# the parameter that sets how many distinct keys a generator draws from (`--keys K`)
+KEYS_PARAM = {"words": "vocabulary", "clicks": "users", "sensors": "count", "accounts": "keys"}
 
 SAMPLE_COUNTS = {"words": 2000, "clicks": 800, "sensors": 800}
 
 
-def generate(name: str, seed: int = 42, limit: int | None = None, **kwargs) -> Iterator[Record]:
-    """The records of generator `name` (first `limit` of them when given)."""
-    try:
-        gen = GENERATORS[name]
-    except KeyError:
-        from statekit.errors import StatekitError
+def _generator_kwargs(name: str, keys: int | None, kwargs: dict) -> dict:
+    from statekit.errors import StatekitError
 
-        raise StatekitError(f"unknown generator {name!r}; use one of {', '.join(GENERATORS)}") from None
-    it = gen(seed=seed, **kwargs)
+    if name not in GENERATORS:
+        raise StatekitError(f"unknown generator {name!r}; use one of {', '.join(GENERATORS)}")
+    kw = dict(kwargs)
+    if keys is not None:
+        if not isinstance(keys, int) or isinstance(keys, bool) or keys < 1:
+            raise StatekitError(f"keys must be a whole number >= 1 (got {keys!r})")
+        kw[KEYS_PARAM[name]] = keys
+    return kw
+
+
+def generate(name: str, seed: int = 42, limit: int | None = None, keys: int | None = None,
+             **kwargs) -> Iterator[Record]:
+    """The records of generator `name` (first `limit` of them when given). `keys`: how many
+    distinct keys it draws from (words: vocabulary, clicks: users, sensors: count, accounts:
+    keys)."""
+    kw = _generator_kwargs(name, keys, kwargs)
+    it = GENERATORS[name](seed=seed, **kw)
     return itertools.islice(it, limit) if limit is not None else it
 
 
@@ -271,6 +395,225 @@ def produce(topic: str, records: Iterable[Record], bootstrap: str | None = None,
                 progress(prog)
     except Exception as err:  # reported to the caller through progress, re-raised
         prog.error = " ".join(str(err).split()) or type(err).__name__
+        raise
+    finally:
+        prog.elapsed = time.monotonic() - t0
+        prog.done = True
+        if progress is not None:
+            progress(prog)
+        if own:
+            kafka.close()
+    return prog
+
+
+# ---------------------------------------------------------------------------------------------
+# the fast path: records built, partitioned and encoded column-wise, written pre-encoded
+
+FAST_CHUNK = 1 << 18  # records encoded per round; the previous round's acks are awaited meanwhile
+
+
+def _murmur2_partitions(mat, partitions: int):
+    """Kafka's default partitioner (statekit.partition.partition_for) for keys of one length,
+    the rows of the uint8 matrix `mat`, vectorized."""
+    import numpy as np
+
+    n, length = mat.shape
+    m = np.uint32(0x5BD1E995)
+    h = np.full(n, (0x9747B28C ^ length) & 0xFFFFFFFF, np.uint32)
+    w = mat.astype(np.uint32)
+    n4 = length // 4
+    for i in range(n4):
+        k = w[:, 4 * i] | (w[:, 4 * i + 1] << 8) | (w[:, 4 * i + 2] << 16) | (w[:, 4 * i + 3] << 24)
+        k *= m
+        k ^= k >> np.uint32(24)
+        k *= m
+        h *= m
+        h ^= k
+    rem, base = length & 3, n4 * 4
+    if rem == 3:
+        h ^= w[:, base + 2] << 16
+    if rem >= 2:
+        h ^= w[:, base + 1] << 8
+    if rem >= 1:
+        h ^= w[:, base]
+        h *= m
+    h ^= h >> np.uint32(13)
+    h *= m
+    h ^= h >> np.uint32(15)
+    return ((h & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int64)
+
+
+def _digits(x, width: int):
+    """Zero-padded ASCII digits of the non-negative ints `x`, as an (n, width) uint8 matrix."""
+    import numpy as np
+
+    out = np.empty((len(x), width), np.uint8)
+    v = x.astype(np.uint64)
+    ten = np.uint64(10)
+    for c in range(width - 1, -1, -1):
+        q = v // ten
+        out[:, c] = v - q * ten
+        v = q
+    out += 48
+    return out
+
+
+def _account_keys(ids, keys: int):
+    import numpy as np
+
+    width = max(7, len(str(keys - 1)))
+    mat = np.empty((len(ids), 5 + width), np.uint8)
+    mat[:, :5] = np.frombuffer(b"acct-", np.uint8)
+    mat[:, 5:] = _digits(ids, width)
+    return mat
+
+
+@functools.lru_cache(maxsize=2)
+def _account_partitions(keys: int, partitions: int):
+    import numpy as np
+
+    out = np.empty(keys, np.int64)
+    step = 1 << 20
+    for lo in range(0, keys, step):
+        ids = np.arange(lo, min(keys, lo + step), dtype=np.int64)
+        out[lo:lo + len(ids)] = _murmur2_partitions(_account_keys(ids, keys), partitions)
+    out.flags.writeable = False
+    return out
+
+
+def _accounts_encoded(seed: int, start: int, stop: int, partitions: int, ts: int,
+                      keys: int = 1_000_000) -> list:
+    """[(partition, batch bytes, count)] for records [start, stop) of `accounts`: the records of
+    each partition in generation order, byte for byte what `encode(record)` gives."""
+    import numpy as np
+
+    from statekit.kafka import encode_batches_flat
+
+    keys = _check_keys(keys)
+    ids, amounts = _accounts_range(seed, keys, start, stop)
+    part = _account_partitions(keys, partitions)[ids]
+    order = np.argsort(part, kind="stable")
+    ids, amounts, part = ids[order], amounts[order], part[order]
+    kmat = _account_keys(ids, keys)
+    n, klen = kmat.shape
+    # value: {"account":"<key>","amount":<a>} (json.dumps, compact, sorted keys)
+    head = np.frombuffer(b'{"account":"', np.uint8)
+    mid = np.frombuffer(b'","amount":', np.uint8)
+    p0 = len(head) + klen + len(mid)
+    neg = (amounts < 0).astype(np.int64)
+    mag = np.abs(amounts)
+    nd = np.ones(n, np.int64)
+    for b in (10, 100, 1000, 10_000, 100_000, 1_000_000):
+        nd += mag >= b
+    alen = nd + neg
+    width = p0 + int(alen.max()) + 1
+    vmat = np.zeros((n, width), np.uint8)
+    vmat[:, :len(head)] = head
+    vmat[:, len(head):len(head) + klen] = kmat
+    vmat[:, len(head) + klen:p0] = mid
+    dig = _digits(mag, int(nd.max()))  # right-aligned digits
+    cols = np.arange(width - p0)
+    # amount characters left-aligned after p0: '-' if negative, then the nd digits, then '}'
+    j = cols[None, :] - neg[:, None]                      # index among the digits
+    src = j + (dig.shape[1] - nd)[:, None]                # column of that digit in `dig`
+    ok = (j >= 0) & (j < nd[:, None])
+    chars = np.where(ok, np.take_along_axis(dig, np.clip(src, 0, dig.shape[1] - 1), 1), 0)
+    chars = np.where((cols[None, :] == 0) & (neg[:, None] == 1), ord("-"), chars)
+    chars = np.where(cols[None, :] == alen[:, None], ord("}"), chars)
+    vmat[:, p0:] = chars
+    vlen = p0 + alen + 1
+    vflat = vmat[np.arange(width)[None, :] < vlen[:, None]]
+    kflat = kmat.ravel()
+    klens = np.full(n, klen, np.int64)
+    out = []
+    bounds = np.searchsorted(part, np.arange(partitions + 1))
+    vstarts = np.concatenate(([0], np.cumsum(vlen)))
+    for p in range(partitions):
+        lo, hi = int(bounds[p]), int(bounds[p + 1])
+        if lo == hi:
+            continue
+        for data, c in encode_batches_flat(kflat[lo * klen:hi * klen], klens[lo:hi],
+                                           vflat[vstarts[lo]:vstarts[hi]], vlen[lo:hi], ts):
+            out.append((p, data, c))
+    return out
+
+
+def _records_encoded(records: list, partitions: int, ts: int, rr) -> list:
+    """The general path: records walked in Python, encoded in bulk per partition."""
+    from statekit.kafka import encode_batches
+    from statekit.partition import partition_for
+
+    by_part: dict[int, list] = {}
+    for rec in records:
+        key, value = encode(rec)
+        p = partition_for(key, partitions) if key is not None else next(rr) % partitions
+        by_part.setdefault(p, []).append((key, value))
+    return [(p, data, c) for p, recs in sorted(by_part.items())
+            for data, c in encode_batches(recs, None, 900_000, ts)]
+
+
+FAST_GENERATORS = {"accounts": _accounts_encoded}  # vectorized end to end
+
+
+def produce_fast(topic: str, generator: str = "accounts", seed: int = 42, limit: int = 1_000_000,
+                 bootstrap: str | None = None, *, keys: int | None = None, partitions: int = 4,
+                 stop: threading.Event | None = None,
+                 progress: Callable[[ProduceProgress], None] | None = None, kafka=None,
+                 chunk: int = FAST_CHUNK, **kwargs) -> ProduceProgress:
+    """Write the first `limit` records of generator `generator` (seeded; `keys`: see `generate`)
+    to `topic` (created with `partitions` partitions if missing) as fast as the broker takes
+    them: exactly the records `generate(generator, seed, limit, keys)` yields, each in the
+    partition `produce` would pick, in the same order per partition. Rounds of `chunk` records
+    are built and encoded column-wise (vectorized for `accounts`) and written as pre-encoded
+    record batches with raw Produce requests; the next round is encoded while the broker writes
+    the previous one. Returns the final progress (also given to `progress` after each round)."""
+    from statekit.errors import StatekitError
+    from statekit.kafka import Kafka, resolve_bootstrap
+
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise StatekitError(f"limit must be a whole number of records >= 1 (got {limit!r})")
+    kw = _generator_kwargs(generator, keys, kwargs)
+    fast = FAST_GENERATORS.get(generator)
+    own = kafka is None
+    if own:
+        kafka = Kafka(resolve_bootstrap(bootstrap))
+    prog = ProduceProgress(limit=limit)
+    t0 = time.monotonic()
+    pending = None
+    try:
+        if topic not in kafka.topics():
+            kafka.ensure_topic(topic, partitions, {})
+        n = len(kafka.end_offsets(topic)) or partitions
+        rr = itertools.count()
+        it = None if fast is not None else GENERATORS[generator](seed=seed, **kw)
+        for start in range(0, limit, chunk):
+            if stop is not None and stop.is_set():
+                break
+            stop_at = min(limit, start + chunk)
+            ts = int(time.time() * 1000)
+            if fast is not None:
+                batches = fast(seed, start, stop_at, n, ts, **kw)
+            else:
+                batches = _records_encoded(list(itertools.islice(it, stop_at - start)), n, ts, rr)
+            sent = kafka.send_encoded(topic, batches, wait=False)
+            if pending is not None:
+                pending.wait()
+                prog.sent += pending.records
+                prog.elapsed = time.monotonic() - t0
+                if progress is not None:
+                    progress(prog)
+            pending = sent
+        if pending is not None:
+            pending.wait()
+            prog.sent += pending.records
+            pending = None
+    except Exception as err:  # reported to the caller through progress, re-raised
+        prog.error = " ".join(str(err).split()) or type(err).__name__
+        if pending is not None:
+            try:
+                pending.wait()  # no ack left on the socket
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                pass
         raise
     finally:
         prog.elapsed = time.monotonic() - t0

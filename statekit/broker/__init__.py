@@ -5,7 +5,8 @@ confluent-kafka/librdkafka and kcat work against it, and keeps file-backed parti
 segments, an offset index, retention and a log cleaner for compacted topics. See
 docs/ARCHITECTURE.md for the contract; each module's docstring says how its part works
 (server.py: connections; handlers.py: the APIs; log.py: files and durability; cleaner.py:
-compaction; process.py: the child process and `DIR/broker.json`).
+compaction; transactions.py: the transaction coordinator; auth.py: SASL and credentials;
+process.py: the child process, `DIR/broker.json` and finding a broker's credentials).
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import uuid
 
 from statekit.errors import BrokerUnreachable, StatekitError
 
-from .process import BrokerHandle, default_dir, running_info, start, stop
+from .auth import should_auth
+from .process import BrokerHandle, credentials_for, default_dir, running_info, start, stop
 
-__all__ = ["start", "stop", "status", "BrokerHandle", "log_stats", "request_clean", "default_dir"]
+__all__ = ["start", "stop", "status", "BrokerHandle", "log_stats", "request_clean", "default_dir",
+           "should_auth", "credentials_for"]
 
 
 def status(dir: str | None = None) -> dict | None:

@@ -8,7 +8,8 @@ import os
 import signal
 import sys
 
-from .process import default_dir, info_path, parse_configs
+from .auth import ensure_credentials
+from .process import default_dir, info_path, parse_configs, register_auth_broker, unregister_auth_broker
 from .server import Broker, BrokerError
 from .log import write_json_atomic
 
@@ -38,6 +39,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="broker config, e.g. auto.create.topics.enable=true or log.cleaner.backoff.ms=500 (repeatable)")
     p.add_argument("--auto-create-topics", action="store_true",
                    help="create unknown topics on metadata/produce requests (auto.create.topics.enable=true)")
+    p.add_argument("--auth", action="store_true",
+                   help="require SASL (PLAIN or SCRAM-SHA-256) with credentials generated into DIR/credentials.json "
+                        "(readable by you only); statekit's clients pick them up")
 
 
 def main(argv=None) -> int:
@@ -50,21 +54,33 @@ def main(argv=None) -> int:
         print(f"statekit broker: {e}", file=sys.stderr)
         return 2
     data_dir = os.path.abspath(args.dir or default_dir())
+    users = None
+    if args.auth:
+        try:
+            creds = ensure_credentials(data_dir)
+        except OSError as e:
+            print(f"statekit broker: cannot write the credentials file in {data_dir} ({e.strerror}): "
+                  f"pass a writable --dir", file=sys.stderr)
+            return 2
+        users = {creds["sasl.username"]: creds["sasl.password"]}
     try:
-        return asyncio.run(_run(data_dir, args.host, args.port, configs))
+        return asyncio.run(_run(data_dir, args.host, args.port, configs, users))
     except BrokerError as e:
         print(f"statekit broker: {e}", file=sys.stderr)
         return 2
 
 
-async def _run(data_dir, host, port, configs) -> int:
-    broker = Broker(data_dir, host, port, configs)
+async def _run(data_dir, host, port, configs, users=None) -> int:
+    broker = Broker(data_dir, host, port, configs, users=users)
     await broker.start()
     path = info_path(data_dir)
+    bootstrap = f"{broker.advertised_host}:{broker.port}"
     write_json_atomic(path, {"pid": os.getpid(), "host": broker.advertised_host, "port": broker.port,
-                             "bootstrap": f"{broker.advertised_host}:{broker.port}", "dir": data_dir})
-    print(f"statekit broker listening on {broker.advertised_host}:{broker.port} (data in {data_dir})",
-          file=sys.stderr, flush=True)
+                             "bootstrap": bootstrap, "dir": data_dir, "auth": users is not None})
+    if users is not None:
+        register_auth_broker(bootstrap, data_dir)
+    print(f"statekit broker listening on {bootstrap} (data in {data_dir}"
+          f"{', SASL required' if users else ''})", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -80,6 +96,8 @@ async def _run(data_dir, host, port, configs) -> int:
                     os.unlink(path)
         except (OSError, ValueError):
             pass
+        if users is not None:
+            unregister_auth_broker(bootstrap)
         await broker.stop()
     return 0
 

@@ -3,15 +3,22 @@
 A pass over one partition:
 1. snapshot the cleanable segments and build a key -> latest offset map over their dirty part. As
    in Kafka, the cleanable range ends at the first uncleanable offset: the active segment's base,
-   or earlier, the first segment holding a record younger than `min.compaction.lag.ms`. Records past
-   it neither go nor make others go: the newest records of a log may still be undecided (a commit
-   that crashed before its marker, in statekit's changelogs), and they must not cost the committed
-   value of their key its place before the writer has had its chance to settle them;
+   or earlier, the first segment holding a record younger than `min.compaction.lag.ms` or an offset
+   at or past the last stable offset (an open transaction). Records past it neither go nor make
+   others go: the newest records of a log may still be undecided (an open transaction, or a commit
+   that crashed before its marker in statekit's changelogs), and they must not cost the committed
+   value of their key its place before the writer has had its chance to settle them. Records of
+   aborted transactions never enter the map;
 2. rewrite each closed segment keeping only records that are the latest for their key (a batch
    whose records all survive is copied byte for byte; one that loses some is rebuilt with the same
    base offset and offset deltas; one that loses all is dropped). Tombstones that are the latest
-   for their key survive until `delete.retention.ms` past their timestamp. Consecutive cleaned
-   segments merge while they fit in `segment.bytes`;
+   for their key survive until `delete.retention.ms` past their timestamp. Batches of aborted
+   transactions go whole, whatever their keys. A transaction marker stays while any batch of its
+   transaction is still in the log; once none is, the marker gets a delete horizon (KIP-534: the
+   batch's base timestamp becomes now + `delete.retention.ms`, attribute bit 0x40) and a later pass
+   past the horizon removes it, so a consumer that read the transaction's data also reads its
+   marker (Kafka's LogCleaner rules). Consecutive cleaned segments merge while they fit in
+   `segment.bytes`;
 3. swap: the new files are written as `*.cleaned`, listed in `cleaner-swap.json`, then renamed over
    the first segment of each group while the others are deleted. A crash mid-swap is rolled
    forward on the next start (see `recover_swap`).
@@ -166,6 +173,8 @@ class LogCleaner:
                 by_base[b].delete_files()
             seg = Segment(plog.dir, g["first"])
             seg.open(recover=False, index_interval=plog.config.get("index.interval.bytes"))
+            seg.close_index()
+            seg.txn_events = []
             replaced[g["first"]] = seg
             for b in g["others"]:
                 replaced[b] = None
@@ -182,12 +191,15 @@ class LogCleaner:
 
 def cleanable_segments(plog, now_ms: int) -> list:
     """The closed segments before the first uncleanable offset (Kafka's rule): the active segment
-    is never cleanable, nor is a segment holding a record younger than ``min.compaction.lag.ms``,
-    nor anything after such a segment."""
+    is never cleanable, nor is a segment holding a record younger than ``min.compaction.lag.ms`` or
+    an offset at or past the last stable offset, nor anything after such a segment."""
     lag = plog.config.get("min.compaction.lag.ms")
+    lso = plog.last_stable_offset
     out = []
     for seg in plog.segments[:-1]:
         if lag > 0 and seg.max_timestamp >= 0 and now_ms - seg.max_timestamp < lag:
+            break
+        if seg.size and seg.next_offset > lso:
             break
         out.append(seg)
     return out
@@ -208,6 +220,7 @@ def clean_job(plog, now_ms: int) -> dict | None:
         "segment_bytes": plog.config.get("segment.bytes"),
         "delete_retention_ms": plog.config.get("delete.retention.ms"),
         "now_ms": now_ms,
+        "aborted": [a for a in plog.aborted if a[1] < plog.segments[len(closed)].base],
     }
 
 
@@ -328,12 +341,48 @@ def _timestamp(h, raw, parsed: Parsed, i: int) -> int:
 CACHE_BYTES = 256 << 20  # parsed dirty segments kept between the two passes, at most
 
 
+class _Aborted:
+    """Is a transactional batch part of an aborted transaction? (producer id -> sorted
+    (first offset, marker offset) of its aborted transactions)"""
+
+    def __init__(self, aborted):
+        self.by_pid: dict[int, list] = {}
+        for pid, first, last in aborted:
+            self.by_pid.setdefault(pid, []).append((first, last))
+        for v in self.by_pid.values():
+            v.sort()
+
+    def __call__(self, h) -> bool:
+        if not h.attributes & R.ATTR_TRANSACTIONAL or h.attributes & R.ATTR_CONTROL:
+            return False
+        spans = self.by_pid.get(h.producer_id)
+        if not spans:
+            return False
+        import bisect
+
+        i = bisect.bisect_right(spans, (h.base_offset, 1 << 62)) - 1
+        return i >= 0 and spans[i][0] <= h.base_offset < spans[i][1]
+
+
+def _with_horizon(raw, horizon_ms: int) -> bytes:
+    """A marker batch carrying its delete horizon (KIP-534) in the base timestamp."""
+    import struct
+
+    out = bytearray(raw)
+    h = R.header_at(out, 0)
+    struct.pack_into(">h", out, R.ATTRIBUTES_OFFSET, h.attributes | R.ATTR_DELETE_HORIZON)
+    struct.pack_into(">q", out, 27, horizon_ms)
+    struct.pack_into(">I", out, R.CRC_OFFSET, R.crc32c(memoryview(out)[R.ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
 def build_cleaned(job: dict) -> dict:
     """Runs in a worker thread: writes `<base>.log.cleaned` files, returns the swap plan."""
     # pass 1: key -> latest offset over the dirty part of the cleanable range. The clean part
     # already holds one record per key, and each of them loses to any newer one in the map.
     latest: dict = {}
     clean_offset = job["clean_offset"]
+    is_aborted = _Aborted(job.get("aborted", ()))
     cache: dict[int, list] = {}
     cached = 0
     dirty = [(b, p, sz) for b, p, sz in job["closed"] if _is_dirty(job, b)]
@@ -341,7 +390,7 @@ def build_cleaned(job: dict) -> dict:
         keep_it = cached + size <= CACHE_BYTES
         entries = []
         for h, raw in _iter_file_batches(path, size):
-            if h.attributes & R.ATTR_CONTROL:
+            if h.attributes & R.ATTR_CONTROL or is_aborted(h):
                 entries.append((h, raw, None))
                 continue
             try:
@@ -356,18 +405,20 @@ def build_cleaned(job: dict) -> dict:
             cache[base] = entries
             cached += size
     latest.pop(None, None)
-    horizon = job["now_ms"] - job["delete_retention_ms"]
+    now = job["now_ms"]
+    horizon = now - job["delete_retention_ms"]
     log_start = job["log_start"]
     removed = 0
     groups = []
     cur = None  # the output group being filled
+    in_txn: dict[int, bool] = {}  # producer id -> a batch of its current transaction is still here
     for base, path, size in job["closed"]:
         entries = cache.pop(base, None)
         if entries is None:
             entries = []
             for h, raw in _iter_file_batches(path, size):
                 try:
-                    parsed = None if h.attributes & R.ATTR_CONTROL else _parse(h, raw)
+                    parsed = None if h.attributes & R.ATTR_CONTROL or is_aborted(h) else _parse(h, raw)
                 except Exception:  # noqa: BLE001
                     parsed = None
                 entries.append((h, raw, parsed))
@@ -375,6 +426,29 @@ def build_cleaned(job: dict) -> dict:
         changed = False
         last = len(entries) - 1
         for bi, (h, raw, parsed) in enumerate(entries):
+            if h.attributes & R.ATTR_CONTROL:
+                # a marker stays while its transaction has batches in the log (read in this pass)
+                if in_txn.pop(h.producer_id, False) or h.count == 0 and bi == last:
+                    out_chunks.append(bytes(raw))
+                elif not h.attributes & R.ATTR_DELETE_HORIZON:
+                    out_chunks.append(_with_horizon(raw, now + job["delete_retention_ms"]))
+                    changed = True
+                elif h.first_timestamp > now:
+                    out_chunks.append(bytes(raw))
+                else:
+                    changed = True
+                    removed += h.count
+                    if bi == last:  # keep the offset span reaching the next segment
+                        out_chunks.append(_rebuild_empty(h, raw))
+                continue
+            if h.attributes & R.ATTR_TRANSACTIONAL and h.count > 0:
+                in_txn[h.producer_id] = True
+            if is_aborted(h):
+                changed = True
+                removed += h.count
+                if bi == last:
+                    out_chunks.append(_rebuild_empty(h, raw))
+                continue
             if parsed is None:
                 out_chunks.append(bytes(raw))
                 continue
@@ -454,6 +528,20 @@ def _rebuild(h, raw, parsed: Parsed, keep: list[int]) -> bytes:
         struct.pack_into(">q", out, 0, h.base_offset)
         struct.pack_into(">i", out, 23, h.last_offset_delta)
         struct.pack_into(">qq", out, 27, h.first_timestamp, h.max_timestamp)
+    struct.pack_into(">I", out, R.CRC_OFFSET, R.crc32c(memoryview(out)[R.ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
+def _rebuild_empty(h, raw) -> bytes:
+    """The batch with no records left: same base offset and offset span (readers move past it)."""
+    if h.count == 0:
+        return bytes(raw)
+    import struct
+
+    out = bytearray(raw[:R.HEADER_SIZE])
+    struct.pack_into(">i", out, 8, len(out) - R.LOG_OVERHEAD)
+    struct.pack_into(">h", out, R.ATTRIBUTES_OFFSET, h.attributes & ~R.ATTR_COMPRESSION_MASK)
+    struct.pack_into(">i", out, 57, 0)
     struct.pack_into(">I", out, R.CRC_OFFSET, R.crc32c(memoryview(out)[R.ATTRIBUTES_OFFSET:]))
     return bytes(out)
 

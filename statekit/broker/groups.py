@@ -875,6 +875,38 @@ class GroupCoordinator:
         self._maybe_forget(group)
         return self._commit_response(v, req, codes)
 
+    # ------------------------------------------------------------------ transactional offsets
+    def check_txn_commit(self, group_id: str, generation: int, member_id: str,
+                         instance_id: str | None) -> int:
+        """TxnOffsetCommit v3+ names the member and generation of the consumer (KIP-447): check
+        them as OffsetCommit does; generation -1 (a producer outside any group) passes."""
+        if self._closed:
+            return COORDINATOR_NOT_AVAILABLE
+        if generation < 0:
+            return NONE
+        group = self.groups.get(group_id)
+        if group is None:
+            return ILLEGAL_GENERATION
+        code = self._check_member(group, member_id, instance_id)
+        if code != NONE:
+            return code
+        return NONE if generation == group.generation else ILLEGAL_GENERATION
+
+    def commit_txn_offsets(self, group_id: str, offsets: dict) -> None:
+        """Make the offsets of a committed transaction visible: ``{(topic, partition): (offset,
+        leader epoch, metadata)}``, called by the transaction coordinator once its markers are
+        written."""
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        now = self._now_ms()
+        lines = []
+        for (topic, part), (offset, epoch, metadata) in offsets.items():
+            entry = OffsetEntry(offset, epoch, metadata or "", now)
+            group.offsets[(topic, part)] = entry
+            lines.append(self._line(group_id, topic, part, entry))
+        self._append(lines)
+
     # ------------------------------------------------------------------ OffsetFetch
     def _fetch_group(self, group_id: str, topics):
         """``topics``: list of (name, partitions) or None for every committed offset.

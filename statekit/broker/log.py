@@ -11,6 +11,11 @@ Files, one directory per partition (`<dir>/logs/<topic>-<partition>/`):
   `index.interval.bytes` of log, used by Fetch to skip to the right place;
 - `log-start-offset`: the log start set by DeleteRecords (above the first segment's base);
 - `cleaner.json`: the cleaner's checkpoint and counters.
+
+The transaction state of a partition (each producer's open transaction, the aborted ones, hence the
+last stable offset) has no file: it is rebuilt from the batch headers, which `Segment.open` reads
+anyway, when the log opens. Closed segments keep one open file (the log); only the active one keeps
+its index file open for appends.
 """
 from __future__ import annotations
 
@@ -41,14 +46,38 @@ def seg_name(base: int, suffix: str) -> str:
 
 
 def write_json_atomic(path: str, obj, durable: bool = True) -> None:
-    """Readers never see a half-written file (temp + rename); durable adds an fsync."""
+    """Readers never see a half-written file (temp + rename); durable adds an fsync of the file
+    and of its directory (so the rename itself survives a power loss). Raises OSError and leaves
+    the old file in place when anything fails."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        if durable:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class Segment:
@@ -71,6 +100,7 @@ class Segment:
         self.idx_pos = array("q")
         self.last_index_pos = -1
         self.dirty = False
+        self.txn_events: list = []  # filled by open(): see PartitionLog._replay_transactions
 
     # -- opening, recovery -------------------------------------------------------------------
     def open(self, recover: bool, index_interval: int = 4096) -> int | None:
@@ -92,6 +122,7 @@ class Segment:
         # that may be torn by a crash), or all batches when the index is unusable.
         stored = self._read_index_file(size)
         crc_from = stored[1][-1] if stored and len(stored[1]) else 0
+        events = []
         if size:
             with mmap.mmap(self.fd, size, access=mmap.ACCESS_READ) as mm:
                 pos = 0
@@ -115,6 +146,12 @@ class Segment:
                             max_ts = h.max_timestamp
                         if first_ts is None:
                             first_ts = h.first_timestamp
+                        if h.attributes & R.ATTR_TRANSACTIONAL and h.producer_id >= 0:
+                            if h.attributes & R.ATTR_CONTROL:
+                                events.append((h.base_offset, h.producer_id, h.producer_epoch,
+                                               R.control_type(mm, pos, h)))
+                            elif h.count > 0:
+                                events.append((h.base_offset, h.producer_id, h.producer_epoch, DATA))
                         next_offset = h.last_offset + 1
                         pos += h.size
                 except R.InvalidBatch as e:
@@ -125,6 +162,8 @@ class Segment:
         if torn_at is not None:
             os.ftruncate(self.fd, torn_at)
             size = torn_at
+            events = [e for e in events if e[0] < next_offset]
+        self.txn_events = events
         self.size = size
         self.records, self.batches, self.max_timestamp = records, batches, max_ts
         self.next_offset = next_offset
@@ -240,7 +279,21 @@ class Segment:
         if self.dirty:
             self.dirty = False
             os.fsync(self.fd)
-            os.fsync(self.index_fd)
+            if self.index_fd >= 0:
+                os.fsync(self.index_fd)
+
+    def close_index(self) -> None:
+        """A closed segment is never appended to: its index lives in memory, its file needs no fd."""
+        if self.index_fd >= 0:
+            try:
+                os.close(self.index_fd)
+            except OSError:
+                pass
+            self.index_fd = -1
+
+    @property
+    def open_fds(self) -> int:
+        return (self.fd >= 0) + (self.index_fd >= 0)
 
     def close(self) -> None:
         for fd in (self.fd, self.index_fd):
@@ -284,8 +337,11 @@ class ProduceError(Exception):
 CORRUPT_MESSAGE = 2
 MESSAGE_TOO_LARGE = 10
 INVALID_PRODUCER_EPOCH = 47
+INVALID_TXN_STATE = 48
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 DUPLICATE_SEQUENCE_NUMBER = 46
+
+DATA = -1  # a transactional data batch in Segment.txn_events (control batches carry their type)
 
 
 class PartitionLog:
@@ -297,6 +353,10 @@ class PartitionLog:
         self.segments: list[Segment] = []
         self.log_start_offset = 0
         self.producers: dict[int, ProducerState] = {}
+        # transactions (Kafka's ProducerStateManager and transaction index, in memory; rebuilt
+        # from the batch headers when the log opens)
+        self.ongoing: dict[int, int] = {}  # producer id -> first offset of its open transaction
+        self.aborted: list[tuple[int, int, int]] = []  # (producer id, first offset, marker offset)
         self.cleaner_state = {"clean_offset": 0, "cleaner_runs": 0, "records_removed": 0,
                               "last_cleaned_at": None}
         self.deleted = False
@@ -318,6 +378,7 @@ class PartitionLog:
         interval = self.config.get("index.interval.bytes")
         segs: list[Segment] = []
         truncated = False
+        events: list = []
         for base in bases:
             seg = Segment(self.dir, base)
             if truncated or (segs and base < segs[-1].next_offset and segs[-1].size):
@@ -329,8 +390,12 @@ class PartitionLog:
                 continue
             torn = seg.open(recover=True, index_interval=interval)
             segs.append(seg)
+            events.extend(seg.txn_events)
+            seg.txn_events = []
             if torn is not None and base != bases[-1]:
                 truncated = True
+        for seg in segs[:-1]:
+            seg.close_index()
         self.segments = segs
         try:
             with open(os.path.join(self.dir, "log-start-offset")) as f:
@@ -348,6 +413,24 @@ class PartitionLog:
         if self.log_start_offset > self.log_end_offset:
             self.log_start_offset = self.log_end_offset
         self._rebuild_producer_state()
+        self._replay_transactions(events)
+
+    def _replay_transactions(self, events) -> None:
+        """Open transactions and the aborted ones, from the transactional batch headers in offset
+        order (a data batch opens its producer's transaction, a marker closes it). An empty batch
+        left by the cleaner never opens one: its records are gone."""
+        ongoing, aborted = {}, []
+        for offset, pid, epoch, kind in events:
+            if kind == DATA:
+                ongoing.setdefault(pid, offset)
+                continue
+            first = ongoing.pop(pid, None)
+            if first is not None and kind == R.CONTROL_ABORT:
+                aborted.append((pid, first, offset))
+            st = self.producers.get(pid)
+            if st is None or epoch > st.epoch:
+                self.producers[pid] = ProducerState(epoch)
+        self.ongoing, self.aborted = ongoing, aborted
 
     def _rebuild_producer_state(self) -> None:
         self.producers.clear()
@@ -397,6 +480,25 @@ class PartitionLog:
         return self.log_end_offset
 
     @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the oldest open transaction, else the high watermark: a
+        read_committed consumer reads below it, and the cleaner never passes it."""
+        hw = self.log_end_offset
+        if not self.ongoing:
+            return hw
+        return max(self.log_start_offset, min(min(self.ongoing.values()), hw))
+
+    def aborted_between(self, start: int, upper: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions a fetch of [start, upper) may
+        meet: their marker is at or after start and they began before upper."""
+        i = bisect.bisect_left(self.aborted, start, key=lambda a: a[2])
+        return [(pid, first) for pid, first, last in self.aborted[i:] if first < upper]
+
+    @property
+    def open_fds(self) -> int:
+        return sum(s.open_fds for s in self.segments)
+
+    @property
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
@@ -414,13 +516,18 @@ class PartitionLog:
         max_bytes = cfg.get("max.message.bytes")
         for _, h in batches:
             if h.size > max_bytes:
-                raise ProduceError(MESSAGE_TOO_LARGE, f"batch of {h.size} bytes > max.message.bytes {max_bytes}")
+                raise ProduceError(MESSAGE_TOO_LARGE, f"The record batch of {h.size} bytes is larger than "
+                                   f"the maximum allowed size {max_bytes} (max.message.bytes)")
         # idempotence: a whole-request duplicate is acknowledged with its original offset
         first_h = batches[0][1]
         if first_h.producer_id >= 0 and first_h.base_sequence >= 0:
             dup = self._check_sequences(batches)
             if dup is not None:
                 return dup, -1
+        for _, h in batches:
+            if h.producer_id in self.ongoing and not h.attributes & R.ATTR_TRANSACTIONAL:
+                raise ProduceError(INVALID_TXN_STATE, f"producer {h.producer_id} wrote a non-transactional "
+                                   f"batch while its transaction is open")
         log_append = cfg.get("message.timestamp.type") == "LogAppendTime"
         next_off = self.log_end_offset
         seg = self.active
@@ -450,8 +557,33 @@ class PartitionLog:
                 if st is None or h.producer_epoch != st.epoch:
                     st = self.producers[h.producer_id] = ProducerState(h.producer_epoch)
                 st.batches.append((h.base_sequence, h.last_sequence, off, off + h.last_offset_delta))
+                if h.attributes & R.ATTR_TRANSACTIONAL:
+                    self.ongoing.setdefault(h.producer_id, off)
             off += h.last_offset_delta + 1
         return base, (now_ms if log_append else -1)
+
+    def append_marker(self, producer_id: int, producer_epoch: int, control_type: int,
+                      coordinator_epoch: int, now_ms: int) -> int:
+        """Write a commit or abort marker for the producer's transaction (from the transaction
+        coordinator, never from a client); returns its offset. The marker's epoch fences older
+        epochs of the producer on this partition."""
+        data = R.control_batch(producer_id, producer_epoch, control_type, coordinator_epoch, now_ms)
+        h = R.header_at(data, 0)
+        offset = self.log_end_offset
+        seg = self.active
+        if seg.size and (seg.size + len(data) > self.config.get("segment.bytes")
+                         or now_ms - seg.created_ms >= self.config.get("segment.ms")):
+            seg = self.roll(offset)
+        R.set_base_offset(data, 0, offset)
+        seg.append(data, h._replace(base_offset=offset), offset, 1, 1, now_ms,
+                   self.config.get("index.interval.bytes"))
+        first = self.ongoing.pop(producer_id, None)
+        if first is not None and control_type == R.CONTROL_ABORT:
+            self.aborted.append((producer_id, first, offset))
+        st = self.producers.get(producer_id)
+        if st is None or producer_epoch > st.epoch:
+            self.producers[producer_id] = ProducerState(producer_epoch)
+        return offset
 
     def _check_sequences(self, batches) -> int | None:
         expected = {}
@@ -484,11 +616,12 @@ class PartitionLog:
         if self.active.size == 0:
             return self.active
         old = self.active
+        seg = self._new_segment(base)
         try:
             old.flush()
         except OSError:
             pass
-        seg = self._new_segment(base)
+        old.close_index()
         self.segments.append(seg)
         return seg
 
@@ -497,8 +630,15 @@ class PartitionLog:
         bases = [s.base for s in self.segments]
         return max(bisect.bisect_right(bases, offset) - 1, 0)
 
-    def read(self, offset: int, max_bytes: int, min_one: bool) -> bytes:
-        """Batches from offset (the batch holding it first), up to max_bytes (KIP-74 min_one)."""
+    def read(self, offset: int, max_bytes: int, min_one: bool, max_offset: int | None = None) -> bytes:
+        """Batches from offset (the batch holding it first), up to max_bytes (KIP-74 min_one),
+        none starting at or past max_offset (the last stable offset of a read_committed fetch)."""
+        data = self._read(offset, max_bytes, min_one)
+        if max_offset is not None and data:
+            data = _cut_at(data, max_offset)
+        return data
+
+    def _read(self, offset: int, max_bytes: int, min_one: bool) -> bytes:
         if offset >= self.log_end_offset:
             return b""
         i = self.segment_index_for(offset)
@@ -632,11 +772,24 @@ class PartitionLog:
             "bytes": self.size_bytes,
             "records": self.records,
             "dirty_ratio": round(dirty / total, 4) if total and self.config.compact else 0.0,
+            "last_stable_offset": self.last_stable_offset,
+            "open_transactions": len(self.ongoing),
             "cleaner_runs": self.cleaner_state.get("cleaner_runs", 0),
             "records_removed": self.cleaner_state.get("records_removed", 0),
             "last_cleaned_at": self.cleaner_state.get("last_cleaned_at"),
             "cleanup_policy": self.config.raw("cleanup.policy"),
         }
+
+
+def _cut_at(data: bytes, max_offset: int) -> bytes:
+    """The leading whole batches of data that start below max_offset."""
+    pos, n = 0, len(data)
+    while pos + R.LOG_OVERHEAD <= n:
+        base, length = _BASE_LEN_LOD.unpack_from(data, pos)
+        if base >= max_offset:
+            return data[:pos]
+        pos += R.LOG_OVERHEAD + length
+    return data
 
 
 def _past_retention(seg, now_ms: int, retention_ms: int) -> bool:

@@ -1,7 +1,14 @@
-"""Running the broker as a child process: spawn, find a running one via `DIR/broker.json`, stop.
+"""Running the broker as a child process: spawn, find a running one via `DIR/broker.json`, stop;
+and finding the credentials of a broker started with `auth=True` from its bootstrap address.
 
 A separate process makes `kill -9` real for crash demos and keeps the broker's work off the
 notebook's GIL.
+
+Credentials lookup (`credentials_for(bootstrap)`), for statekit's own clients: a broker started
+with auth registers `bootstrap -> data dir` in a per-user directory (`$TMPDIR/statekit-<uid>/`,
+mode 0700, ours only) while it runs, so any process of the user (Spark's Python workers too)
+finds `DIR/credentials.json`; brokers started or reused by this process and the default directory
+are looked at first.
 """
 from __future__ import annotations
 
@@ -88,11 +95,22 @@ class BrokerHandle:
         self.port = int(info["port"])
         self.pid = int(info["pid"])
         self.bootstrap = info.get("bootstrap") or f"{self.host}:{self.port}"
+        self.auth = bool(info.get("auth"))
         self.owned = owned
         self._proc = proc
+        _KNOWN[self.bootstrap] = data_dir
 
     def __repr__(self):
-        return f"BrokerHandle(bootstrap={self.bootstrap!r}, dir={self.dir!r}, pid={self.pid}, owned={self.owned})"
+        return (f"BrokerHandle(bootstrap={self.bootstrap!r}, dir={self.dir!r}, pid={self.pid}, owned={self.owned}"
+                f"{', auth=True' if self.auth else ''})")
+
+    @property
+    def credentials(self) -> dict | None:
+        """The client settings of a broker started with auth (security.protocol, sasl.mechanism,
+        sasl.username, sasl.password), else None."""
+        from .auth import read_credentials
+
+        return read_credentials(self.dir) if self.auth else None
 
     def __enter__(self):
         return self
@@ -144,11 +162,18 @@ class BrokerHandle:
 
 
 def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, configs: dict | None = None,
-          timeout: float = 30.0, detach: bool = False) -> BrokerHandle:
-    """Start a broker on dir (or return a handle to the one already running there)."""
+          timeout: float = 30.0, detach: bool = False, auth: bool = False) -> BrokerHandle:
+    """Start a broker on dir (or return a handle to the one already running there, as it runs).
+    ``auth=True`` requires SASL with credentials generated into ``DIR/credentials.json`` (0600)."""
     data_dir = os.path.abspath(dir or default_dir())
     info = running_info(data_dir)
     if info is not None:
+        if auth and not info.get("auth"):
+            import logging
+
+            logging.getLogger("statekit.broker").warning(
+                "the broker already running on %s does not require authentication; stop it and start it "
+                "again with auth=True to require it", data_dir)
         return BrokerHandle(data_dir, info, owned=False)
     try:
         os.makedirs(data_dir, exist_ok=True)
@@ -165,6 +190,8 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
     cmd = [sys.executable, "-m", "statekit.broker", "--dir", data_dir, "--host", host, "--port", str(port)]
     for k, v in configs.items():
         cmd += ["--config", f"{k}={v}"]
+    if auth:
+        cmd.append("--auth")
     log_path = os.path.join(data_dir, "broker.log")
     _remove_stale_info(data_dir)
     with open(log_path, "ab") as logf:
@@ -227,6 +254,87 @@ def _last_error(log_path: str, start_pos: int) -> str | None:
         if ln.startswith("statekit broker:"):
             return ln[len("statekit broker:"):].strip()
     return lines[-1] if lines else None
+
+
+# ---------------------------------------------------------------------------------------------
+# credentials of brokers started with auth, found by bootstrap address
+_KNOWN: dict[str, str] = {}  # bootstrap -> data dir, for brokers this process started or reused
+
+
+def _run_dir(create: bool = False) -> str | None:
+    """The per-user registry directory, or None when it is not safely ours (0700, our uid)."""
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"statekit-{os.getuid()}")
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def _reg_path(run_dir: str, bootstrap: str) -> str:
+    return os.path.join(run_dir, "broker-" + bootstrap.replace(":", "_").replace("/", "_") + ".json")
+
+
+def register_auth_broker(bootstrap: str, data_dir: str) -> None:
+    run_dir = _run_dir(create=True)
+    if run_dir is None:
+        return
+    from .log import write_json_atomic
+
+    try:
+        write_json_atomic(_reg_path(run_dir, bootstrap), {"dir": data_dir, "pid": os.getpid()}, durable=False)
+    except OSError:
+        pass
+
+
+def unregister_auth_broker(bootstrap: str) -> None:
+    run_dir = _run_dir()
+    if run_dir is not None:
+        try:
+            os.unlink(_reg_path(run_dir, bootstrap))
+        except OSError:
+            pass
+
+
+def credentials_for(bootstrap: str) -> dict | None:
+    """Client security settings for a statekit broker started with auth at ``bootstrap`` (the
+    contents of its DIR/credentials.json), else None."""
+    from .auth import read_credentials
+
+    dirs = []
+    if bootstrap in _KNOWN:
+        dirs.append(_KNOWN[bootstrap])
+    dirs.append(default_dir())
+    run_dir = _run_dir()
+    if run_dir is not None:
+        try:
+            with open(_reg_path(run_dir, bootstrap)) as f:
+                dirs.append(json.load(f)["dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    for d in dirs:
+        try:
+            with open(info_path(d)) as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and info.get("bootstrap") == bootstrap and info.get("auth") \
+                and pid_alive(int(info.get("pid", -1))):
+            return read_credentials(d)
+    return None
 
 
 def stop(dir: str | None = None, grace: float = 10.0) -> bool:

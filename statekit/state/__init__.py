@@ -14,6 +14,9 @@ Public API::
 
     sb = StandbyReplica("wordcount", 3, [StoreSpec("counts")], state_dir="/standby", bootstrap=b)
     sb.start(); sb.lag(); task_dir = sb.promote()
+
+    f = forecast_task(k, "wordcount", 3, [StoreSpec("counts")], None)   # from scratch, now
+    f.describe()                   # "≈ 4.1 s from scratch (1,000,100 records at 245,000 records/s, ...)"
 """
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ def __getattr__(name):  # the standby and inspection modules load on demand
         from statekit.state.standby import StandbyReplica
 
         return StandbyReplica
+    if name in ("forecast_task", "TaskForecast", "StoreForecast"):
+        from statekit.state import forecast as _forecast
+
+        return getattr(_forecast, name)
     if name in ("inspect_task", "TaskInspector"):
         from statekit.state import inspect as _inspect
 
@@ -41,5 +48,5 @@ __all__ = [
     "TaskState", "StandbyReplica", "inspect_task", "TaskInspector", "SimulatedCrash", "CrashPlan",
     "CRASH_POINTS", "RestoreMetrics", "RestoreListener", "StoreReplay", "StoreCheckpoint",
     "ChangelogBuffer", "CommitInfo", "changelog_topic", "changelog_configs", "task_dir_for",
-    "MARKER_KEY", "MARKER_HEADER", "BATCH_HEADER",
+    "MARKER_KEY", "MARKER_HEADER", "BATCH_HEADER", "forecast_task", "TaskForecast", "StoreForecast",
 ]

@@ -110,16 +110,16 @@ class StandbyReplica:
                 lso = k.begin_offsets(topic, [self.partition])[self.partition]
                 rp.position = rp.safe_offset = rp.group_start = rp.held_safe = lso
             chunk = k.fetch(topic, self.partition, rp.position, max_wait_ms=0,
-                            max_bytes=self.fetch_max_bytes)
-            if chunk.records or chunk.next_offset != rp.position:
-                items = rp.feed(chunk.records, chunk.next_offset)
-                got += len(chunk.records)
+                            max_bytes=self.fetch_max_bytes, columns=True)
+            n = len(chunk)
+            if n or chunk.next_offset != rp.position:
+                keys, values = rp.feed_columns(chunk.columns, chunk.next_offset)
+                got += n
                 with self._dblock:
-                    self.db.write_batch_raw(name, items, {meta_key(name): rp.meta()})
-                self.records_applied += len(items)
-                if self.listener is not None and chunk.records:
-                    self.listener.on_batch_restored(name, self.partition, chunk.next_offset,
-                                                    len(chunk.records))
+                    self.db.write_batch_columns(name, keys, values, {meta_key(name): rp.meta()})
+                self.records_applied += len(keys)
+                if self.listener is not None and n:
+                    self.listener.on_batch_restored(name, self.partition, chunk.next_offset, n)
         self._settle()
         return got
 
@@ -127,11 +127,12 @@ class StandbyReplica:
         """Apply the latest batch of the stores once every store has committed it."""
         low = min((rp.batch for rp in self.replays.values()), default=NO_BATCH)
         for name, rp in self.replays.items():
-            if rp.batch <= low and (rp.held or rp.safe_offset != rp.group_start):
-                items = rp.release_held()
+            if rp.batch <= low and (rp.has_held() or rp.safe_offset != rp.group_start):
+                keys, values = rp.release_held_columns()
                 with self._dblock:
-                    self.db.write_batch_raw(name, items, {meta_key(name): rp.meta(), "batch": low})
-                self.records_applied += len(items)
+                    self.db.write_batch_columns(name, keys, values,
+                                                {meta_key(name): rp.meta(), "batch": low})
+                self.records_applied += len(keys)
 
     # -- observation -------------------------------------------------------------------------
     def positions(self) -> dict:

@@ -46,7 +46,7 @@ from statekit.errors import CorruptState, StatekitError, StateLocked, UnknownTop
 from statekit.state import checkpoint as ckpt
 from statekit.state.crash import CrashPlan, SimulatedCrash
 from statekit.state.restore import (BATCH_HEADER, MARKER_HEADER, MARKER_KEY, NO_BATCH,
-                                    RestoreMetrics, meta_key, restore_stores)
+                                    RestoreMetrics, check_rate, meta_key, restore_stores)
 
 log = logging.getLogger("statekit.state")
 
@@ -60,15 +60,23 @@ def task_dir_for(state_dir: str, application: str, task_id) -> str:
 changelog_topic = contracts.changelog_topic
 
 
+def _segmented(spec) -> bool:
+    """Window and session stores: retention by time, changelog keys `key + time`."""
+    return getattr(spec, "kind", "kv") in ("window", "session")
+
+
+# Kafka Streams' windowstore.changelog.additional.retention.ms: a changelog's retention runs on the
+# records' (wall-clock) append time, the store's on event time, so the topic keeps a day more
+CHANGELOG_ADDITIONAL_RETENTION_MS = 86_400_000
+
+
 def changelog_configs(spec) -> dict:
-    kind = getattr(spec, "kind", "kv")
-    if kind == "window":
+    if _segmented(spec):
         cfg = {"cleanup.policy": "compact,delete"}
         ret = getattr(spec, "retention_ms", None)
         if ret:
-            # keep the changelog a little longer than the store keeps its windows (Kafka Streams
-            # adds windowstore.changelog.additional.retention.ms = 1 day; a window's size is enough)
-            cfg["retention.ms"] = str(int(ret) + int(getattr(spec, "window_size_ms", 0) or 0))
+            cfg["retention.ms"] = str(int(ret) + int(getattr(spec, "window_size_ms", 0) or 0)
+                                      + CHANGELOG_ADDITIONAL_RETENTION_MS)
         return cfg
     return {"cleanup.policy": "compact"}
 
@@ -160,7 +168,9 @@ class TaskState:
     (``"after_ack@3"``) or :class:`CrashPlan`; default: ``STATEKIT_CRASH``. ``listener``: restore
     callbacks (``on_restore_start`` / ``on_batch_restored`` / ``on_restore_end``). ``warn``: where
     one-line notices go (default: the ``statekit.state`` logger); every notice is also kept in
-    ``self.notices``.
+    ``self.notices``. ``restore_rate``: hold the restore to this many changelog records per second
+    (smoothly, for teaching: a restore slow enough to watch); None = full speed. It shows in
+    ``restore_metrics[store].throttled_to``.
     """
 
     def __init__(self, application: str, task_id: int, specs: Iterable, *, state_dir: str,
@@ -168,7 +178,8 @@ class TaskState:
                  cache_bytes: int = 10 * 1024 * 1024, crash=None, crash_mode: str | None = None,
                  listener=None, warn: Callable[[str], None] | None = None,
                  fetch_max_bytes: int | None = None, topic_configs: dict | None = None,
-                 restore: bool = True):
+                 restore: bool = True, restore_rate: float | None = None):
+        self.restore_rate = check_rate(restore_rate)  # bad input: one line, before anything opens
         self.application = application
         # a contracts.TaskId (sub-topology, partition), or a bare partition
         self.task_id = task_id if isinstance(task_id, contracts.TaskId) else int(task_id)
@@ -352,7 +363,7 @@ class TaskState:
                 start, b = int(m["offset"]), int(m["batch"])
                 origin = "checkpoint" if cp is not None and name in cp else "meta"
                 if start < begins[name]:
-                    if getattr(spec, "kind", "kv") != "window":
+                    if not _segmented(spec):
                         self._warn(f"task {self.application}/{self.task_id}: {self.topic(name)} "
                                    f"starts at {begins[name]}, past the local state's offset "
                                    f"{start}; records in between were deleted, restoring from "
@@ -370,12 +381,13 @@ class TaskState:
             cp = None  # (gone from disk: written again below)
             self.restore_metrics, task_batch = restore_stores(
                 self.db, self.kafka, self.partition, plan, listener=self.listener, crash=self.crash,
-                max_bytes=self.fetch_max_bytes, exclude=fresh)
+                max_bytes=self.fetch_max_bytes, exclude=fresh, rate=self.restore_rate)
             self.db.sync_wal()
         else:
             self.restore_metrics = {}
             for name, (t, s, e, b, origin) in plan.items():
-                self.restore_metrics[name] = RestoreMetrics(name, self.partition, origin, s, e)
+                self.restore_metrics[name] = RestoreMetrics(name, self.partition, origin, s, e,
+                                                            throttled_to=self.restore_rate)
                 if self.listener is not None:
                     self.listener.on_restore_start(name, self.partition, s, e)
                     self.listener.on_restore_end(name, self.partition, 0)
@@ -415,7 +427,7 @@ class TaskState:
             if m is None or not m.dropped_keys:
                 continue
             keys = sorted(k for k in m.dropped_keys if k is not None and k != MARKER_KEY)
-            if getattr(spec, "kind", "kv") == "window":
+            if _segmented(spec):
                 want = set(keys)
                 found = {k: v for k, v in self.db.changelog_items(spec.name) if k in want}
                 repairs = [(key, found.get(key)) for key in keys]

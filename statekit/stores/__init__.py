@@ -18,7 +18,7 @@ Building a task's stores::
 
     changelog_topic("wordcount", "counts") == "wordcount-counts-changelog"
 
-StoreSpec(name, kind="kv"|"window", key_serde="json", value_serde="json", backend="rocksdb"|"memory",
+StoreSpec(name, kind="kv"|"window"|"session"|"buffer", key_serde="json", value_serde="json", backend="rocksdb"|"memory",
 caching=True, logging=True, retention_ms=None, window_size_ms=None, segment_ms=None).
 
 The commit protocol, as the task state manager drives it (`db` is a `TaskDB`)::
@@ -77,6 +77,18 @@ delete(key, window_start), fetch(key, t_from, t_to) -> (window_start, value) asc
 bounds), fetch_all(t_from, t_to) / all() -> (key, window_start, value). Changelog keys of window
 stores are `key_bytes + 8-byte big-endian window_start`.
 
+Typed session store (`MeteredSessionStore`, kind "session"): put(key, start, end, value),
+remove(key, start, end), fetch_session(key, start, end), find_sessions(key, earliest_end, latest_start)
+-> [(start, end, value)] in end order, fetch(key), all() -> (key, start, end, value). Changelog keys are
+`key_bytes + 8-byte end`, values `8-byte start + value bytes` (see session.py).
+
+Suppression buffer (`MeteredBufferStore`, kind "buffer"): put(key, time, value, old, prior, timestamp, ...),
+get(key), delete(key), evict_until(time) and pop_oldest() (oldest first), min_time(), count(), all()
+-> BufferedRecord; a kv layout with a compacted changelog (see buffer.py).
+
+Composite serdes (`ListSerde`, `TimestampedSerde`) are named `list(json)`, `timestamped(int64)`;
+`get_serde` parses such names back.
+
 Bytes-level layers (every one implements `KeyValueStore`, see api.py):
 `MeteredStore(inner, key_serde, value_serde)` -> `CachingStore(inner, cache)` ->
 `ChangeLoggingStore(inner, sink)` -> `RocksDBStore` | `MemoryStore`. Ranges are inclusive at both
@@ -88,18 +100,21 @@ Window stores: `MeteredWindowStore` over the same KV layers on composite keys
 from __future__ import annotations
 
 from statekit.stores.api import ChangelogSink, KeyValueStore, RecordingSink, WindowStore
+from statekit.stores.buffer import BufferedRecord, MeteredBufferStore
 from statekit.stores.builder import StoreSpec, build_stores, changelog_topic
 from statekit.stores.caching import CachingStore, RecordCache
 from statekit.stores.changelogging import ChangeLoggingStore
 from statekit.stores.memory import MemoryStore
 from statekit.stores.metered import MeteredStore
 from statekit.stores.rocksdb import ReadOnlyTaskDB, RocksDBStore, TaskDB, open_readonly
-from statekit.stores.serdes import Serde, get_serde, register_serde
+from statekit.stores.serdes import ListSerde, Serde, TimestampedSerde, get_serde, register_serde
+from statekit.stores.session import MeteredSessionStore
 from statekit.stores.window import MeteredWindowStore, SegmentedStore
 
 __all__ = [
-    "CachingStore", "ChangeLoggingStore", "ChangelogSink", "KeyValueStore", "MemoryStore",
-    "MeteredStore", "MeteredWindowStore", "ReadOnlyTaskDB", "RecordCache", "RecordingSink",
-    "RocksDBStore", "SegmentedStore", "Serde", "StoreSpec", "TaskDB", "WindowStore",
+    "BufferedRecord", "CachingStore", "ChangeLoggingStore", "ChangelogSink", "KeyValueStore",
+    "ListSerde", "MemoryStore", "MeteredBufferStore", "MeteredSessionStore", "MeteredStore",
+    "MeteredWindowStore", "ReadOnlyTaskDB", "RecordCache", "RecordingSink", "RocksDBStore",
+    "SegmentedStore", "Serde", "StoreSpec", "TaskDB", "TimestampedSerde", "WindowStore",
     "build_stores", "changelog_topic", "get_serde", "open_readonly", "register_serde",
 ]

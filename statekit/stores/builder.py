@@ -1,5 +1,10 @@
 """Compose store stacks from specs: Metered -> Caching -> ChangeLogging -> [Segmented ->] inner.
 
+Kinds: "kv" (MeteredStore), "window" (MeteredWindowStore over a SegmentedStore), "session"
+(MeteredSessionStore: the window layout keyed by session end, see session.py) and "buffer"
+(MeteredBufferStore: a time-ordered suppression buffer on the kv layout, see buffer.py). The
+segmented kinds ("window", "session") keep a retention and write `compact,delete` changelogs.
+
 All stores of a task share one TaskDB (one RocksDB, one commit) and one record-cache budget.
 Caching and logging can each be switched off per store (a store without logging cannot be restored
 from Kafka: after a disk loss it comes back empty).
@@ -10,14 +15,18 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
+from statekit.stores.buffer import MeteredBufferStore
 from statekit.stores.caching import CachingStore, RecordCache
 from statekit.stores.changelogging import ChangeLoggingStore
 from statekit.stores.metered import MeteredStore
 from statekit.stores.rocksdb import DB_SUBDIR, TaskDB
 from statekit.stores.serdes import get_serde, serde_name
+from statekit.stores.session import MeteredSessionStore
 from statekit.stores.window import MeteredWindowStore, SegmentedStore, default_segment_ms
 
 DEFAULT_CACHE_BYTES = 10 * 1024 * 1024  # Kafka Streams' default statestore.cache.max.bytes
+KINDS = ("kv", "window", "session", "buffer")
+SEGMENTED_KINDS = ("window", "session")
 
 
 def changelog_topic(application: str, store: str) -> str:
@@ -28,7 +37,7 @@ def changelog_topic(application: str, store: str) -> str:
 @dataclass(frozen=True)
 class StoreSpec:
     name: str
-    kind: str = "kv"                 # "kv" | "window"
+    kind: str = "kv"                 # "kv" | "window" | "session" | "buffer"
     key_serde: Any = "json"
     value_serde: Any = "json"
     backend: str = "rocksdb"         # "rocksdb" | "memory"
@@ -41,13 +50,15 @@ class StoreSpec:
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str) or self.name.startswith("__"):
             raise ValueError(f"store name {self.name!r}: a non-empty str not starting with '__'")
-        if self.kind not in ("kv", "window"):
-            raise ValueError(f"store {self.name!r}: kind must be 'kv' or 'window', not {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"store {self.name!r}: kind must be one of {', '.join(KINDS)}, not "
+                             f"{self.kind!r}")
         if self.backend not in ("rocksdb", "memory"):
             raise ValueError(f"store {self.name!r}: backend must be 'rocksdb' or 'memory', "
                              f"not {self.backend!r}")
-        if self.kind == "kv" and (self.retention_ms or self.segment_ms):
-            raise ValueError(f"store {self.name!r}: retention_ms/segment_ms are for window stores")
+        if not self.segmented and (self.retention_ms or self.segment_ms):
+            raise ValueError(f"store {self.name!r}: retention_ms/segment_ms are for window and "
+                             f"session stores")
         for f in ("retention_ms", "window_size_ms", "segment_ms"):
             v = getattr(self, f)
             if v is not None and v <= 0:
@@ -56,9 +67,15 @@ class StoreSpec:
         get_serde(self.value_serde)
 
     @property
+    def segmented(self) -> bool:
+        """Window and session stores: time segments, retention, changelog keys `key + time`."""
+        return self.kind in SEGMENTED_KINDS
+
+    @property
     def changelog_cleanup_policy(self) -> str:
-        """`compact` for kv stores, `compact,delete` for window stores (old windows age out)."""
-        return "compact,delete" if self.kind == "window" else "compact"
+        """`compact` for kv and buffer stores, `compact,delete` for window and session stores (old
+        windows and sessions age out)."""
+        return "compact,delete" if self.segmented else "compact"
 
     def effective_segment_ms(self) -> int:
         return self.segment_ms or default_segment_ms(self.retention_ms)
@@ -69,7 +86,7 @@ class StoreSpec:
         for f in ("key_serde", "value_serde"):
             s = getattr(self, f)
             d[f] = s if isinstance(s, str) else (serde_name(get_serde(s)) or "custom")
-        if self.kind == "window":
+        if self.segmented:
             d["segment_ms"] = self.effective_segment_ms()
         return d
 
@@ -99,7 +116,7 @@ def build_stores(specs: Iterable[StoreSpec], task_dir: Optional[str], sink: Any 
             inner = db.kv_store(spec.name) if spec.backend == "rocksdb" else db.memory_store(spec.name)
             layer = inner
             seg = None
-            if spec.kind == "window":
+            if spec.segmented:
                 seg = layer = SegmentedStore(
                     inner, spec.effective_segment_ms(), spec.retention_ms,
                     stream_time_source=lambda n=spec.name: db.committed_stream_time(n))
@@ -111,6 +128,10 @@ def build_stores(specs: Iterable[StoreSpec], task_dir: Optional[str], sink: Any 
             if spec.kind == "window":
                 top = MeteredWindowStore(layer, seg, spec.key_serde, spec.value_serde,
                                          spec.window_size_ms)
+            elif spec.kind == "session":
+                top = MeteredSessionStore(layer, seg, spec.key_serde, spec.value_serde)
+            elif spec.kind == "buffer":
+                top = MeteredBufferStore(layer, spec.key_serde, spec.value_serde)
             else:
                 top = MeteredStore(layer, spec.key_serde, spec.value_serde)
             top.spec = spec

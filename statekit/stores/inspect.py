@@ -30,21 +30,47 @@ def _decoder(serde):
 
 def frame(items: Iterable[tuple], spec: dict, key_serde: Any = None, value_serde: Any = None,
           limit: Optional[int] = None):
-    """DataFrame of (key, value) — or (key, window_start, value) for window stores, whose raw keys
-    are segment(8) + key + window_start(8)."""
+    """DataFrame of (key, value) — (key, window_start, value) for window stores, whose raw keys are
+    segment(8) + key + window_start(8); (key, start, end, value) for session stores (raw key
+    segment(8) + key + end(8), value start(8) + value); (time, key, value, old, prior, timestamp)
+    for suppression buffers."""
     import pandas as pd
 
     kd = _decoder(_serde(key_serde if key_serde is not None else spec.get("key_serde", "json")))
     vd = _decoder(_serde(value_serde if value_serde is not None
                          else spec.get("value_serde", "json")))
-    window = spec.get("kind") == "window"
+    kind = spec.get("kind", "kv")
+    if kind == "buffer":
+        return _buffer_frame(items, kd, vd, limit)
     rows = []
     for i, (k, v) in enumerate(items):
         if limit is not None and i >= limit:
             break
-        if window:
+        if kind == "window":
             rows.append((kd(k[8:-8]), int.from_bytes(k[-8:], "big"), vd(v)))
+        elif kind == "session":
+            rows.append((kd(k[8:-8]), int.from_bytes(v[:8], "big", signed=True),
+                         int.from_bytes(k[-8:], "big"), vd(v[8:])))
         else:
             rows.append((kd(k), vd(v)))
-    cols = ["key", "window_start", "value"] if window else ["key", "value"]
+    cols = {"window": ["key", "window_start", "value"],
+            "session": ["key", "start", "end", "value"]}.get(kind, ["key", "value"])
     return pd.DataFrame(rows, columns=cols)
+
+
+def _buffer_frame(items, kd, vd, limit):
+    import pandas as pd
+
+    from statekit.stores.buffer import ENTRY, MeteredBufferStore
+
+    store = MeteredBufferStore.__new__(MeteredBufferStore)   # only its decoder, with ours
+    store._kd, store._vd = kd, vd
+    rows = []
+    for k, v in items:
+        if k[:1] != ENTRY:
+            continue
+        if limit is not None and len(rows) >= limit:
+            break
+        r = store._decode(int.from_bytes(k[1:9], "big") - (1 << 63), k[9:], v)
+        rows.append((r.time, r.key, r.value, r.old, r.prior, r.timestamp))
+    return pd.DataFrame(rows, columns=["time", "key", "value", "old", "prior", "timestamp"])

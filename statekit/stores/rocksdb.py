@@ -17,6 +17,8 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections import deque
+from itertools import repeat as _repeat
 from typing import Any, Iterable, Iterator, Optional
 
 import rocksdict as rd
@@ -25,6 +27,8 @@ from statekit.errors import CorruptState, StateLocked, StatekitError
 from statekit.stores.api import KV
 from statekit.stores.memory import MemoryStore
 from statekit.stores.overlay import OverlayStore
+
+_drain = deque  # deque(iterator, 0) runs an iterator to its end in C
 
 META_CF = "__meta__"
 SPECS_KEY = "__stores__"  # meta key (reserved: keys starting "__" are not returned by read_meta)
@@ -171,6 +175,14 @@ class RocksDBStore(OverlayStore):
                 put(k, v, h)
             n += 1
         return n
+
+    def _restore_columns(self, wb: rd.WriteBatch, keys: list, values: list) -> int:
+        """``_restore_into`` for parallel key and value lists: without tombstones, one put per
+        record with no Python loop around it."""
+        if None in values:
+            return self._restore_into(wb, zip(keys, values))
+        _drain(map(wb.put, keys, values, _repeat(self._handle)), 0)
+        return len(keys)
 
     def _restore_delete_range(self, wb: rd.WriteBatch, lo: bytes, hi: bytes) -> None:
         wb.delete_range(lo, hi, self._handle)
@@ -432,6 +444,28 @@ class TaskDB:
         else:
             n = target._restore_into(None, items)
             self._put_meta(None, meta, windows)
+        return n
+
+    def write_batch_columns(self, store_name: str, keys: list, values: list,
+                            meta: Optional[dict] = None) -> int:
+        """:meth:`write_batch_raw` for parallel ``keys`` / ``values`` lists (value None: delete),
+        the restore path's shape: one WriteBatch, no per-record tuple."""
+        target = self._targets[store_name]
+        if self.path is None or not hasattr(target, "_restore_columns"):
+            return self.write_batch_raw(store_name, zip(keys, values), meta)
+        inner = self._stores[store_name]
+        if inner.pending_count() or (store_name in self._caches
+                                     and self._caches[store_name].dirty_count):
+            raise StatekitError(f"store {store_name!r} has uncommitted writes: restore only into "
+                                f"a store that does not process (commit or discard() first)")
+        cache = self._caches.get(store_name)
+        if cache is not None:
+            cache.clear()  # clean entries could hide restored values
+        self._require_db()
+        wb = rd.WriteBatch(raw_mode=True)
+        n = target._restore_columns(wb, keys, values)
+        self._put_meta(wb, meta, {})
+        self._db.write(wb, self._restore_wopts)
         return n
 
     def wipe(self) -> None:

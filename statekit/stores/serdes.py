@@ -7,6 +7,7 @@ through Kafka, where other tools read them.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from typing import Any, Protocol, runtime_checkable
 
@@ -98,6 +99,129 @@ _REGISTRY: dict[str, Serde] = {
 }
 
 
+# -- composite serdes: values made of other values (the stores of joins, sessions, sliding windows) ---
+
+_Q = struct.Struct(">q")
+_I = struct.Struct(">I")
+
+
+def serde_label(serde: Any) -> str:
+    """A serde's name (registered name, composite name, or its type's name)."""
+    if isinstance(serde, str):
+        return serde
+    return getattr(serde, "name", None) or type(serde).__name__
+
+
+class CompositeSerde:
+    """Base of serdes built from other serdes. The inner serdes are kept as given (names or objects)
+    and resolved on first use, so a composite pickles to Spark workers like a name does; its `name`
+    (`list(json)`, `timestamped(int64)`) is what `get_serde` parses back, so inspection can decode
+    a store written with it when its inner serdes are registered ones."""
+
+    kind = ""
+
+    def __init__(self, *inners: Any) -> None:
+        self.inners = tuple("json" if i is None else i for i in inners)
+        self._resolved = None
+        self.name = f"{self.kind}({','.join(serde_label(i) for i in self.inners)})"
+
+    def _inner(self) -> tuple:
+        r = self._resolved
+        if r is None:
+            r = self._resolved = tuple(get_serde(i) for i in self.inners)
+        return r
+
+    def __getstate__(self):
+        return {"inners": self.inners, "name": self.name}
+
+    def __setstate__(self, st):
+        self.inners, self.name, self._resolved = st["inners"], st["name"], None
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.inners == self.inners
+
+    def __hash__(self):
+        return hash((self.kind, tuple(serde_label(i) for i in self.inners)))
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class ListSerde(CompositeSerde):
+    """A list of values, each with the inner serde: a 4-byte count, then a 4-byte length and the
+    bytes of every item. A stream-join buffer keeps every record of one (key, timestamp) so, in
+    arrival order (Kafka Streams' window store with duplicates)."""
+
+    kind = "list"
+
+    def to_bytes(self, items) -> bytes:
+        enc = self._inner()[0].to_bytes
+        parts = [_I.pack(len(items))]
+        for item in items:
+            b = enc(item)
+            parts.append(_I.pack(len(b)))
+            parts.append(b)
+        return b"".join(parts)
+
+    def from_bytes(self, data: bytes) -> list:
+        dec = self._inner()[0].from_bytes
+        (n,) = _I.unpack_from(data, 0)
+        pos, out = 4, []
+        for _ in range(n):
+            (ln,) = _I.unpack_from(data, pos)
+            pos += 4
+            out.append(dec(data[pos:pos + ln]))
+            pos += ln
+        return out
+
+
+class TimestampedSerde(CompositeSerde):
+    """A pair (timestamp, value): 8-byte big-endian signed timestamp, a presence byte, the value's
+    bytes. A sliding window's (max record timestamp, aggregate); a session's (start, aggregate)."""
+
+    kind = "timestamped"
+
+    def to_bytes(self, pair) -> bytes:
+        ts, value = pair
+        if value is None:
+            return _Q.pack(int(ts)) + b"\x00"
+        return _Q.pack(int(ts)) + b"\x01" + self._inner()[0].to_bytes(value)
+
+    def from_bytes(self, data: bytes) -> tuple:
+        ts = _Q.unpack_from(data, 0)[0]
+        if data[8:9] != b"\x01":
+            return ts, None
+        return ts, self._inner()[0].from_bytes(data[9:])
+
+
+_COMPOSITES = {c.kind: c for c in (ListSerde, TimestampedSerde)}
+
+
+def _split_args(text: str) -> list:
+    """Top-level comma-separated parts of `text` (commas inside parentheses belong to the part)."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        depth += (ch == "(") - (ch == ")")
+        cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def _parse_composite(spec: str):
+    """`list(json)` -> ListSerde("json"), nested names too; None when `spec` is no composite name."""
+    m = re.match(r"^([a-z_]+)\((.*)\)$", spec)
+    if m is None or m.group(1) not in _COMPOSITES:
+        return None
+    inners = _split_args(m.group(2))
+    for i in inners:
+        get_serde(i)  # an unknown inner name fails here, with its own message
+    return _COMPOSITES[m.group(1)](*inners)
+
+
 def register_serde(name: str, serde: Serde) -> None:
     """Make `serde` available by name (for StoreSpec and inspection)."""
     if isinstance(serde, str):
@@ -116,6 +240,9 @@ def get_serde(spec: Any = "json") -> Serde:
         try:
             return _REGISTRY[spec]
         except KeyError:
+            composite = _parse_composite(spec)
+            if composite is not None:
+                return composite
             raise ValueError(f"unknown serde {spec!r}; known: {', '.join(sorted(_REGISTRY))} "
                              f"(or pass an object with to_bytes/from_bytes)") from None
     if (not isinstance(spec, (int, type)) and callable(getattr(spec, "to_bytes", None))
@@ -129,4 +256,9 @@ def serde_name(serde: Serde) -> str | None:
     for name, s in _REGISTRY.items():
         if s is serde:
             return name
+    if isinstance(serde, CompositeSerde):
+        try:
+            return serde.name if get_serde(serde.name) == serde else None
+        except (TypeError, ValueError):
+            return None
     return getattr(serde, "name", None) if getattr(serde, "name", None) in _REGISTRY else None

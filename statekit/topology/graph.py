@@ -6,14 +6,14 @@ Kafka Streams (`KSTREAM-MAP-0000000003`) so a `describe()` reads like `Topology#
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from statekit.errors import TopologyError
+from statekit.topology.serdes import WindowedSerde  # noqa: F401  (re-exported: its old home)
 
 # node kinds -------------------------------------------------------------------------------------
-SOURCE = "source"                 # a topic read (stream or table role)
+SOURCE = "source"                 # a topic read (stream or table role; or a repartition topic)
 TABLE_SOURCE = "table_source"     # materializes a table topic into its kv store
 MAP = "map"
 MAP_VALUES = "map_values"
@@ -21,10 +21,23 @@ FILTER = "filter"
 FLAT_MAP = "flat_map"
 FLAT_MAP_VALUES = "flat_map_values"
 PEEK = "peek"
+MERGE = "merge"                   # two streams into one (also the output of a stream-stream join)
 KEY_SELECT = "key_select"         # group_by(fn): the new key, before the shuffle
 AGGREGATE = "aggregate"           # count / reduce / aggregate into a kv store
 WINDOW_AGGREGATE = "window_aggregate"
+SESSION_AGGREGATE = "session_aggregate"
+SLIDING_AGGREGATE = "sliding_aggregate"
 JOIN = "join"                     # stream-table join (reads the table's store)
+STREAM_JOIN = "stream_join"       # one side of a stream-stream windowed join (params["side"])
+TABLE_JOIN = "table_join"         # one side of a table-table join (params["side"])
+TABLE_MERGE = "table_merge"       # the result table of a table-table join
+TABLE_GROUP_BY = "table_group_by" # table.group_by(fn): each change becomes subtract/add records
+TABLE_AGGREGATE = "table_aggregate"   # re-aggregation of a grouped table (adder + subtractor)
+SUPPRESS = "suppress"             # holds table updates back in a buffer store
+FK_SEND = "fk_send"               # foreign-key join: the left table's subscriptions, keyed by fk
+FK_RECEIVE = "fk_receive"         # ... stored by (fk, pk) beside the foreign table, answered
+FK_FOREIGN = "fk_foreign"         # ... a foreign table change answers every subscriber
+FK_RESPONSE = "fk_response"       # ... the answer checked against the current left value
 PROCESS = "process"               # processor API
 TABLE_FILTER = "table_filter"
 TABLE_MAP_VALUES = "table_map_values"
@@ -34,16 +47,33 @@ SINK = "sink"
 KS_NAMES = {
     SOURCE: "KSTREAM-SOURCE", TABLE_SOURCE: "KTABLE-SOURCE", MAP: "KSTREAM-MAP",
     MAP_VALUES: "KSTREAM-MAPVALUES", FILTER: "KSTREAM-FILTER", FLAT_MAP: "KSTREAM-FLATMAP",
-    FLAT_MAP_VALUES: "KSTREAM-FLATMAPVALUES", PEEK: "KSTREAM-PEEK", KEY_SELECT: "KSTREAM-KEY-SELECT",
+    FLAT_MAP_VALUES: "KSTREAM-FLATMAPVALUES", PEEK: "KSTREAM-PEEK", MERGE: "KSTREAM-MERGE",
+    KEY_SELECT: "KSTREAM-KEY-SELECT",
     AGGREGATE: "KSTREAM-AGGREGATE", WINDOW_AGGREGATE: "KSTREAM-WINDOWED-AGGREGATE",
-    JOIN: "KSTREAM-JOIN", PROCESS: "KSTREAM-PROCESSOR", TABLE_FILTER: "KTABLE-FILTER",
+    SESSION_AGGREGATE: "KSTREAM-SESSION-AGGREGATE", SLIDING_AGGREGATE: "KSTREAM-SLIDING-AGGREGATE",
+    JOIN: "KSTREAM-JOIN", STREAM_JOIN: "KSTREAM-JOINTHIS", TABLE_JOIN: "KTABLE-JOINTHIS",
+    TABLE_MERGE: "KTABLE-MERGE", TABLE_GROUP_BY: "KTABLE-SELECT", TABLE_AGGREGATE: "KTABLE-AGGREGATE",
+    SUPPRESS: "KTABLE-SUPPRESS", FK_SEND: "KTABLE-FK-JOIN-SUBSCRIPTION-REGISTRATION",
+    FK_RECEIVE: "KTABLE-FK-JOIN-SUBSCRIPTION-PROCESSOR", FK_FOREIGN: "KTABLE-FK-JOIN-FOREIGN",
+    FK_RESPONSE: "KTABLE-FK-JOIN-SUBSCRIPTION-RESPONSE-RESOLVER",
+    PROCESS: "KSTREAM-PROCESSOR", TABLE_FILTER: "KTABLE-FILTER",
     TABLE_MAP_VALUES: "KTABLE-MAPVALUES", TO_STREAM: "KTABLE-TOSTREAM", SINK: "KSTREAM-SINK",
 }
 
-# Steps that need their input partitioned by their key (they read or write a task's store).
-KEY_DEPENDENT = {TABLE_SOURCE, AGGREGATE, WINDOW_AGGREGATE, JOIN}
+# Steps that need their input partitioned by their key: they keep state per key, or must meet the
+# records of another input (a join) or a store (a lookup) in the same task. A key change inside a
+# task before one of them goes through a repartition topic.
+KEY_DEPENDENT = {TABLE_SOURCE, AGGREGATE, WINDOW_AGGREGATE, SESSION_AGGREGATE, SLIDING_AGGREGATE,
+                 JOIN, STREAM_JOIN, TABLE_JOIN, TABLE_AGGREGATE, FK_RECEIVE, FK_FOREIGN, FK_RESPONSE}
 # Steps whose output key may differ from their input key.
-KEY_CHANGING = {MAP, FLAT_MAP, KEY_SELECT, PROCESS, WINDOW_AGGREGATE}
+KEY_CHANGING = {MAP, FLAT_MAP, KEY_SELECT, PROCESS, WINDOW_AGGREGATE, SESSION_AGGREGATE,
+                SLIDING_AGGREGATE, TABLE_GROUP_BY, FK_SEND, FK_RECEIVE, FK_FOREIGN}
+# Steps whose output is a table: they forward changes (new value, old value), not plain values.
+TABLE_KINDS = {TABLE_SOURCE, AGGREGATE, WINDOW_AGGREGATE, SESSION_AGGREGATE, SLIDING_AGGREGATE,
+               TABLE_FILTER, TABLE_MAP_VALUES, TABLE_JOIN, TABLE_MERGE, TABLE_GROUP_BY,
+               TABLE_AGGREGATE, SUPPRESS, FK_RESPONSE}
+# Windowed tables (keys carry their window) and the grace that closes their windows.
+WINDOWED_KINDS = {WINDOW_AGGREGATE, SESSION_AGGREGATE, SLIDING_AGGREGATE}
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
 
@@ -57,8 +87,9 @@ def check_name(what: str, name: Any) -> str:
 
 @dataclass
 class Node:
-    """One step of the topology. `parent` is the node whose records flow in (None for sources);
-    `table` is the table a join reads (not a flow edge); `stores` the stores the step uses."""
+    """One step of the topology. `parent` is the node whose records flow in (None for sources;
+    merges have `extra_parents` too); `table` is the table a join reads (not a flow edge); `stores`
+    the stores the step uses."""
 
     name: str
     kind: str
@@ -66,11 +97,15 @@ class Node:
     children: list = field(default_factory=list)
     fn: Any = None                       # the user function(s) of the step
     params: dict = field(default_factory=dict)
-    stores: list = field(default_factory=list)   # store names
-    table: Optional["Node"] = None       # JOIN: the table node whose store is read
+    stores: list = field(default_factory=list)   # StoreDecls (names resolved at compile())
+    table: Optional["Node"] = None       # the table node this step reads (a lookup, not a flow)
+    extra_parents: list = field(default_factory=list)  # merges: the other inputs
     key_serde: Any = "str"               # serdes of the records this node emits
     value_serde: Any = "str"
     origin: str = ""                     # the source topic this lineage started from (naming)
+
+    def parents(self) -> list:
+        return ([self.parent] if self.parent is not None else []) + list(self.extra_parents)
 
     def __repr__(self) -> str:
         return f"Node({self.name})"
@@ -85,7 +120,7 @@ class StoreDecl:
     `name=None` means "name it for me" (resolved at compile, after every explicit name is known)."""
 
     name: Optional[str]
-    kind: str = "kv"                     # "kv" | "window"
+    kind: str = "kv"                     # "kv" | "window" | "session" | "buffer"
     key_serde: Any = None                # None: the step's serde (aggregations), else json
     value_serde: Any = None
     backend: str = "rocksdb"
@@ -107,6 +142,8 @@ class StoreDecl:
         if self.kind == "window":
             kw.update(retention_ms=self.retention_ms, window_size_ms=self.window_size_ms,
                       segment_ms=self.segment_ms)
+        elif self.kind == "session":
+            kw.update(retention_ms=self.retention_ms, segment_ms=self.segment_ms)
         return StoreSpec(self.name, **kw)
 
 
@@ -130,13 +167,27 @@ def window_store(name: str, size_ms: int, retention_ms: Optional[int] = None, ke
                      logging, int(retention_ms), size_ms, segment_ms)
 
 
+def session_store(name: str, retention_ms: Optional[int] = None, key_serde: Any = None,
+                  value_serde: Any = None, *, backend: str = "rocksdb", caching: bool = True,
+                  logging: bool = True, segment_ms: Optional[int] = None) -> StoreDecl:
+    """A session store (a value per (key, start, end)) for session-windowed aggregations; the
+    retention defaults to the windows' inactivity gap + grace and may not be shorter."""
+    if retention_ms is not None and int(retention_ms) <= 0:
+        raise TopologyError(f"session store {name!r}: retention_ms must be > 0, got {retention_ms}")
+    return StoreDecl(check_name("store", name), "session", key_serde, value_serde, backend, caching,
+                     logging, None if retention_ms is None else int(retention_ms), None, segment_ms)
+
+
 def store_spec(name: str, kind: str = "kv", **kw) -> StoreDecl:
-    """Generic helper: `store_spec("x")`, `store_spec("w", kind="window", size_ms=60_000)`."""
+    """Generic helper: `store_spec("x")`, `store_spec("w", kind="window", size_ms=60_000)`,
+    `store_spec("s", kind="session")`."""
     if kind == "kv":
         return kv_store(name, **kw)
     if kind == "window":
         return window_store(name, **kw)
-    raise TopologyError(f"store {name!r}: kind must be 'kv' or 'window', got {kind!r}")
+    if kind == "session":
+        return session_store(name, **kw)
+    raise TopologyError(f"store {name!r}: kind must be 'kv', 'window' or 'session', got {kind!r}")
 
 
 def as_decl(store: Any, **defaults) -> StoreDecl:
@@ -192,6 +243,132 @@ class TimeWindows:
             return f"tumbling({self.size_ms}ms)"
         return f"hopping({self.size_ms}ms every {self.advance_ms}ms)"
 
+    def end(self, start: int) -> int:
+        return start + self.size_ms
+
+
+def _ms(what: str, value: Any, minimum: int = 0) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise TopologyError(f"{what} must be a number of milliseconds, got {value!r}") from None
+    if v < minimum or v != value:
+        raise TopologyError(f"{what} must be an integer >= {minimum} ms, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class JoinWindows:
+    """A stream-stream join's window: a record at time t joins the other side's records with the
+    same key and timestamps in [t - before_ms, t + after_ms] (the other side sees it the other way
+    round); `grace_ms` is how long after a window ends late records still join and unmatched
+    left/outer results wait (Kafka Streams' JoinWindows). `JoinWindows.of(ms)` is symmetric."""
+
+    before_ms: int
+    after_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("before_ms", "after_ms"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TopologyError(f"JoinWindows {f} must be an integer number of ms, got {v!r}")
+        if self.before_ms + self.after_ms < 0:
+            raise TopologyError(f"JoinWindows needs before_ms + after_ms >= 0, got "
+                                f"{self.before_ms} + {self.after_ms}")
+        _ms("JoinWindows grace_ms", self.grace_ms)
+
+    @classmethod
+    def of(cls, difference_ms: int, grace_ms: int = 0) -> "JoinWindows":
+        d = _ms("JoinWindows difference_ms", difference_ms)
+        return cls(d, d, grace_ms)
+
+    @property
+    def size_ms(self) -> int:
+        return self.before_ms + self.after_ms
+
+    def describe(self) -> str:
+        return f"join(-{self.before_ms}ms..+{self.after_ms}ms, grace {self.grace_ms}ms)"
+
+
+@dataclass(frozen=True)
+class SessionWindows:
+    """Session windows: a key's records closer than `gap_ms` to each other form one session
+    [first, last]; a record that bridges two sessions merges them; a session closes (late records
+    are dropped) once stream time passes end + gap + grace (Kafka Streams' SessionWindows)."""
+
+    gap_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _ms("session inactivity gap_ms", self.gap_ms, 1)
+        _ms("session grace_ms", self.grace_ms)
+
+    def describe(self) -> str:
+        return f"session(gap {self.gap_ms}ms)"
+
+
+@dataclass(frozen=True)
+class SlidingWindows:
+    """Sliding windows: windows [t - difference, t] of a fixed length that move with the records,
+    one per distinct record position, as Kafka Streams' SlidingWindows (records at most
+    `difference_ms` apart share a window); `grace_ms` as for time windows."""
+
+    difference_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _ms("sliding windows difference_ms", self.difference_ms)
+        _ms("sliding windows grace_ms", self.grace_ms)
+
+    def end(self, start: int) -> int:
+        return start + self.difference_ms
+
+    def describe(self) -> str:
+        return f"sliding({self.difference_ms}ms)"
+
+
+def session_windows(gap_ms: int, grace_ms: int = 0) -> SessionWindows:
+    return SessionWindows(gap_ms, grace_ms)
+
+
+def sliding_windows(difference_ms: int, grace_ms: int = 0) -> SlidingWindows:
+    return SlidingWindows(difference_ms, grace_ms)
+
+
+# suppression ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Suppressed:
+    """What `KTable.suppress()` holds back. `window_close`: a windowed table's final result per
+    window, emitted once stream time passes the window's end + grace (tombstones are dropped);
+    `time_limit`: the latest value per key, emitted `time_limit_ms` of stream time after the key's
+    first buffered update. `max_records`: the buffer's size limit (None: unbounded); when full, a
+    time-limit buffer emits its oldest entries early and a window-close buffer fails the task."""
+
+    kind: str
+    time_limit_ms: int = 0
+    max_records: Optional[int] = None
+
+    def describe(self) -> str:
+        if self.kind == "window_close":
+            return "until window closes"
+        return f"until time limit {self.time_limit_ms}ms"
+
+
+def until_window_closes(max_records: Optional[int] = None) -> Suppressed:
+    if max_records is not None:
+        _ms("until_window_closes max_records", max_records, 1)
+    return Suppressed("window_close", 0, max_records)
+
+
+def until_time_limit(time_limit_ms: int, max_records: Optional[int] = None) -> Suppressed:
+    t = _ms("until_time_limit time_limit_ms", time_limit_ms)
+    if max_records is not None:
+        _ms("until_time_limit max_records", max_records, 1)
+    return Suppressed("time_limit", t, max_records)
+
+
 
 def tumbling(size_ms: int) -> TimeWindows:
     size_ms = int(size_ms)
@@ -208,48 +385,17 @@ def hopping(size_ms: int, advance_ms: int) -> TimeWindows:
     return TimeWindows(size_ms, advance_ms)
 
 
-# serdes the topology adds ------------------------------------------------------------------------
-
-class WindowedSerde:
-    """Keys of windowed results, `(key, window_start)`: the inner key's bytes followed by the 8-byte
-    big-endian window start — Kafka's TimeWindowedSerializer layout."""
-
-    def __init__(self, inner: Any = "str") -> None:
-        self.inner = inner
-        self._inner = None
-        self.name = f"windowed({inner if isinstance(inner, str) else type(inner).__name__})"
-
-    def _s(self):
-        if self._inner is None:
-            from statekit.stores import get_serde
-
-            self._inner = get_serde(self.inner)
-        return self._inner
-
-    def to_bytes(self, obj) -> bytes:
-        key, start = obj
-        return self._s().to_bytes(key) + struct.pack(">q", int(start))
-
-    def from_bytes(self, data: bytes):
-        return (self._s().from_bytes(data[:-8]), struct.unpack(">q", data[-8:])[0])
-
-    def __getstate__(self):
-        return {"inner": self.inner, "name": self.name}
-
-    def __setstate__(self, st):
-        self.inner, self.name, self._inner = st["inner"], st["name"], None
-
-    def __eq__(self, other):
-        return isinstance(other, WindowedSerde) and other.inner == self.inner
-
-    def __hash__(self):
-        return hash(("windowed", str(self.inner)))
-
-
 def serde_label(serde: Any) -> str:
     if isinstance(serde, str):
         return serde
     return getattr(serde, "name", None) or type(serde).__name__
+
+
+def same_serde(a: Any, b: Any) -> bool:
+    """Do two serdes give the same bytes for the same key (by name, or equal objects)?"""
+    if serde_label(a) != serde_label(b):
+        return False
+    return isinstance(a, str) or isinstance(b, str) or a == b
 
 
 def resolve_serde(serde: Any):

@@ -12,12 +12,51 @@
 One instance per task, created when the task opens its batch; `init` runs before the first record of
 the batch and `close` after the last (a task is opened and closed for every micro-batch: keep nothing
 that matters in instance fields — state belongs in stores).
+
+Punctuation (Kafka Streams' `ProcessorContext#schedule`)::
+
+    def init(self, context):
+        self.context = context
+        context.schedule(60_000, PunctuationType.STREAM_TIME, self.flush_idle)
+
+    def flush_idle(self, timestamp):       # stream time (or the wall clock) when it fires
+        ...                                # read/write stores, context.forward(k, v)
+
+STREAM_TIME punctuators fire while the task processes records, each time the task's stream time
+reaches the next multiple of the interval (the first as soon as there is data); WALL_CLOCK_TIME ones
+fire after a batch's records, once the wall clock passed `interval` since the last firing. Their
+store writes and forwarded records commit with the batch. Because `init` runs for every batch, a
+schedule is identified by the processor node and the order of its schedule() calls: the next firing
+time is kept in the task's state (it survives restarts), and a schedule cancelled with
+`Cancellable.cancel()` stays cancelled.
 """
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from typing import Any, Callable
 
 from statekit.errors import TopologyError
+
+
+class PunctuationType(Enum):
+    STREAM_TIME = "stream_time"
+    WALL_CLOCK_TIME = "wall_clock_time"
+
+
+class Cancellable:
+    """What schedule() returns: cancel() stops the punctuator (for good: see the module docstring)."""
+
+    __slots__ = ("_schedule",)
+
+    def __init__(self, schedule) -> None:
+        self._schedule = schedule
+
+    def cancel(self) -> None:
+        self._schedule.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._schedule.cancelled
 
 
 class Processor:
@@ -57,6 +96,12 @@ class ProcessorContext:
 
     def forward(self, key: Any, value: Any) -> None:
         self._down(key, value)
+
+    def schedule(self, interval_ms: int, punctuation_type: PunctuationType,
+                 callback: Callable[[int], None]) -> Cancellable:
+        """Call callback(timestamp) every interval_ms of stream time or wall-clock time (see the
+        module docstring)."""
+        return self._task.schedule(self._node, interval_ms, punctuation_type, callback)
 
     @property
     def timestamp(self) -> int:

@@ -176,15 +176,12 @@ class RestoreCancelled(StatekitError):
 
 class _RestoreEvents:
     """The state layer's restore listener -> RestoreStarted / RestoreProgress events; it also
-    stops a restore whose task was taken away (``cancel()`` true) and holds a restore to
-    ``throttle`` records/s when asked (a teaching aid: a restore long enough to watch)."""
+    stops a restore whose task was taken away (``cancel()`` true)."""
 
     INTERVAL_S = 0.2
 
     def __init__(self, publish, task, instance, source, throttle=None, cancel=None) -> None:
         self.cancel = cancel
-        self._t0: Optional[float] = None
-        self._read = 0
         self.publish = publish
         self.task = str(task)
         self.instance = instance
@@ -214,13 +211,6 @@ class _RestoreEvents:
         if self.cancel is not None and self.cancel():
             raise RestoreCancelled(f"task {self.task} was revoked while it restored")
         self.restored[store] = self.restored.get(store, 0) + num_restored
-        if self.throttle:
-            if self._t0 is None:
-                self._t0 = time.perf_counter()
-            self._read += num_restored
-            ahead = self._read / self.throttle - (time.perf_counter() - self._t0)
-            if ahead > 0:
-                time.sleep(ahead)
         now = time.perf_counter()
         if now - self.last_emit.get(store, 0.0) < self.INTERVAL_S or is_task_store(store):
             return
@@ -340,7 +330,8 @@ class StreamTask:
         self.state = TaskState(spec.application, self.task, store_specs(self.plan, self.task.subtopology),
                                state_dir=state_dir, kafka=kafka, bootstrap=spec.bootstrap,
                                num_tasks=spec.partitions, cache_bytes=spec.cache_bytes,
-                               crash=self.crash, listener=listener, warn=self.notices.append)
+                               crash=self.crash, listener=listener, warn=self.notices.append,
+                               restore_rate=restore_rate)
         self.open_ms = (time.perf_counter() - t0) * 1000.0
         self.source = source if self.state.replayed_from != "scratch" else "scratch"
         restored = 0
@@ -356,7 +347,7 @@ class StreamTask:
                 restored=md.get("records_restored") or 0, applied=md.get("records_applied") or 0,
                 seconds=md.get("duration_s") or 0.0, rate_rps=md.get("rate") or 0.0,
                 dropped_uncommitted=md.get("dropped_uncommitted") or 0,
-                throttle_rps=restore_rate))
+                throttle_rps=md.get("throttled_to")))
         self.restored = restored
         evs.append(ev.TaskOpened(task=str(self.task), instance=instance, source=self.source,
                                  last_batch=self.state.last_batch, restored=restored,

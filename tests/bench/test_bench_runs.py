@@ -15,10 +15,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # small arguments per bench, and the RESULT names it must print (in order)
 SMALL = {
-    "broker": (["--records-in", "40000", "--client-records", "20000", "--compact-records", "20000"],
-               {}, ["broker_in", "broker_out", "client_produce", "client_consume", "compact_1m"]),
+    "aggregate_bulk": (["--batches", "2", "--batch", "2000", "--keys", "200", "--rounds", "1"], {},
+                       ["aggregate_bulk_count"]),
+    "broker": (["--records-in", "40000", "--client-records", "20000", "--txn-records", "20000",
+                "--compact-records", "20000"],
+               {}, ["broker_in", "broker_out", "client_produce", "client_consume", "txn_produce", "compact_1m"]),
     "stores": ([], {"STATEKIT_BENCH_RECORDS": "20000"}, ["stores_cached_ops"]),
     "restore": (["--records", "20000", "--keys", "2000"], {}, ["restore"]),
+    "datagen": (["--records", "30000", "--baseline-records", "3000", "--keys", "20000"], {},
+                ["datagen_fast"]),
     "task_cycle": (["--cycles", "5"], {}, ["task_cycle"]),
     "pipeline": (["--words", "20000", "--batch-words", "5000", "--warmup-words", "5000",
                   "--rounds", "1"], {}, ["pipeline_wordcount"]),

@@ -19,6 +19,8 @@ GOOD = {
         ("produce", {"topic": "clicks", "file": "sample_data/clicks.jsonl", "generator": None, "rate": None}),
     "produce s --generator sensors --rate 1.5k/s --seed 7 --wait":
         ("produce", {"rate": 1500.0, "seed": 7, "wait": True}),
+    "produce acc --generator accounts --limit 2000000 --keys 1000000 --wait":
+        ("produce", {"generator": "accounts", "limit": 2000000, "keys": 1000000, "wait": True}),
     "apps": ("apps", {}),
     "start wc": ("start", {"name": "wc", "watch": False}),
     "start wc --watch": ("start", {"name": "wc", "watch": True, "trigger": None, "sink": None}),
@@ -103,6 +105,8 @@ BAD = {
     "produce words --generator words --rate 0/s": "must be > 0",
     "produce words --generator words --limit 0": ">= 1",
     "produce words --from f.jsonl --seed 3": "--seed only applies",
+    "produce words --from f.jsonl --keys 3": "--keys only applies",
+    "produce acc --generator accounts --keys 0": ">= 1",
     "produce 'bad name!' --generator words": "not a valid name",
     "app wc": "needs a cell body",
     "add-instance": "required: NAME",

@@ -1,6 +1,8 @@
 """%statekit in a real IPython shell, against a fake app: output, and one-line errors (no traceback)."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -116,3 +118,30 @@ def test_help_prints_usage(ip, capsys):
     ip.run_line_magic("statekit", "crash --help")
     out = capsys.readouterr().out
     assert "usage: %statekit crash" in out and "--mode" in out
+
+
+def test_produce_with_a_limit_takes_the_fast_path_and_writes_the_generators_records(ip, broker):
+    import kernel_ext
+    from statekit import datagen
+    from statekit.kafka import Kafka
+
+    sess = kernel_ext.session()
+    old = sess.bootstrap
+    sess.bootstrap = broker.bootstrap
+    try:
+        ip.run_line_magic("statekit", "produce acc --generator accounts --limit 70000 --keys 5000 "
+                                      "--seed 3 --partitions 2 --wait")
+        job = sess.producers.pop("acc")
+        assert job.progress.done and job.progress.sent == 70_000 and job.progress.error is None
+        counts, sums = {}, {}
+        with Kafka(broker.bootstrap) as k:
+            for p, end in k.end_offsets("acc").items():
+                for ch in k.read("acc", p, 0, end):
+                    for r in ch.records:
+                        v = json.loads(r[3])
+                        key = r[2].decode()
+                        counts[key] = counts.get(key, 0) + 1
+                        sums[key] = sums.get(key, 0) + v["amount"]
+        assert (counts, sums) == datagen.accounts_reference(3, 70_000, 5_000)
+    finally:
+        sess.bootstrap = old

@@ -472,3 +472,38 @@ def test_commit_interval_is_the_micro_batch_trigger(shared_broker, kafka, tmp_pa
         assert app2.runs[0].trigger == "availableNow"  # an explicit trigger wins
     finally:
         app2.stop()
+
+
+def test_restore_forecast_names_the_records_a_restore_then_reads(shared_broker, kafka, tmp_path):
+    topic = unique("lines")
+    kafka.ensure_topic(topic, 2)
+    app = wordcount_app(shared_broker, tmp_path, topic, partitions=2, instances=2, standby_replicas=1)
+    try:
+        send_lines(kafka, topic, LINES * 3)
+        app.start(max_records_per_trigger=5)
+        assert app.process_all_available()
+        f = app.restore_forecast()
+        df = f.frame
+        assert set(df.source) == {"scratch", "checkpoint", "standby"} and set(df.task) == {"0_0", "0_1"}
+        assert all(df.seconds >= 0) and all(df.apply_rate > 0)
+        victim = 0
+        mine = sorted(str(t) for t in app.assignment.active_tasks(victim))
+        line = f.line(victim)
+        assert line.startswith(f"if instance {victim} died now:") and all(t in line for t in mine), line
+        assert "from their standbys" in line
+        scratch = df[df.source == "scratch"].set_index("task").records.to_dict()
+        sizes = changelog_sizes(kafka, app)
+        app.crash("disk-loss", instance=1)      # one instance left, and no standby any more
+        assert app.process_all_available()
+        app.crash("disk-loss", instance=0)      # every disk lost: a restart restores from scratch
+        app.restart()
+        assert app.process_all_available()
+        restored = {}
+        for e in app.events(types="restore_end"):
+            if e.source == "scratch":
+                restored.setdefault(e.task, {})[e.store] = e.restored
+        for t, n in scratch.items():
+            assert n == sizes[TaskId.parse(t).partition]        # every record the changelog holds
+            assert sum(restored[t].values()) == n, (t, restored[t], n)
+    finally:
+        app.stop()

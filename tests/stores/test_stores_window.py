@@ -168,10 +168,10 @@ def test_segmented_store_on_memory_directly():
 
 
 def test_window_spec_validation():
-    with pytest.raises(ValueError, match="window stores"):
+    with pytest.raises(ValueError, match="window and session stores"):
         StoreSpec("x", retention_ms=10)
     with pytest.raises(ValueError, match="kind"):
-        StoreSpec("x", kind="session")
+        StoreSpec("x", kind="sessions")
     assert StoreSpec("w", kind="window", retention_ms=3_600_000).effective_segment_ms() == 1_800_000
     assert StoreSpec("w", kind="window").changelog_cleanup_policy == "compact,delete"
     assert StoreSpec("k").changelog_cleanup_policy == "compact"

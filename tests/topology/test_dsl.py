@@ -237,25 +237,33 @@ def test_processor_store_declared_twice_vs_shared_by_name():
 
 # -- structural errors -------------------------------------------------------------------------------
 
-def test_two_repartitions_rejected():
+def test_second_repartition_needs_the_application_name():
     b = TopologyBuilder()
     counts = b.stream("w").group_by(lambda k, v: v).count(store="c1")
     counts.to_stream().map(lambda k, v: (str(v), k)).group_by_key().count(store="c2")
     with pytest.raises(TopologyError) as ei:
         b.compile()
     msg = str(ei.value)
-    assert "one repartition per topology" in msg and "KSTREAM-MAP" in msg and "\n" not in msg
+    assert "KSTREAM-MAP" in msg and "<application>-c2-repartition" in msg and "\n" not in msg
+    assert "builder.compile(application=...)" in msg
+    plan = b.compile("app")
+    assert [sp.store_names for sp in plan.subtopologies] == [["c1"], ["c2"]]
+    assert plan.repartition_topics == ["app-c2-repartition"]
 
 
-def test_keyed_step_after_task_side_key_change_rejected_processor():
+def test_keyed_step_after_task_side_key_change_processor_repartitions():
     class P(Processor):
         def process(self, k, v):
             self.context.forward(v, k)
 
     b = TopologyBuilder()
     b.stream("w").process(P).group_by_key().count(store="c")
-    with pytest.raises(TopologyError, match="one repartition"):
+    with pytest.raises(TopologyError, match="needs a repartition topic"):
         b.compile()
+    plan = b.compile("a")
+    up, down = plan.subtopologies
+    assert up.sink_topics == ["a-c-repartition"] and down.source_topics == ["a-c-repartition"]
+    assert down.sources[0].internal and up.sinks[0].internal
 
 
 def test_keyless_steps_after_aggregation_are_fine():
@@ -292,7 +300,7 @@ def test_other_errors():
         b.stream("a")
     with pytest.raises(TopologyError, match="class"):
         b.stream("b").process(Processor())
-    with pytest.raises(TopologyError, match="KTable"):
+    with pytest.raises(TopologyError, match="needs windows=JoinWindows"):
         b.stream("c").join(b.stream("d"), lambda a, b: a)
     with pytest.raises(TopologyError, match="needs a function"):
         b.stream("e").map(42)

@@ -1,0 +1,423 @@
+"""The task half of a plan: `TaskProcessor`, what a host (the task runner, the test driver, the
+Spark-native engine) runs for one task and one micro-batch.
+
+Host protocol, per micro-batch::
+
+    proc = plan.new_processor(ctx)          # ctx: task_id, batch_id, get_store(name),
+                                            #      forward(topic, key, value), stream_time,
+                                            #      cache_bytes, meta (persisted with the commit)
+    n = proc.process_records(records, on_record)   # stream-time punctuators fire in here
+    proc.punctuate_wall_clock(now_ms)       # wall-clock punctuators, once per batch
+    proc.flush()                            # cached aggregations forward (once per key)
+    proc.close()
+    # persist proc.stream_time and ctx.meta with the commit; proc.dropped_late, proc.skipped_null
+
+The operators themselves live in `statekit.topology.ops`; this module builds them, feeds them the
+records, holds back what cached aggregations forward until flush(), and runs punctuators.
+"""
+from __future__ import annotations
+
+import pickle
+from operator import itemgetter
+from typing import Any, Optional
+
+from statekit.errors import ProcessorError, StatekitError
+from statekit.topology import graph as g
+from statekit.topology.graph import Node
+from statekit.topology.processor import ProcessorContext
+from statekit.topology.steps import _fail, _fanout, _Rec, _stateless, describe_step
+
+_LOADS = pickle.loads
+_TS = itemgetter(3)
+_MEMO_MAX = 1 << 16
+_LOADS_MEMO_BYTES = 80       # only pickles this short are memoized (to a str) in a task's batch
+
+
+class TaskProcessor:
+    """The task half of a plan, for one task and one batch. `process(route, key, value, timestamp,
+    offset, partition)` runs a record through the task's steps; `process_record(record)` takes the
+    tuples `Plan.shuffle` yields. `stream_time` is the highest timestamp seen (persist it).
+    `flush()` at the end of the batch (before its commit) forwards what cached aggregations held
+    back; `close()` flushes too, then closes the user processors.
+
+    Forwarding rule of aggregations (count/reduce/aggregate, windowed, session, sliding or of a
+    grouped table), as Kafka Streams' KTable record cache does:
+
+    * caching on — the store was declared with `caching=True` (the default) *and* the task has a
+      record cache (`context.cache_bytes > 0`; a context without `cache_bytes`, e.g. the Spark-native
+      engine's, has none): an update is not forwarded when it happens; `flush()` forwards the latest
+      value of every key updated in the batch, once per key (per (key, window) for windowed
+      aggregations), in **first-update order** (the order in which keys were first updated in the
+      batch), each with the metadata (timestamp, offset, partition, topic) of that key's last update;
+      a key created and deleted within the batch (a session merged away) is not forwarded.
+      With one commit per micro-batch that is one output per key per commit. Aggregations are flushed
+      in topology order, so a cached aggregation downstream of another one sees its flushed updates
+      and is flushed after it. Unlike Kafka Streams, an eviction from a full store cache does not
+      forward early: outputs come only at flush.
+    * caching off (`caching=False`, or `cache_bytes <= 0`): every update is forwarded at once.
+
+    Table sources (`builder.table`) and joins forward every update either way.
+
+    Bulk aggregation: with caching on, an aggregation fed straight by a route and whose store nothing
+    else reads gets a batch's records at once, per key (`statekit.topology.bulk`); what it stores and
+    forwards is the same. `TaskProcessor.bulk_aggregation = False` turns it off (benches compare).
+
+    Time: `stream_time` is the task's (the highest record timestamp it has seen; time windows and
+    stream-time punctuators use it). Joins, session and sliding windows and suppression keep their
+    own observed stream time, as Kafka Streams' processors do, in `context.meta` (with punctuation
+    schedules), which the host persists with the commit: a restarted task resumes exactly."""
+
+    bulk_aggregation = True
+
+    def __init__(self, plan, context) -> None:
+        self.plan = plan
+        self.context = context
+        self.task_id = getattr(context, "task_id", None)
+        self.batch_id = getattr(context, "batch_id", None)
+        st = getattr(context, "stream_time", None)
+        self.stream_time = -1 if st is None else int(st)
+        cb = getattr(context, "cache_bytes", None)
+        self.record_cache = cb is not None and cb > 0   # forward-on-flush for caching stores
+        meta = getattr(context, "meta", None)
+        self.meta: dict = meta if isinstance(meta, dict) else {}
+        self.times: dict = self.meta.get("time") or {}   # per-operator observed stream time
+        self.rec = _Rec()
+        self.dropped_late = 0      # records dropped for windows that had closed
+        self.skipped_null = 0      # records skipped for a None key/value before a keyed step
+        self.records = 0
+        self._stores: dict = {}
+        self._processors: list = []
+        self._entry = {}
+        self._held: list = []      # (node index, node, {key: (new, first old, ts, off, part, topic)}, down, send_old)
+        self._loads_memo: dict = {}
+        self._getters: dict = {}
+        self.punctuation = None    # statekit.topology.punctuation.Punctuation, on first schedule()
+        self._next_stream_punct = float("inf")
+        self._build()
+        self._bulk = None        # {route: bulk.BulkAggregate}, the routes applied per key at once
+        self._bulk_all = False   # ... and they are all the routes
+        if self.bulk_aggregation and self.record_cache:
+            from statekit.topology.bulk import bulk_routes
+
+            self._bulk = bulk_routes(self) or None
+            self._bulk_all = self._bulk is not None and len(self._bulk) == len(self._entry)
+
+    # -- stores and helpers the operators use ----------------------------------------------------
+    def store(self, name: str):
+        s = self._stores.get(name)
+        if s is None:
+            s = self._stores[name] = self.context.get_store(name)
+        return s
+
+    def holder(self, n: Node, down):
+        """For an aggregation n: (emit(key, new, old), cached). Caching on (see the class
+        docstring): emit remembers the latest value per key, the key's value before the batch and
+        the record's metadata, for flush(); caching off: emit forwards (key, (new, old)) at once.
+        Old values travel only where a later step needs them (`send_old`)."""
+        send_old = n.params.get("send_old", False)
+        if not (self.record_cache and n.stores[0].caching):
+            if send_old:
+                return (lambda k, new, old: down(k, (new, old))), False
+            return (lambda k, new, old: down(k, (new, None))), False
+        held: dict = {}
+        idx = next(i for i, m in enumerate(self.plan.nodes) if m is n)
+        self._held.append((idx, n, held, down, send_old))
+        rec = self.rec
+
+        def emit(k, new, old):
+            h = held.get(k)
+            held[k] = (new, old if h is None else h[1], rec.timestamp, rec.offset, rec.partition,
+                       rec.topic)
+        return emit, True
+
+    def held_of(self, n: Node) -> dict:
+        """The held-back updates of a cached aggregation (its emit's dict), for fast paths."""
+        return next(h for _i, m, h, _d, _s in self._held if m is n)
+
+    def forward_at(self, down, key, value, timestamp) -> None:
+        """down(key, value) with the record's timestamp set to `timestamp` (a join's result time,
+        a session's end, a suppressed record's own time) for the steps after."""
+        rec = self.rec
+        saved = rec.timestamp
+        rec.timestamp = timestamp
+        try:
+            down(key, value)
+        finally:
+            rec.timestamp = saved
+
+    def call(self, n: Node, k: Any, v: Any, fn, *args):
+        """fn(*args) with a user function's failure turned into a one-line ProcessorError."""
+        try:
+            return fn(*args)
+        except StatekitError:
+            raise
+        except Exception as e:
+            raise _fail(n, self.rec, k, v, e) from e
+
+    def getter(self, t: Node):
+        """key -> current value of a (possibly derived) table, reading its store(s)."""
+        get = self._getters.get(t.name)
+        if get is None:
+            from statekit.topology.ops import table_getter
+
+            get = self._getters[t.name] = table_getter(self, t)
+        return get
+
+    # -- building --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        plan = self.plan
+        rec = self.rec
+        built: dict = {}
+
+        def build(n: Node):
+            if n.name in built:
+                return built[n.name]
+            down = _fanout([build(c) for c in n.children])
+            f = _stateless(n, down, rec)
+            if f is None:
+                f = self._stateful(n, down)
+            built[n.name] = f
+            return f
+
+        for r in plan.routes:
+            self._entry[r.index] = build(plan._by_name[r.target])
+        self._held.sort(key=lambda h: h[0])   # flush upstream aggregations first
+        self._topics = [s.topic for s in plan.sources]
+        self._route_src = [r.source_index for r in plan.routes]
+        self._route_topic = [self._topics[i] for i in self._route_src]
+        for inst, ctx, n in self._processors:   # init user processors once everything exists
+            init = getattr(inst, "init", None)
+            if init is None:
+                continue
+            try:
+                init(ctx)
+            except StatekitError:
+                raise
+            except Exception as e:
+                raise ProcessorError(f"{n.name} ({describe_step(n)}): init() failed in task "
+                                     f"{self.task_id}: {type(e).__name__}: {e}") from e
+
+    def _stateful(self, n: Node, down):
+        kind = n.kind
+        if kind == g.SINK:
+            return self._sink(n)
+        if kind == g.PROCESS:
+            return self._process_node(n, down)
+        from statekit.topology.ops import build
+
+        return build(self, n, down)
+
+    def _sink(self, n: Node):
+        topic = n.params["topic"]
+        fwd = self.context.forward
+        if not n.params.get("repartition"):
+            return lambda k, v: fwd(topic, k, v)
+        rec = self.rec
+        keep_null = n.params.get("keep_null_keys", False)
+        tp = self
+
+        def f(k, v):
+            if k is None and not keep_null:
+                tp.skipped_null += 1    # a None key cannot be partitioned for a keyed step
+                return
+            fwd(topic, k, (rec.timestamp, v))
+        return f
+
+    def _process_node(self, n: Node, down):
+        try:
+            inst = n.fn()
+        except Exception as e:
+            raise ProcessorError(f"{n.name}: could not create processor {n.params['processor']}: "
+                                 f"{type(e).__name__}: {e}") from e
+        ctx = ProcessorContext(self, n.name, [s.name for s in n.stores], down)
+        self._processors.append((inst, ctx, n))
+        proc = inst.process
+        rec = self.rec
+
+        def f(k, v):
+            try:
+                proc(k, v)
+            except StatekitError:
+                raise
+            except Exception as e:
+                raise _fail(n, rec, k, v, e) from e
+        return f
+
+    # -- punctuation -----------------------------------------------------------------------------
+    def schedule(self, node_name: str, interval_ms, punctuation_type, callback):
+        """ProcessorContext.schedule(): see statekit.topology.processor."""
+        if self.punctuation is None:
+            from statekit.topology.punctuation import Punctuation
+
+            self.punctuation = Punctuation(self)
+        return self.punctuation.schedule(node_name, interval_ms, punctuation_type, callback)
+
+    def wall_clock_ms(self) -> int:
+        """The host's wall clock (the test driver's mock time), else time.time()."""
+        wc = getattr(self.context, "wall_clock_ms", None)
+        if callable(wc):
+            wc = wc()
+        if wc is None:
+            import time
+
+            return int(time.time() * 1000)
+        return int(wc)
+
+    def punctuate_wall_clock(self, now_ms: int) -> int:
+        """Fire the wall-clock punctuators due at `now_ms` (once per batch, after its records);
+        returns how many fired."""
+        if self.punctuation is None:
+            return 0
+        return self.punctuation.fire_wall(int(now_ms))
+
+    # -- flush -----------------------------------------------------------------------------------
+    def flush(self) -> int:
+        """Forward what cached aggregations held back (see the class docstring); returns how many
+        records were forwarded. Call it once the batch's records are processed, before the outputs
+        are read and committed."""
+        if not self._held:
+            return 0
+        rec = self.rec
+        saved = (rec.topic, rec.partition, rec.offset, rec.timestamp)
+        n = 0
+        try:
+            for _i, _node, held, down, send_old in self._held:
+                if not held:
+                    continue
+                items = list(held.items())
+                held.clear()
+                for k, (new, old, ts, off, part, topic) in items:
+                    if new is None and old is None:
+                        continue   # created and deleted within the batch: nothing to tell
+                    n += 1
+                    rec.topic, rec.partition, rec.offset, rec.timestamp = topic, part, off, ts
+                    down(k, (new, old if send_old else None))
+        finally:
+            rec.topic, rec.partition, rec.offset, rec.timestamp = saved
+        return n
+
+    # -- running ---------------------------------------------------------------------------------
+    def process(self, route: int, key: Any, value: Any, timestamp: int, offset: int,
+                partition: Optional[int] = None) -> None:
+        rec = self.rec
+        rec.topic = self._topics[self._route_src[route]]
+        rec.partition = partition
+        rec.offset = offset
+        rec.timestamp = timestamp
+        if timestamp is not None and timestamp > self.stream_time:
+            self.stream_time = timestamp
+        self.records += 1
+        self._entry[route](key, value)
+        if self.stream_time >= self._next_stream_punct:
+            self.punctuation.fire_stream(self.stream_time)
+
+    def process_record(self, record) -> None:
+        """One tuple from Plan.shuffle: (route, partition, offset, timestamp, key_pickle, value_pickle)."""
+        r, p, o, ts, kp, vp = record
+        self.process(r, _LOADS(kp), _LOADS(vp), ts, o, p)
+
+    def process_records(self, records, on_record=None) -> int:
+        """Every tuple of `records` (as process_record), in order; the per-record path of a batch.
+        A short `str` key or value is unpickled once per batch (memoized by its pickle).
+        Stream-time punctuators fire after the record that brings stream time to them. Records of a
+        bulk route are collected and applied per key after the loop (see `statekit.topology.bulk`;
+        not when `on_record` is given: a crash directive counts records one by one).
+        `on_record(n)`, when given, is called after the n-th record. Returns the count."""
+        rec = self.rec
+        topics = self._route_topic
+        entry = self._entry
+        memo = self._loads_memo
+        loads = _LOADS
+        st = self.stream_time
+        bulk = self._bulk if on_record is None else None
+        if bulk is not None and self._bulk_all and self._next_stream_punct == float("inf"):
+            return self._process_all_bulk(records)
+        n = 0
+        try:
+            for r, p, o, ts, kp, vp in records:
+                if ts is not None and ts > st:
+                    st = self.stream_time = ts
+                n += 1
+                if bulk is not None:
+                    b = bulk.get(r)
+                    if b is not None:
+                        b.records.append((r, p, o, ts, kp, vp))
+                        if st >= self._next_stream_punct:
+                            self.punctuation.fire_stream(st)
+                        continue
+                k = memo.get(kp)
+                if k is None:
+                    k = loads(kp)
+                    if type(k) is str and len(kp) <= _LOADS_MEMO_BYTES and len(memo) < _MEMO_MAX:
+                        memo[kp] = k
+                if vp == kp and type(k) is str:   # word count: value == key (a str is immutable)
+                    v = k
+                else:
+                    v = memo.get(vp)
+                    if v is None:
+                        v = loads(vp)
+                        if type(v) is str and len(vp) <= _LOADS_MEMO_BYTES and len(memo) < _MEMO_MAX:
+                            memo[vp] = v
+                rec.topic = topics[r]
+                rec.partition = p
+                rec.offset = o
+                rec.timestamp = ts
+                entry[r](k, v)
+                if st >= self._next_stream_punct:
+                    self.punctuation.fire_stream(st)
+                if on_record is not None:
+                    on_record(n)
+            if bulk is not None:
+                for b in bulk.values():
+                    b.apply()
+        finally:
+            self.records += n
+            if bulk is not None:
+                for b in bulk.values():
+                    b.records.clear()
+        return n
+
+    def _process_all_bulk(self, records) -> int:
+        """process_records when every route is applied in bulk and no stream-time punctuator waits:
+        no per-record work at all (the records go to their aggregations as they are)."""
+        recs = records if type(records) is list else list(records)
+        if not recs:
+            return 0
+        stamps = [t for t in map(_TS, recs) if t is not None]
+        if stamps:
+            top = max(stamps)
+            if top > self.stream_time:
+                self.stream_time = top
+        bulk = self._bulk
+        try:
+            if len(bulk) == 1:
+                b = next(iter(bulk.values()))
+                b.records = recs
+                b.apply()
+            else:
+                for t in recs:
+                    bulk[t[0]].records.append(t)
+                for b in bulk.values():
+                    b.apply()
+        finally:
+            self.records += len(recs)
+            for b in bulk.values():
+                b.records = []
+        return len(recs)
+
+    def close(self) -> None:
+        self.flush()
+        if self.times:
+            self.meta["time"] = self.times   # (the host persists the meta with the commit)
+        errors = []
+        for inst, _ctx, n in self._processors:
+            close = getattr(inst, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as e:  # close every processor, report the first failure
+                    errors.append(ProcessorError(f"{n.name}: close() failed: {type(e).__name__}: {e}"))
+        self._processors = []
+        if errors:
+            raise errors[0]
+

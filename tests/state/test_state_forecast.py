@@ -1,0 +1,191 @@
+"""Restore forecast: the records it predicts are the records a restore then reads (from scratch
+over a compacted log, from a checkpoint, from a standby), and its seconds follow the rate it says
+it used. The timing comparison with a real restore is marked slow."""
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from statekit import broker as broker_mod
+from statekit.kafka import Kafka
+from statekit.state import StandbyReplica, TaskState
+from statekit.state import checkpoint as ckpt
+from statekit.state import forecast as F
+from statekit.state import restore as R
+from statekit.stores import StoreSpec
+
+SPECS = [StoreSpec("counts"), StoreSpec("latest")]
+CFG = {"segment.bytes": "4096", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "0",
+       "min.compaction.lag.ms": "0"}
+
+
+def commit_batches(t, batches, width: int = 12) -> None:
+    for b in batches:
+        for i in range(width):
+            key = f"k{(b * 5 + i) % 40:02d}"
+            t["counts"].put(key, b * 100 + i)
+            if i % 3:
+                t["latest"].put(key, b)
+            else:
+                t["latest"].delete(key)
+        t.commit(b)
+
+
+def stats_current(broker_dir: str, k: Kafka, app: str) -> None:
+    """log_stats is refreshed every second: wait until it has caught up with the end offsets."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        rows = {(r["topic"], r["partition"]): r for r in broker_mod.log_stats(broker_dir)}
+        if all(rows.get((f"{app}-{s.name}-changelog", 0), {}).get("high_watermark")
+               == k.end_offsets(f"{app}-{s.name}-changelog")[0] for s in SPECS):
+            return
+        time.sleep(0.1)
+    raise AssertionError("log_stats did not catch up")
+
+
+def test_forecast_counts_exactly_what_the_restores_read(broker, tmp_path):
+    k = Kafka(broker.bootstrap)
+    app = "fc"
+    try:
+        a = str(tmp_path / "a")
+        with TaskState(app, 0, SPECS, state_dir=a, kafka=k, topic_configs=CFG) as t:
+            commit_batches(t, range(0, 60))
+        old_copy = str(tmp_path / "old")
+        shutil.copytree(a, old_copy)               # a checkpoint that will fall behind
+        standby = StandbyReplica(app, 0, SPECS, state_dir=str(tmp_path / "sb"),
+                                 bootstrap=broker.bootstrap).start()
+        try:
+            with TaskState(app, 0, SPECS, state_dir=a, kafka=k) as t:
+                commit_batches(t, range(60, 70))
+            assert standby.wait_caught_up(30) == 0
+            standby.stop()                          # it falls behind too, less
+            with TaskState(app, 0, SPECS, state_dir=a, kafka=k) as t:
+                commit_batches(t, range(70, 90))
+            broker_mod.request_clean(broker.dir)
+            with TaskState(app, 0, SPECS, state_dir=a, kafka=k) as t:
+                commit_batches(t, range(90, 95))    # a tail the cleaner has not seen
+            stats_current(broker.dir, k, app)
+            assert any(r["records_removed"] for r in broker_mod.log_stats(broker.dir)
+                       if r["topic"].startswith(app))  # compaction gaps in the log
+
+            scratch = F.forecast_task(k, app, 0, SPECS, None, broker_dir=broker.dir,
+                                      apply_rate=1000.0)
+            cp = ckpt.read(f"{old_copy}/{app}/0")
+            from_cp = F.forecast_task(k, app, 0, SPECS,
+                                      {n: c.changelog_offset for n, c in cp.items()},
+                                      broker_dir=broker.dir, apply_rate=1000.0)
+            from_sb = F.forecast_task(k, app, 0, SPECS, standby.positions(), source="standby",
+                                      broker_dir=broker.dir, apply_rate=1000.0)
+            assert (scratch.source, from_cp.source, from_sb.source) == (
+                "scratch", "checkpoint", "standby")
+            assert scratch.exact and from_cp.exact and from_sb.exact
+            assert {s: p.start_offset for s, p in from_sb.per_store.items()} == standby.positions()
+            assert 0 < from_sb.records <= standby.lag()  # lag() counts offsets, gaps included
+            sb_dir = standby.promote()
+        finally:
+            standby.close()
+        measured = {}
+        for name, state_dir in (("scratch", str(tmp_path / "fresh")), ("checkpoint", old_copy),
+                                ("standby", str(tmp_path / "sb"))):
+            with TaskState(app, 0, SPECS, state_dir=state_dir, kafka=k) as t:
+                measured[name] = {s: m.records_restored for s, m in t.restore_metrics.items()}
+        assert sb_dir.startswith(str(tmp_path / "sb"))
+        for name, f in (("scratch", scratch), ("checkpoint", from_cp), ("standby", from_sb)):
+            assert {s: p.records for s, p in f.per_store.items()} == measured[name], name
+            assert f.seconds == f.records / 1000.0 and f.rate_source == "given"
+        # from scratch over a compacted log: fewer records than offsets
+        assert scratch.records < sum(p.end_offset for p in scratch.per_store.values())
+        assert from_sb.records <= from_cp.records <= scratch.records
+        assert scratch.describe().startswith(f"≈ {scratch.seconds:.1f} s from scratch (")
+    finally:
+        k.close()
+
+
+def test_without_the_brokers_files_headers_are_counted_or_the_span_bounds_it(broker, tmp_path,
+                                                                             monkeypatch):
+    k = Kafka(broker.bootstrap)
+    try:
+        with TaskState("ub", 0, SPECS, state_dir=str(tmp_path / "a"), kafka=k,
+                       topic_configs=CFG) as t:
+            commit_batches(t, range(0, 60))
+        broker_mod.request_clean(broker.dir)
+        counted = F.forecast_task(k, "ub", 0, SPECS, None, apply_rate=500.0)  # no broker_dir
+        monkeypatch.setattr(F, "SCAN_MAX", 10)
+        bound = F.forecast_task(k, "ub", 0, SPECS, None, apply_rate=500.0)
+        with TaskState("ub", 0, SPECS, state_dir=str(tmp_path / "b"), kafka=k) as t:
+            read = {s: m.records_restored for s, m in t.restore_metrics.items()}
+        assert counted.exact and {s: p.records for s, p in counted.per_store.items()} == read
+        ends = {s.name: k.end_offsets(f"ub-{s.name}-changelog")[0] for s in SPECS}
+        assert not bound.exact and {s: p.records for s, p in bound.per_store.items()} == ends
+        assert bound.describe().startswith("≤ ") and sum(read.values()) < bound.records
+    finally:
+        k.close()
+
+
+def test_missing_changelogs_forecast_nothing(broker):
+    k = Kafka(broker.bootstrap)
+    try:
+        f = F.forecast_task(k, "nothing", 3, SPECS, None, apply_rate=10.0, broker_dir=broker.dir)
+        assert (f.source, f.records, f.seconds) == ("none", 0, 0.0)
+    finally:
+        k.close()
+
+
+def test_the_rate_comes_from_the_last_restore_else_a_calibration(broker, tmp_path, monkeypatch):
+    k = Kafka(broker.bootstrap)
+    try:
+        monkeypatch.setattr(R, "_last_rate", None)
+        F.clear_calibration()
+        with TaskState("rt", 0, SPECS, state_dir=str(tmp_path / "a"), kafka=k) as t:
+            commit_batches(t, range(0, 20))
+        f = F.forecast_task(k, "rt", 0, SPECS, None, broker_dir=broker.dir)
+        assert f.rate_source == "calibrated" and f.apply_rate > 0
+        assert f.seconds == pytest.approx(f.records / f.apply_rate)
+        assert F.calibrate(k, "rt-counts-changelog", 0) == f.apply_rate  # cached per process
+        # a restore too short to say much about the rate is not remembered
+        with TaskState("rt", 0, SPECS, state_dir=str(tmp_path / "b"), kafka=k) as t:
+            assert sum(m.records_restored for m in t.restore_metrics.values()) < R.MEASURE_MIN
+        assert R.last_restore_rate() is None
+        monkeypatch.setattr(R, "_last_rate", (123_456.0, 50_000))
+        f = F.forecast_task(k, "rt", 0, SPECS, None, broker_dir=broker.dir)
+        assert (f.rate_source, f.apply_rate) == ("last restore", 123_456.0)
+    finally:
+        k.close()
+
+
+@pytest.mark.slow
+def test_the_forecast_is_within_a_factor_of_two_of_a_real_restore(broker, tmp_path, monkeypatch):
+    import json
+
+    from statekit.state.restore import BATCH_HEADER, MARKER_HEADER, MARKER_KEY
+
+    k = Kafka(broker.bootstrap)
+    try:
+        topic = "big-counts-changelog"
+        k.ensure_topic(topic, 1, {"cleanup.policy": "compact"})
+        for b in range(20):
+            bh = [(BATCH_HEADER, str(b).encode())]
+            recs = [(b'"k%06d"' % ((b * 10_000 + i) % 150_000), b"%d" % i, bh)
+                    for i in range(10_000)]
+            recs.append((MARKER_KEY, json.dumps({"batch": b}).encode(),
+                         [(MARKER_HEADER, b"1"), (BATCH_HEADER, str(b).encode())]))
+            k.send(topic, 0, recs)
+        seen = []
+        for attempt in range(3):  # a shared machine's load can spoil one measurement, not three
+            monkeypatch.setattr(R, "_last_rate", None)
+            F.clear_calibration()
+            f = F.forecast_task(k, "big", 0, [StoreSpec("counts")], None, broker_dir=broker.dir)
+            assert f.records == 200_020 and f.rate_source == "calibrated"
+            with TaskState("big", 0, [StoreSpec("counts")], state_dir=str(tmp_path / str(attempt)),
+                           kafka=k) as t:
+                m = t.restore_metrics["counts"]
+            assert m.records_restored == f.records
+            seen.append(f.versus(t.restore_metrics))
+            if 0.5 <= m.duration_s / f.seconds <= 2.0:
+                break
+        else:
+            raise AssertionError("; ".join(seen))
+    finally:
+        k.close()
