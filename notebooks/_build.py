@@ -37,45 +37,42 @@ DOWN = code("""
 %statekit down
 """)
 
-# Workshop-scale state: one record per user. The test suite runs the tour with fewer users
-# (STATEKIT_TOUR_KEYS); `make demo` and JupyterLab use the full size.
-VISITS = """
+# Workshop-scale state: a million bank accounts, one movement each (the `accounts` generator's first
+# KEYS records visit every account once), written by the fast produce path. The test suite runs the
+# tour with fewer accounts (STATEKIT_TOUR_KEYS); `make demo` and JupyterLab use the full size.
+ACCOUNTS = """
 import os
-from statekit.datagen import Record, produce
+from collections import Counter
+from statekit.datagen import accounts_reference
 
-KEYS = int(os.environ.get("STATEKIT_TOUR_KEYS", "200000"))
-
-def visits(n, first=0):
-    \"\"\"n visits, of users first, first+1, ... (one each), keyed by user.\"\"\"
-    for i in range(first, first + n):
-        yield Record(key=f"user-{i:07d}", value={"page": i % 50}, timestamp=1_700_000_000_000 + i)
-
-produce("visits", visits(KEYS), partitions=4)
-print(f"{KEYS:,} visits of {KEYS:,} users")
+KEYS = int(os.environ.get("STATEKIT_TOUR_KEYS", "1000000"))
+%statekit produce accounts --generator accounts --seed 1 --limit {KEYS} --keys {KEYS} --wait
+expected = Counter(accounts_reference(seed=1, limit=KEYS, keys=KEYS)[0])   # account -> movements
+print(f"{KEYS:,} movements of {len(expected):,} accounts")
 """
 
-# The forecast before a crash (App.restore_forecast(): per task, a restore's expected seconds).
+# The forecast before a crash: App.restore_forecast(), per task and way back, and per instance a line.
 FORECAST = """
-forecast = app.restore_forecast() if hasattr(app, "restore_forecast") else None
-if forecast is None:
-    print("this statekit has no App.restore_forecast() yet: no forecast to compare with")
-else:
-    display(forecast)
+forecast = app.restore_forecast()
+print("\\n".join(forecast.lines.values()))
 """
 
-# What the last restart restored, per task: seconds, records, records/s, beside the forecast.
+# What the last restart restored, per task: seconds, records, records/s, beside the forecast made
+# before the crash (a restore from scratch).
 RESTORE_REPORT = """
 import kernel_ext
 rs = app.restore_summary()   # since the last restart: one row per task and store that replayed records
 rs = rs.groupby(["task", "instance", "source"], as_index=False)[["records", "seconds"]].sum()
 rs["records/s"] = (rs["records"] / rs["seconds"].where(rs["seconds"] > 0)).round()
-if forecast is not None and "task" in forecast:
-    cols = [c for c in ("scratch_s", "from_scratch_s", "seconds") if c in forecast]
-    if cols:
-        rs = rs.merge(forecast[["task", cols[0]]].rename(columns={cols[0]: "forecast s"}), on="task", how="left")
+fc = forecast.frame[forecast.frame.source == "scratch"][["task", "records", "seconds"]]
+rs = rs.merge(fc.rename(columns={"records": "forecast records", "seconds": "forecast s"}), on="task",
+              how="left")
 display(rs)
+print(f"restore from scratch: {rs.seconds.sum():.2f} s for {int(rs.records.sum()):,} records; "
+      f"forecast before the crash: {rs['forecast s'].sum():.2f} s")
 kernel_ext.report("restore", restore_seconds=round(float(rs["seconds"].sum()), 3),
                   records_replayed=int(rs["records"].sum()),
+                  forecast_seconds=round(float(rs["forecast s"].sum()), 3),
                   per_task=[{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
                             for row in rs.to_dict("records")],
                   invariant="OK")
@@ -182,85 +179,82 @@ in plain Python checks it. The app here runs as **one instance**, so a crash sto
     md("""
 ## Workshop-scale state
 
-One visit per user, `KEYS` users: the store ends up with one row per user, and so does each task's
-compacted changelog. That is what a restore from scratch has to replay.
+A million bank accounts, one movement each: the store counts movements per account, so it ends up
+with a million rows, and each task's compacted changelog with a quarter of them. That is what a
+restore from scratch replays. (The generator writes pre-encoded record batches: a few seconds.)
 """),
-    code(VISITS),
+    code(ACCOUNTS),
     code("""
-%%statekit app pv --partitions 4
-(app.stream("visits", value_serde="json")
+%%statekit app bank --partitions 4
+(app.stream("accounts", value_serde="json")
     .group_by_key()
-    .count(store="visits-per-user"))
+    .count(store="movements"))
 """),
-    code("%statekit start pv --watch"),
+    code("%statekit start bank --watch"),
     code("""
 app.process_all_available()
-print(f"{len(app.query_all('visits-per-user')):,} users in the store")
+print(f"{len(app.query_all('movements')):,} accounts in the store")
 """),
     md("""
 ## Crash 1: the process dies mid-batch
 
 `--after 500` arms a crash: the first task of the instance to process 500 records of a batch kills
-its own process. More visits arrive, the crash fires mid-batch, and with its only instance dead the
-app stops (ERROR) until `restart`.
+its own process. More movements arrive, the crash fires mid-batch, and with its only instance dead
+the app stops (ERROR) until `restart`.
 """),
-    code("%statekit crash pv --mode process --after 500"),
+    code("%statekit crash bank --mode process --after 500"),
     code("""
-produce("visits", visits(3000, first=0), partitions=4)   # 3,000 more visits of known users
+%statekit produce accounts --generator accounts --seed 2 --limit 20000 --keys {KEYS} --wait
 app.wait_for_state(["ERROR"], timeout=120)
 print(app.state, "-", app.error)
 """),
-    code("%statekit restart pv"),
+    code("%statekit restart bank"),
     md("""
 The crash hit before the batch committed: nothing of that batch reached the changelog or RocksDB,
 so every checkpoint still matches its changelog end and the tasks reopen from their checkpoints with
-nothing (or only a little) to replay. The engine hands the failed batch to the tasks again: same
-records, same batch id.
+nothing to replay. The engine hands the failed batch to the tasks again: same records, same batch id.
 """),
     code("""
 app.process_all_available()
 app.task_opens()[["task", "instance", "source", "restored", "last_batch", "open_ms"]]
 """),
     code("""
-from collections import Counter
-
 def check(expected):
-    store = app.query_all("visits-per-user")
+    store = app.query_all("movements")
     actual = dict(zip(store["key"], store["value"]))
     bad = {k for k in set(actual) | set(expected) if actual.get(k) != expected.get(k)}
     assert not bad, f"{len(bad)} keys differ, e.g. {sorted(bad)[:5]}"
     return actual
 
-expected = Counter(r.key for r in visits(KEYS))
-expected.update(r.key for r in visits(3000, first=0))
+expected.update(accounts_reference(seed=2, limit=20000, keys=KEYS)[0])
 actual = check(expected)
-print(f"after the process crash: {len(actual):,} users, {sum(actual.values()):,} visits, exactly as expected")
+print(f"after the process crash: {len(actual):,} accounts, {sum(actual.values()):,} movements, exactly as expected")
 print("OK")
 """),
     md("""
 ## Crash 2: the disk is lost too
 
-Before the crash, the **restore forecast**: for every task, how long a restore from scratch would
-take now (live keys in the compacted changelog, the offset span, the apply rate measured so far).
-Then the instance dies while idle and its state directory is deleted: its tasks have nothing local
-left and restore from the beginning of their changelogs. The dashboard above follows the restore:
-every task queued with its records to replay, then restoring (progress, records/s, ETA), then done.
+Before the crash, the **restore forecast**: for every task, how long a restore would take now (the
+records in its compacted changelog, the apply rate measured so far). Then the instance dies while
+idle and its state directory is deleted: its tasks have nothing local left and restore from the
+beginning of their changelogs. The dashboard above follows it: every task queued with its records
+to replay, then restoring (progress, records/s, ETA), then done with its time.
 """),
     code(FORECAST),
     code("""
-%statekit crash pv --mode disk-loss
-produce("visits", visits(2000, first=KEYS - 1000), partitions=4)   # 1,000 known users, 1,000 new
-%statekit restart pv
+%statekit crash bank --mode disk-loss
+%statekit produce accounts --generator accounts --seed 3 --limit 20000 --keys {KEYS} --wait
+%statekit restart bank
 """),
     code("""
 app.process_all_available()
-expected.update(r.key for r in visits(2000, first=KEYS - 1000))
+expected.update(accounts_reference(seed=3, limit=20000, keys=KEYS)[0])
 actual = check(expected)
-print(f"after the disk loss: {len(actual):,} users, {sum(actual.values()):,} visits, exactly as expected")
+print(f"after the disk loss: {len(actual):,} accounts, {sum(actual.values()):,} movements, exactly as expected")
 print("OK")
 """),
     code(RESTORE_REPORT),
-    code("%statekit stop pv"),
+    code("%statekit stop bank"),
     DOWN,
 ]
 
@@ -366,6 +360,60 @@ print(f"{len(actual)} sensors restored exactly from {rs['records'].sum()} change
 print("OK")
 """),
     code("%statekit stop temps"),
+    md("""
+## At workshop scale: a million accounts
+
+The same story where it costs seconds. A million accounts get a movement each, then a fifth of
+them a second one, in two micro-batches: two commits, so the changelog gets a record per account
+and then one more per account moved again — 1.2 million records for a million live keys, until the
+cleaner keeps only the latest of each.
+"""),
+    code("""
+import os
+from statekit.datagen import accounts_reference
+KEYS = int(os.environ.get("STATEKIT_TOUR_KEYS", "1000000"))
+MOVES = KEYS + KEYS // 5
+%statekit produce ledger --generator accounts --seed 21 --limit {MOVES} --keys {KEYS} --wait
+k = Kafka()   # the changelog in 1 MB segments, so the cleaner has closed segments to work on
+k.ensure_topic("bank-movements-changelog", 4, {"cleanup.policy": "compact", "segment.bytes": str(1 << 20)})
+k.close()
+"""),
+    code("""
+%%statekit app bank --partitions 4
+(app.stream("ledger", value_serde="json")
+    .group_by_key()
+    .count(store="movements"))
+"""),
+    code("""
+%statekit start bank --max-records {KEYS}
+app.process_all_available()
+stats = broker.request_clean(os.path.join(home, "broker"))
+cl = pd.DataFrame([s for s in stats if s["topic"] == "bank-movements-changelog"])
+cl[["partition", "high_watermark", "segments", "records", "cleaner_runs", "records_removed"]]
+"""),
+    md("""
+What would a restore from scratch cost now? The forecast counts the records left in each compacted
+changelog and divides by the rate restores run at on this machine. Then the disk goes, and the real
+restore follows.
+"""),
+    code(FORECAST),
+    code("""
+%statekit crash bank --mode disk-loss
+%statekit restart bank --no-watch
+app.process_all_available()
+"""),
+    code(RESTORE_REPORT),
+    code("""
+counts = accounts_reference(seed=21, limit=MOVES, keys=KEYS)[0]
+store = app.query_all("movements")
+actual = dict(zip(store["key"], store["value"]))
+assert actual == counts, f"{len(set(actual.items()) ^ set(counts.items()))} accounts differ"
+assert rs.records.sum() < MOVES, "the restore replayed every movement: compaction saved nothing"
+print(f"{len(actual):,} accounts restored exactly from {int(rs.records.sum()):,} changelog records "
+      f"({MOVES:,} movements were counted)")
+print("OK")
+"""),
+    code("%statekit stop bank"),
     DOWN,
 ]
 
@@ -452,12 +500,12 @@ to the instance holding their standbys, which is **promoted**: it replays only w
 applied yet, not the whole changelog. The other instance never stops processing.
 """),
     SETUP,
-    code(VISITS),
+    code(ACCOUNTS),
     code("""
 %%statekit app pages --partitions 4 --instances 2 --standby 1
-(app.stream("visits", value_serde="json")
+(app.stream("accounts", value_serde="json")
     .group_by_key()
-    .count(store="visits-per-user"))
+    .count(store="movements"))
 """),
     code("""
 %statekit start pages
@@ -480,22 +528,21 @@ lag
 """),
     code("%statekit watch pages"),
     md("""
-## Instance 0 dies with its disk, while visits keep coming
+## Instance 0 dies with its disk, while movements keep coming
 
-A producer writes 4,000 more visits at 800 a second in the background. Two seconds in, instance 0
-dies and loses its disk. Instance 1 promotes the standbys of instance 0's tasks and carries on; the
+A producer writes 4,000 more movements at 800 a second in the background. Two seconds in, instance
+0 dies and loses its disk. Instance 1 promotes the standbys of instance 0's tasks and carries on; the
 dashboard's input rate never drops to zero, the ownership timeline shows the move.
 """),
     code(FORECAST),
     code("""
-%statekit produce visits --generator clicks --seed 5 --limit 4000 --rate 800/s
+%statekit produce accounts --generator accounts --seed 5 --limit 4000 --keys {KEYS} --rate 800/s
 time.sleep(2)
 %statekit crash pages --mode disk-loss --instance 0
 """),
     code("""
 import kernel_ext
-from statekit.datagen import generate
-while kernel_ext.session().producers["visits"].running:
+while kernel_ext.session().producers["accounts"].running:
     time.sleep(0.5)
 app.process_all_available()
 died = app.events(types="instance_died")[-1]
@@ -519,14 +566,12 @@ app.process_all_available()
 %statekit instances pages
 """),
     code("""
-from collections import Counter
-expected = Counter(r.key for r in visits(KEYS))
-expected.update(r.key for r in generate("clicks", seed=5, limit=4000))
-store = app.query_all("visits-per-user")
+expected.update(accounts_reference(seed=5, limit=4000, keys=KEYS)[0])
+store = app.query_all("movements")
 actual = dict(zip(store["key"], store["value"]))
 assert actual == dict(expected), f"{len(set(actual.items()) ^ set(expected.items()))} keys differ"
 assert all(e.role == "standby" for e in promoted) and len(promoted) == len(died.tasks)
-print(f"{len(actual):,} users; the failover lost nothing and replayed "
+print(f"{len(actual):,} accounts; the failover lost nothing and replayed "
       f"{sum(e.lag or 0 for e in promoted)} record(s) instead of the whole changelog")
 print("OK")
 """),
@@ -715,12 +760,12 @@ processing until the warmup is within `acceptable.recovery.lag` of the changelog
 **probing rebalance** then moves the task.
 """),
     SETUP,
-    code(VISITS),
+    code(ACCOUNTS),
     code("""
 %%statekit app rb --partitions 6 --instances 3 --standby 1 --probing-interval 4
-(app.stream("visits", value_serde="json")
+(app.stream("accounts", value_serde="json")
     .group_by_key()
-    .count(store="visits-per-user"))
+    .count(store="movements"))
 """),
     code("""
 %statekit start rb
@@ -731,7 +776,7 @@ app.process_all_available()
     md("""
 ## Kill an instance while records flow
 
-A producer writes 9,000 visits at 300 a second (half a minute) in the background. Ten seconds
+A producer writes 9,000 movements at 300 a second (half a minute) in the background. Ten seconds
 in, instance 1 is killed. Watch the dashboard: the input rate stays up, instances 0 and 2 keep
 committing, and instance 1's tasks move — the ownership timeline changes colour, with a promotion
 marker where a standby took over.
@@ -739,7 +784,7 @@ marker where a standby took over.
     code("""
 import time
 import kernel_ext
-%statekit produce visits --generator clicks --seed 11 --limit 9000 --rate 300/s
+%statekit produce accounts --generator accounts --seed 11 --limit 9000 --keys {KEYS} --rate 300/s
 time.sleep(10)
 %statekit kill rb --instance 1
 """),
@@ -776,7 +821,7 @@ while time.time() < deadline:   # until a task moved to the new instance
     if any(m["to"] == joined.instance for r in app.rebalances for m in r["moves"]):
         break
     time.sleep(0.5)
-while kernel_ext.session().producers["visits"].running:
+while kernel_ext.session().producers["accounts"].running:
     time.sleep(0.5)
 app.process_all_available()
 import pandas as pd
@@ -796,11 +841,8 @@ The store holds exactly what a plain-Python count gives, whatever moved where; a
 instance's first task came to it only after its warmup had caught up.
 """),
     code("""
-from collections import Counter
-from statekit.datagen import generate
-expected = Counter(r.key for r in visits(KEYS))
-expected.update(r.key for r in generate("clicks", seed=11, limit=9000))
-store = app.query_all("visits-per-user")
+expected.update(accounts_reference(seed=11, limit=9000, keys=KEYS)[0])
+store = app.query_all("movements")
 actual = dict(zip(store["key"], store["value"]))
 assert actual == dict(expected), f"{len(set(actual.items()) ^ set(expected.items()))} keys differ"
 evs = app.events(since=joined.ts)
@@ -810,7 +852,7 @@ caught = [e for e in evs if e.type == "warmup_caught_up" and e.instance == joine
 warm = [e for e in evs if e.type == "replica_started" and e.instance == joined.instance and e.role == "warmup"]
 assert all(any(w.task == t for w in warm) and any(c.task == t for c in caught) for t in moved)
 assert all(m["reason"] == "warmup-caught-up" for m in first_move["moves"] if m["to"] == joined.instance)
-print(f"{len(actual):,} users counted exactly; tasks {', '.join(moved)} moved to instance "
+print(f"{len(actual):,} accounts counted exactly; tasks {', '.join(moved)} moved to instance "
       f"{joined.instance} after their warmup caught up")
 print("OK")
 """),

@@ -39,7 +39,7 @@ class Snapshot:
     events: list = field(default_factory=list)  # new statekit.events records since the last snapshot
     changelog: list[dict] = field(default_factory=list)  # one dict per changelog partition
     task_rows: dict = field(default_factory=dict)  # (task, store) -> keys, counted from the store read
-    forecast: list[dict] | None = None  # App.restore_forecast() rows (None: not available)
+    forecast: dict | None = None  # App.restore_forecast() as forecast_data() (None: not asked, not there)
     has_events: bool = True  # the app publishes statekit.events (Spark's own state store does not)
     error: str | None = None  # a panel that could not be read (one line)
 
@@ -314,36 +314,55 @@ def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------------
-# the restore forecast (App.restore_forecast(), when the runtime has it)
-
-_SCRATCH_COLS = ("scratch_s", "from_scratch_s", "seconds_from_scratch", "scratch_seconds", "seconds")
-_STANDBY_COLS = ("standby_s", "from_standby_s", "seconds_from_standby", "standby_seconds")
+# the restore forecast (App.restore_forecast(): one row per task and way back, a line per instance)
 
 
-def _first(row: dict, names):
-    for n in names:
-        v = _num(row.get(n))
-        if v is not None:
-            return v
-    return None
+def forecast_data(obj) -> dict | None:
+    """`App.restore_forecast()`'s result as plain data: ``{"rows": [{task, instance, source, records,
+    seconds, ...}], "lines": {instance: "if instance 0 died now: ..."}}``."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict) and "rows" in obj:
+        return obj
+    frame = getattr(obj, "frame", obj)
+    lines = getattr(obj, "lines", None) or {}
+    return {"rows": _records(frame), "lines": {int(k): str(v) for k, v in dict(lines).items()}}
 
 
-def forecast_by_instance(rows: list[dict] | None) -> list[dict]:
+def forecast_seconds(fc: dict | None, task: str, source: str) -> float | None:
+    """The forecast seconds of `task` restoring from `source` (scratch, checkpoint, standby, warmup)."""
+    best = None
+    for r in (fc or {}).get("rows") or []:
+        if task_id(r.get("task")) == task and r.get("source") == source:
+            sec = _num(r.get("seconds"))
+            if sec is not None and (best is None or sec < best):
+                best = sec
+    return best
+
+
+def forecast_by_instance(fc: dict | None) -> list[dict]:
     """Per instance, what a restore of its active tasks would take if it died now: ``{"instance",
-    "tasks", "scratch_s", "standby_s"}`` (the sums of its tasks' forecasts; standby_s None when no
-    task of it has a standby)."""
+    "tasks", "scratch_s", "standby_s", "line"}`` (standby_s: its tasks with a replica, each at its
+    best replica; None when none has one)."""
     out: dict = {}
-    for r in rows or []:
+    promo: dict = {}
+    for r in (fc or {}).get("rows") or []:
         inst = _num(r.get("instance"))
         if inst is None:
             continue
-        o = out.setdefault(inst, {"instance": inst, "tasks": [], "scratch_s": 0.0, "standby_s": None})
-        o["tasks"].append(task_id(r.get("task")))
-        sc = _first(r, _SCRATCH_COLS)
-        sb = _first(r, _STANDBY_COLS)
-        o["scratch_s"] += sc or 0.0
-        if sb is not None:
-            o["standby_s"] = (o["standby_s"] or 0.0) + sb
+        o = out.setdefault(inst, {"instance": inst, "tasks": [], "scratch_s": 0.0, "standby_s": None,
+                                  "line": ((fc or {}).get("lines") or {}).get(inst)})
+        t = task_id(r.get("task"))
+        if t not in o["tasks"]:
+            o["tasks"].append(t)
+        sec = _num(r.get("seconds")) or 0.0
+        if r.get("source") == "scratch":
+            o["scratch_s"] += sec
+        elif r.get("source") in ("standby", "warmup"):
+            key = (inst, t)
+            promo[key] = min(sec, promo.get(key, sec))
+    for (inst, _t), sec in promo.items():
+        out[inst]["standby_s"] = (out[inst]["standby_s"] or 0.0) + sec
     return [out[i] for i in sorted(out)]
 
 
@@ -399,7 +418,7 @@ class DashboardModel:
         self.failed_tasks: dict = {}             # task -> its TaskFailed error, until it opens again
         self.state_reason = ""                   # the reason of the latest state event
         self.last_error: str | None = None       # the app's last one-line error (kept after restart)
-        self.forecast: list[dict] | None = None
+        self.forecast: dict | None = None
         self.forecast_at: float | None = None
         self.round_forecasts: dict[int, tuple] = {}  # id(round) -> (time, forecast) made before it
         self.t0: float | None = None
@@ -421,7 +440,7 @@ class DashboardModel:
         self._update_stores(snap)
         for e in snap.events:
             self._on_event(e)
-        if snap.forecast is not None and not self.restores.restoring:
+        if snap.forecast is not None and snap.forecast is not self.forecast and not self.restores.restoring:
             self.forecast, self.forecast_at = snap.forecast, snap.t  # after a round opened: not its own
         self._update_lag(snap)
         for r in snap.tasks:
@@ -916,9 +935,11 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
         snap.events = guard("events", events.poll) or []
     if changelog is not None:
         snap.changelog = guard("changelog", changelog) or []
-    if forecast is not None:
-        rows = guard("forecast", forecast)
-        snap.forecast = _records(rows) if rows is not None else None
+    if forecast is not None and snap.state in LIVE_STATES:
+        try:  # optional: a forecast that cannot be made now leaves the panel without one
+            snap.forecast = forecast_data(forecast())   # the same dict while a Throttled caller caches it
+        except Exception:
+            snap.forecast = None
     if errors:
         snap.error = "; ".join(errors)
     return snap

@@ -19,7 +19,8 @@ import ipywidgets as W
 from kernel_ext.dashboard import charts
 from kernel_ext.dashboard.model import (DashboardModel, EventFeed, Snapshot, StoreCache, Throttled,
                                         clip, collect, fmt_eta, fmt_num, fmt_rate, fmt_secs,
-                                        forecast_by_instance, task_id)
+                                        forecast_by_instance, forecast_data, forecast_seconds,
+                                        task_id)
 
 TERMINAL_STATES = {"NOT_RUNNING"}
 STATE_COLORS = {"RUNNING": "#2e7d32", "RESTORING": "#ef6c00", "REBALANCING": "#f9a825",
@@ -246,22 +247,10 @@ def render_store(m: DashboardModel) -> str:
     return _dash(f"{head}{t}{more}")
 
 
-def _forecast_for(fc_rows, task: str, source: str):
-    for r in fc_rows or []:
-        if task_id(r.get("task")) == task:
-            from kernel_ext.dashboard.model import _SCRATCH_COLS, _STANDBY_COLS, _first
-
-            if source in ("standby", "warmup"):
-                return _first(r, _STANDBY_COLS)
-            if source == "scratch":
-                return _first(r, _SCRATCH_COLS)
-    return None
-
-
-def render_restore_table(rnd, forecast_rows=None) -> str:
+def render_restore_table(rnd, forecast=None) -> str:
     """The rows of one restore round (also what the replay shows at its cursor)."""
     rows = rnd.ordered()
-    with_fc = bool(forecast_rows)
+    with_fc = bool(forecast and forecast.get("rows"))
     headers = ["task", "instance", "from", "progress", "replayed / to replay", "rate", "ETA", "status"]
     if with_fc:
         headers.insert(7, "forecast")
@@ -286,7 +275,7 @@ def render_restore_table(rnd, forecast_rows=None) -> str:
         line = [_e(r.task), fmt_num(r.instance), _e(r.source), bar, replayed, fmt_rate(r.rate), eta,
                 _e(r.label) + (f" <span title='{_e(r.error)}'>⚠</span>" if r.error else "")]
         if with_fc:
-            fc = _forecast_for(forecast_rows, r.task, r.source)
+            fc = forecast_seconds(forecast, r.task, r.source)
             line.insert(7, f"≈ {fmt_secs(fc)}" if fc is not None else "–")
         body.append(line)
         classes.append("dead" if r.status in ("failed", "interrupted") else "")
@@ -303,12 +292,16 @@ def render_forecast(m: DashboardModel) -> str:
         return ""
     lines = []
     for f in by:
-        sb = f" · {fmt_secs(f['standby_s'])} from its standbys" if f["standby_s"] is not None else ""
-        lines.append(f"<tr><td>instance {f['instance']}</td><td>≈ {fmt_secs(f['scratch_s'])} from scratch"
-                     f"{sb}</td><td class='l'>{_e(', '.join(t for t in f['tasks'] if t))}</td></tr>")
-    return (f"<div class='sk-fc'><b>Restore forecast</b><span class='sk-note'>if an instance died now "
-            f"(live keys in the compacted changelogs, measured apply rate)</span>"
-            f"<table class='sk'>{''.join(lines)}</table></div>")
+        if f["line"]:
+            lines.append(f"<li>{_e(f['line'])}</li>")
+            continue
+        sb = f", {fmt_secs(f['standby_s'])} from its standbys" if f["standby_s"] is not None else ""
+        lines.append(f"<li>if instance {f['instance']} died now: ≈ {fmt_secs(f['scratch_s'])} from scratch "
+                     f"for {_e(', '.join(t for t in f['tasks'] if t))}{sb}</li>")
+    when = time.strftime("%H:%M:%S", time.localtime(m.forecast_at)) if m.forecast_at else ""
+    return (f"<div class='sk-fc'><b>Restore forecast</b><span class='sk-note'>{when} · the records in "
+            f"the compacted changelogs at the rate restores run here</span>"
+            f"<ul style='margin:2px 0 0 0;padding-left:18px'>{''.join(lines)}</ul></div>")
 
 
 def render_restore(m: DashboardModel) -> str:
@@ -335,11 +328,11 @@ def render_restore(m: DashboardModel) -> str:
     if s is not None:
         extra = ""
         if fc_before and s.restored_tasks:
-            fcs = [_forecast_for(fc_before[1], task, r.source) for task, r in rnd.rows.items()
+            fcs = [forecast_seconds(fc_before[1], task, r.source) for task, r in rnd.rows.items()
                    if r.status == "done" and r.restored]
             fcs = [x for x in fcs if x is not None]
             if fcs:
-                extra = f" · forecast before the round: ≈ {fmt_secs(sum(fcs))} of restore work"
+                extra = f" · forecast before: ≈ {fmt_secs(sum(fcs))} of replay"
         summary = f"<div class='sk-sum'>✔ {_e(s.line())}{_e(extra)}</div>"
     fc = render_forecast(m) if rnd.final else ""
     return _dash(f"{head}<span class='sk-note'>{_e(note)}</span></div>{t}{summary}{fc}")
@@ -819,8 +812,8 @@ class LiveDashboard:
         self.feed = EventFeed(app)
         # changelog figures scan the broker's segments: every few seconds, not every refresh
         self.changelog_fn = Throttled(changelog_fn, heavy_interval) if changelog_fn is not None else None
-        fc = getattr(app, "restore_forecast", None)
-        self.forecast_fn = Throttled(fc, heavy_interval) if callable(fc) else None
+        fc = getattr(app, "restore_forecast", None)   # reads the changelogs' figures: every 15 s
+        self.forecast_fn = Throttled(lambda: forecast_data(fc()), 3 * heavy_interval) if callable(fc) else None
         self.store_cache = StoreCache()  # a store is read again only after a commit
         self.stores = stores
         self.max_rows = max_rows
@@ -849,7 +842,8 @@ class LiveDashboard:
         t0 = time.perf_counter()
         c0 = time.thread_time()
         snap = collect(self.app, stores=self.stores, max_rows=self.max_rows, events=self.feed,
-                       changelog=self.changelog_fn, cache=self.store_cache, forecast=self.forecast_fn)
+                       changelog=self.changelog_fn, cache=self.store_cache,
+                       forecast=None if self.model.restoring else self.forecast_fn)
         self.model.update(snap)
         if self.view is not None:
             self.view.render(self.model)

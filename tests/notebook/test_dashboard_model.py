@@ -290,21 +290,34 @@ def test_instances_rates_and_task_chips():
 
 
 def test_forecast_by_instance_and_before_a_round():
-    rows = [{"task": "0_0", "instance": 0, "scratch_s": 2.0, "standby_s": 0.1},
-            {"task": "0_1", "instance": 0, "scratch_s": 1.5, "standby_s": None},
-            {"task": "0_2", "instance": 1, "scratch_s": 3.0}]
-    assert forecast_by_instance(rows) == [
-        {"instance": 0, "tasks": ["0_0", "0_1"], "scratch_s": 3.5, "standby_s": 0.1},
-        {"instance": 1, "tasks": ["0_2"], "scratch_s": 3.0, "standby_s": None}]
+    from kernel_ext.dashboard.model import forecast_data, forecast_seconds
+
+    class Forecast:  # App.restore_forecast()'s shape: a frame and a line per instance
+        frame = [{"task": "0_0", "instance": 0, "source": "scratch", "records": 100, "seconds": 2.0},
+                 {"task": "0_0", "instance": 0, "source": "standby", "records": 3, "seconds": 0.1},
+                 {"task": "0_0", "instance": 0, "source": "warmup", "records": 9, "seconds": 0.3},
+                 {"task": "0_1", "instance": 0, "source": "scratch", "records": 80, "seconds": 1.5},
+                 {"task": "0_2", "instance": 1, "source": "scratch", "records": 150, "seconds": 3.0},
+                 {"task": "0_2", "instance": 1, "source": "checkpoint", "records": 0, "seconds": 0.0}]
+        lines = {0: "if instance 0 died now: ≈ 3.5 s from scratch", 1: "if instance 1 died now: ≈ 3.0 s"}
+
+    fc = forecast_data(Forecast())
+    assert forecast_by_instance(fc) == [
+        {"instance": 0, "tasks": ["0_0", "0_1"], "scratch_s": 3.5, "standby_s": 0.1,
+         "line": "if instance 0 died now: ≈ 3.5 s from scratch"},
+        {"instance": 1, "tasks": ["0_2"], "scratch_s": 3.0, "standby_s": None,
+         "line": "if instance 1 died now: ≈ 3.0 s"}]
+    assert [forecast_seconds(fc, "0_0", s) for s in ("scratch", "standby", "checkpoint")] == [2.0, 0.1, None]
     E = Events()
     m = DashboardModel()
-    m.update(Snapshot(t=1.0, forecast=rows))
-    m.update(Snapshot(t=2.0, forecast=[{"task": "0_0", "instance": 0, "scratch_s": 9.0}],
+    m.update(Snapshot(t=1.0, forecast=fc))
+    later = forecast_data(Forecast())
+    m.update(Snapshot(t=2.0, forecast=later,
                       events=[E(ev.RestoreQueued, 2.0, task="0_0", instance=1, to_replay=5, generation=2)]))
     # the forecast made before the round is kept with it; a newer one is not taken while restoring
-    assert m.round_forecast() == (1.0, rows)
-    m.update(Snapshot(t=3.0, forecast=[{"task": "0_0", "instance": 1, "scratch_s": 7.0}]))
-    assert m.forecast == rows
+    assert m.round_forecast() == (1.0, fc) and m.round_forecast()[1] is fc
+    m.update(Snapshot(t=3.0, forecast=forecast_data(Forecast())))
+    assert m.forecast is fc
 
 
 def test_changelog_rows_match_store_and_task_partition():

@@ -246,3 +246,24 @@ def test_an_app_without_events_or_instances_still_gets_a_dashboard():
     assert "state rows (Spark)" in v.header.value and ">0_0<" in v.tasks.value
     assert v.instances.layout.display == "none" and v.ownership_box.layout.display == "none"
     assert "restores inside Spark" in v.restore.value and "restore_report()" in v.restore.value
+
+
+def test_the_forecast_before_a_restore_is_shown_and_then_beside_it():
+    class Forecast:
+        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10, "seconds": 0.25}])
+        lines = {0: "if instance 0 died now: ≈ 250 ms from scratch for 0_0 (10 records)"}
+
+    app = FakeApp()
+    app._events = []
+    app.restore_forecast = lambda: Forecast()
+    d = LiveDashboard(app, interval=0.1)
+    d.refresh()
+    assert "Restore forecast" in d.view.restore.value
+    assert "if instance 0 died now: ≈ 250 ms from scratch for 0_0 (10 records)" in html.unescape(d.view.restore.value)
+    for e in _events():
+        app.push(e)
+    d.refresh()
+    v = html.unescape(d.view.restore.value)
+    assert "<th class='' title='the restore forecast made before this round began'>forecast</th>" in \
+        d.view.restore.value
+    assert "≈ 0.2 s" in v and "forecast before: ≈ 0.2 s of replay" in v
