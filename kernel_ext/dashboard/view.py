@@ -228,9 +228,12 @@ def render_store(m: DashboardModel) -> str:
     rows = m.store_rows()
     total = len(m.snapshot.stores.get(store, {})) if m.snapshot and store else 0
     changed = m.changed_count(store)
+    held = sum(r["rows"] or 0 for r in (m.snapshot.tasks if m.snapshot else [])
+               if r["role"] == "active" and r["store"] == store)
+    of = f" of {fmt_num(held)}" if held > total else ""
     head = (f"<div class='sk-h'>Store <code>{_e(store or '–')}</code>"
-            f"<span class='sk-note'>{fmt_num(total)} rows read · {changed} changed since last refresh · "
-            f"top {m.top_k} by {m.sort_by}</span></div>")
+            f"<span class='sk-note'>{fmt_num(total)} rows read{of} · {changed} changed since last refresh · "
+            f"top {m.top_k} by {m.sort_by}{' among them' if of else ''}</span></div>")
     if not rows:
         return _dash(f"{head}<div class='sk-empty'>no rows yet</div>")
     body = [[_fmt_key(r.key), _fmt_value(r.value), {"new": "new", "changed": "changed"}.get(r.status, "")]
