@@ -7,7 +7,7 @@ STAMP := $(VENV)/.statekit-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: lab demo test test-slow test-native test-browser bench java clean venv
+.PHONY: lab demo test test-slow test-native test-cluster test-browser bench java clean venv
 
 venv: $(STAMP)
 
@@ -34,6 +34,9 @@ test: $(STAMP) java
 
 test-native: $(STAMP) java
 	$(PY) -m pytest -m "native" -q
+
+test-cluster: $(STAMP) java
+	$(PY) -m pytest -m "cluster" -q -s
 
 test-slow: $(STAMP) java
 	$(PY) -m pytest -m "slow" -q

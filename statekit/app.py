@@ -62,6 +62,10 @@ def _progress_dict(p) -> dict:
     return {}
 
 
+def engine_is_local(engine) -> bool:
+    return isinstance(engine, str) and engine == "local"
+
+
 def _active(q) -> bool:
     try:
         return bool(q.is_active)
@@ -81,14 +85,33 @@ class App:
     of every micro-batch, so it is the default micro-batch trigger (``start(trigger=...)`` overrides
     it). ``acceptable_recovery_lag``, ``max_warmup_replicas`` and ``probing_rebalance_interval``
     (seconds) are Kafka Streams' high-availability assignment settings. ``restore_rate``
-    (records/s) holds every restore to that pace, so that it lasts long enough to watch."""
+    (records/s) holds every restore to that pace, so that it lasts long enough to watch.
+
+    ``processing_guarantee``: ``"exactly_once"`` (the default: each task's commit of a micro-batch —
+    changelog records, commit markers, sink and repartition records — is one Kafka transaction, so
+    a read_committed consumer sees every output once, whatever crashes) or ``"at_least_once"``
+    (no transactions: a crash may repeat a batch's output). Against a broker without transactions
+    the app says so once and runs at-least-once.
+
+    Spark (docs/ARCHITECTURE.md, "Running on a cluster"): ``spark`` is a SparkSession to use (a
+    cluster's, a managed notebook's; statekit leaves it running at ``stop()``), else statekit's
+    own (master ``$STATEKIT_SPARK_MASTER``, default ``local[2]``). ``placement``: ``"instances"``
+    (instance processes beside the driver), ``"executors"`` (tasks run in Spark's Python workers on
+    the executors, state on their local disks, queries on the driver's query replicas) or
+    ``"auto"`` (executors when the master is not local). ``checkpoint_location``: where the Spark
+    checkpoint goes (a shared path or an object store URI; required on a cluster).
+    ``executor_state_dir``: the tasks' state root on every executor host (default
+    ``$STATEKIT_EXECUTOR_STATE_DIR``, else under Spark's local dirs)."""
 
     def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: int = 4,
                  instances: int = 1, standby_replicas: int = 0, state_dir: Optional[str] = None,
                  commit_interval: Optional[float] = None, cache_bytes: int = 10 << 20,
                  engine: Any = "changelog", acceptable_recovery_lag: int = 10_000,
                  max_warmup_replicas: int = 2, probing_rebalance_interval: float = 10.0,
-                 restore_rate: Optional[float] = None):
+                 restore_rate: Optional[float] = None,
+                 processing_guarantee: str = "exactly_once", spark: Any = None,
+                 placement: str = "auto", checkpoint_location: Optional[str] = None,
+                 executor_state_dir: Optional[str] = None):
         if not name or any(c in name for c in "/\\ "):
             raise StatekitError(f"app name {name!r} must be a non-empty word (it prefixes topic names)")
         for what, v, low in (("partitions", partitions, 1), ("instances", instances, 1),
@@ -109,6 +132,10 @@ class App:
         if isinstance(engine, str) and engine not in ENGINES:
             raise StatekitError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)} "
                                 f"(or statekit.NativeApp for Spark's own state store)")
+        if processing_guarantee not in ("exactly_once", "at_least_once"):
+            raise StatekitError(f"processing_guarantee must be 'exactly_once' or 'at_least_once', "
+                                f"not {processing_guarantee!r}")
+        self.processing_guarantee = processing_guarantee
         self.name = name
         self.partitions = int(partitions)
         self.initial_instances = int(instances)
@@ -126,6 +153,8 @@ class App:
         self._bootstrap_arg = bootstrap
         self._bootstrap: Optional[str] = None
         self._kafka = None
+        self._txn_support: Optional[bool] = None
+        self._init_placement(spark, placement, checkpoint_location, executor_state_dir)
 
         from statekit.topology import TopologyBuilder
 
@@ -176,6 +205,13 @@ class App:
         if builder is not None and hasattr(builder, item):
             return getattr(builder, item)
         raise AttributeError(f"'App' object has no attribute {item!r}")
+
+    def validate(self) -> "App":
+        """Compile the topology and check its source topics now (what ``start()`` would refuse,
+        refused here, in one line): ``%%statekit app`` calls it when the cell runs."""
+        self._set_plan(self._compile())
+        self.check_topics()
+        return self
 
     def describe(self):
         """The topology graph (nodes and edges): ``Plan.describe()``."""
@@ -360,9 +396,7 @@ class App:
         if not isinstance(e, str):
             self._engine = e
         elif e == "changelog":
-            from statekit.engine.spark import SparkEngine
-
-            self._engine = SparkEngine()
+            self._engine = self._spark_engine()
         else:
             from statekit.engine.local_stream import LocalStreamingEngine
 
@@ -374,8 +408,20 @@ class App:
 
         return WorkerSpec(application=self.name, bootstrap=self.bootstrap, plans=dict(self.subplans),
                           partitions=self.partitions, control_dir=self.layout.control_dir,
-                          cache_bytes=self.cache_bytes, sink=sink,
+                          cache_bytes=self.cache_bytes, sink=sink, exactly_once=self.exactly_once,
                           repartition_topics=tuple(getattr(self.plan, "repartition_topics", ()) or ()))
+
+    @property
+    def exactly_once(self) -> bool:
+        """Whether commits are transactions: asked for, and the broker has transactions."""
+        if self.processing_guarantee != "exactly_once":
+            return False
+        if self._txn_support is None:
+            self._txn_support = bool(self.kafka.supports_transactions())
+            if not self._txn_support:
+                log.warning("statekit: %s has no Kafka transactions; app '%s' runs at-least-once "
+                            "(a crash may repeat a micro-batch's output)", self.bootstrap, self.name)
+        return self._txn_support
 
     def _launch_queries(self) -> None:
         from statekit.engine.spec import RunSpec
@@ -389,11 +435,12 @@ class App:
                 continue
             run = RunSpec(app=self.name, bootstrap=self.bootstrap, plan=plan,
                           partitions=self.partitions,
-                          checkpoint_dir=self.layout.checkpoint_dir(sub),
+                          checkpoint_dir=self._checkpoint_dir(sub),
                           control_dir=self.layout.control_dir, subtopology=sub, trigger=trigger,
                           max_records_per_trigger=opts.get("max_records_per_trigger"),
                           starting_offsets=opts.get("starting_offsets") or "earliest",
-                          query_name=self.name if sub == 0 else f"{self.name}_{sub}")
+                          query_name=self.name if sub == 0 else f"{self.name}_{sub}",
+                          extra=self._run_extra())
             self.runs[sub] = run
             try:
                 self._queries[sub] = engine.start(run)
@@ -426,9 +473,7 @@ class App:
             self._start_events()
             self._error = None
             self._transition(AppState.RESTORING, "start")
-            self._coordinator = Coordinator(application=self.name, layout=self.layout, spec=spec,
-                                            tasks=self.tasks(), settings=self.settings,
-                                            publish=self._publish, on_change=self._on_membership)
+            self._coordinator = self._new_coordinator(spec, sink)
             try:
                 self._coordinator.start(self.initial_instances,
                                         options={"restore_rate": self.restore_rate})
@@ -521,6 +566,7 @@ class App:
                     except Exception as exc:  # noqa: BLE001
                         log.info("could not delete %s: %s", t, exc)
                 self._close_helpers()
+            self._reset_checkpoint_location()
             shutil.rmtree(self.layout.root, ignore_errors=True)
             self._coordinator = None
             return {"state_dir": self.layout.root, "topics": deleted_topics}
@@ -687,40 +733,52 @@ class App:
             time.sleep(0.05)
 
     def process_all_available(self, timeout: Optional[float] = None) -> bool:
-        """Block until every record available now is processed and committed by its task. Returns
-        True; False when no live instance can process (every instance is dead) or the time ran out
-        while tasks were still catching up. A failure raises its one-line error."""
+        """Block until every record available now is processed and committed by its task — through
+        every sub-topology: a round over the queries repeats until no repartition topic grew during
+        it. Returns True; False when no live instance can process (every instance is dead) or the
+        time ran out while tasks were still catching up. A failure raises its one-line error."""
         if not self._queries:
             if self.state == AppState.ERROR and self._error is not None:
                 raise self._error
             raise AppStateError(f"app '{self.name}' is {self.state}: nothing is running")
         t0 = time.monotonic()
-        for sub in sorted(self._queries):
-            q = self._queries.get(sub)
-            if q is None:
-                continue
-            left = None if timeout is None else max(1.0, timeout - (time.monotonic() - t0))
-            try:
-                if left is None:
-                    q.process_all_available()
-                else:
-                    q.process_all_available(timeout=left)
-            except Exception as exc:  # noqa: BLE001
-                if not _active(q):
-                    self._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
-                    if self.state == AppState.NOT_RUNNING:
-                        return True
-                    raise self._error or self._one_line(exc) from None
+
+        def left():
+            return None if timeout is None else max(1.0, timeout - (time.monotonic() - t0))
+
+        repart = list(getattr(self.plan, "repartition_topics", ()) or ())
+        while True:
+            before = self._topic_ends(repart)
+            for sub in sorted(self._queries):
+                q = self._queries.get(sub)
+                if q is None:
+                    continue
+                try:
+                    if timeout is None:
+                        q.process_all_available()
+                    else:
+                        q.process_all_available(timeout=left())
+                except Exception as exc:  # noqa: BLE001
+                    if not _active(q):
+                        self._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
+                        if self.state == AppState.NOT_RUNNING:
+                            return True
+                        raise self._error or self._one_line(exc) from None
+                    return False
+            if not self._wait_drained(left()):
+                if self.state == AppState.ERROR and isinstance(self._error, ProcessorError):
+                    raise self._error
                 return False
-        left = None if timeout is None else max(1.0, timeout - (time.monotonic() - t0))
-        if not self._wait_drained(left):
-            if self.state == AppState.ERROR and self._error is not None and \
-                    isinstance(self._error, ProcessorError):
-                raise self._error
-            return False
+            if self._topic_ends(repart) == before:
+                break
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                return False
         if self.state in (AppState.RESTORING, AppState.REBALANCING):
             self._transition(AppState.RUNNING, "caught up")
         return True
+
+    def _topic_ends(self, topics: list) -> dict:
+        return {t: self.kafka.end_offsets(t) for t in topics}
 
     def wait_until_idle(self, timeout: float = 60) -> bool:
         """``process_all_available`` with a timeout; True when idle, False otherwise."""
@@ -858,13 +916,21 @@ class App:
               timeout: float = 60) -> dict:
         """Crash an instance for real.
 
-        With ``after_records=n`` (or another ``point``: "before_send", "after_ack", "after_rocksdb",
+        With ``after_records=n`` (or another ``point``: "before_send", "before_commit" (the batch's
+        records are written, its transaction not committed), "after_ack", "after_rocksdb",
         "mid_restore"), write a crash directive: the first task of that instance that has processed
         ``n`` records of one batch (or reaches the commit or restore point) SIGKILLs its own
         instance. With ``after_records=None`` and ``point="records"`` the instance is killed now.
         ``mode="disk-loss"`` also deletes the instance's state directories once it is dead. The
         other instances take over its tasks; a one-instance app goes to ERROR until ``restart()``.
-        With ``wait`` a crash now returns when it is done. Returns the crash record."""
+        With ``wait`` a crash now returns when it is done. Returns the crash record.
+
+        With ``placement="executors"``, ``instance`` is an executor number (None: any), the modes
+        are "process" (the Python worker), "executor" (its executor JVM too) and "disk-loss" (and
+        the executor's state directory), and a crash "now" fires before the first record of the
+        next batch (docs/ARCHITECTURE.md, "Running on a cluster")."""
+        if self.placement == "executors" and self._coordinator is not None:
+            return self._crash_on_executors(mode, instance, after_records, point)
         if mode not in ("process", "disk-loss"):
             raise StatekitError(f"unknown crash mode {mode!r}; use 'process' or 'disk-loss'")
         if point not in crash_mod.POINTS:
@@ -991,6 +1057,8 @@ class App:
         co = self._coordinator
         if co is None:
             return lag_frame([])
+        if self.placement == "executors":
+            return lag_frame(co.lag_rows())
         return lag_frame(lag_rows(self.name, co.assignment, co.statuses(fresh=True), self.subplans,
                                   self.kafka, self.layout))
 
@@ -1023,7 +1091,9 @@ class App:
         from statekit.runtime.queries import QueryRouter
 
         if self._router is None:
-            self._router = QueryRouter(self)
+            co = self._coordinator
+            self._router = co.query_router(self) if self.placement == "executors" and co is not None \
+                else QueryRouter(self)
         return self._router
 
     def _close_router(self) -> None:
@@ -1158,6 +1228,100 @@ class App:
                 for e in self.events(types="task_opened") if (e.generation or 0) >= since_generation]
         return pd.DataFrame(rows, columns=["generation", "task", "instance", "source", "restored",
                                            "last_batch", "open_ms"])
+
+    # ------------------------------------------------------------------ Spark sessions and placement
+    def _init_placement(self, spark, placement: str, checkpoint_location, executor_state_dir) -> None:
+        from statekit.runtime.placement import check_placement
+
+        self._spark = spark
+        self._placement_arg = check_placement(placement)
+        self.placement = placement if placement != "auto" else None   # resolved by start()
+        self.checkpoint_location = checkpoint_location
+        self.executor_state_dir = executor_state_dir
+        self._placement_extra: dict = {}
+        if spark is not None and engine_is_local(self._engine_arg):
+            raise StatekitError("App(spark=...) runs on that session: use engine='changelog' "
+                                "(engine='local' runs without Spark)")
+
+    def _spark_engine(self):
+        if self._spark is not None:
+            from statekit.engine.spark.cluster import SessionEngine
+
+            return SessionEngine(self._spark)
+        from statekit.engine.spark import SparkEngine
+
+        return SparkEngine()
+
+    def _spark_master(self) -> Optional[str]:
+        """The master the queries will run on, without starting a session just to ask."""
+        if self._engine_arg != "changelog":
+            return None
+        from statekit.engine.spark.session import resolve_master, session_master
+
+        if self._spark is not None:
+            return session_master(self._spark)
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        return session_master(active) if active is not None else resolve_master()
+
+    def _new_coordinator(self, spec, sink: str):
+        """The control side for the resolved placement (instances: ``runtime.coordinator``;
+        executors: ``runtime.placement.ExecutorsCoordinator``)."""
+        from statekit.engine.spark.session import is_local_master
+        from statekit.runtime import placement as pl
+
+        master = self._spark_master()
+        self.placement = pl.resolve_placement(self._placement_arg, engine=self.engine_name,
+                                              master=master)
+        spark = None
+        if self._engine_arg == "changelog" and (self.placement == "executors" or
+                                                not is_local_master(master)):
+            spark = self._get_engine().session()
+        self._placement_extra = pl.prepare(
+            placement=self.placement, spark=spark, master=master, layout=self.layout,
+            bootstrap=self.bootstrap, sink=sink, checkpoint_location=self.checkpoint_location,
+            executor_state_dir=self.executor_state_dir)
+        if self.placement == "executors":
+            return pl.ExecutorsCoordinator(
+                application=self.name, layout=self.layout, spec=spec, tasks=self.tasks(),
+                extra=self._placement_extra, publish=self._publish, subscribe=self.on_event,
+                unsubscribe=lambda cb: cb in self._callbacks and self._callbacks.remove(cb),
+                generation=self.generation)
+        return Coordinator(application=self.name, layout=self.layout, spec=spec,
+                           tasks=self.tasks(), settings=self.settings,
+                           publish=self._publish, on_change=self._on_membership)
+
+    def _run_extra(self) -> dict:
+        co = self._coordinator
+        return co.run_extra() if self.placement == "executors" and co is not None else {}
+
+    def _checkpoint_dir(self, sub: int) -> str:
+        if self.checkpoint_location:
+            from statekit.engine.spark.cluster import join
+
+            return join(self.checkpoint_location, str(int(sub)))
+        return self.layout.checkpoint_dir(sub)
+
+    def _reset_checkpoint_location(self) -> None:
+        if not self.checkpoint_location:
+            return
+        from statekit.engine.spark.cluster import delete_checkpoint, is_remote_uri
+
+        spark = self._get_engine().session() if is_remote_uri(self.checkpoint_location) else None
+        for sub in self.subplans:
+            delete_checkpoint(spark, self._checkpoint_dir(sub))
+
+    def _crash_on_executors(self, mode, instance, after_records, point) -> dict:
+        co = self._require_started("crash")
+        if co.stopped:
+            raise AppStateError(f"app '{self.name}' is {self.state}: start() or restart() it before crash")
+        with self._lock:
+            self.cancel_crash()
+            rec = co.crash_directive(mode, instance, after_records, point)
+            self.crashes.append(rec)
+            self._crash = rec
+        return rec
 
     def __repr__(self) -> str:
         return (f"App({self.name!r}, state={self.state}, partitions={self.partitions}, "

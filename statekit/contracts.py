@@ -26,6 +26,10 @@ Directories under an application's state dir (``$STATEKIT_HOME/apps/<app>`` by d
       crash.json                 a pending crash directive
       spool/<task>/<batch>.arrow micro-batches a task received while it could not process them
       output/<task>/<batch>.bin  the memory sink: each task's outputs of each batch
+    deployment                   placement "executors": a random id in the executors' state paths
+    query-replicas/<app>/<task>/ placement "executors": the driver's query replica of a task
+    executors/<deployment>/<app>/<task>/  placement "executors" on a local master: the tasks' state
+                                 (on a cluster it is on each executor's disk: engine.spark.executors)
 """
 from __future__ import annotations
 

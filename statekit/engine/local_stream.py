@@ -233,7 +233,7 @@ class LocalQuery:
         """Offset ranges of the next batch (empty when there is no new data)."""
         ranges = {}
         for topic in self._topics():
-            ends = self._kafka.end_offsets(topic)
+            ends = self._kafka.end_offsets(topic, None, self.run.isolation)
             begins = None
             for p, e in ends.items():
                 s = start.get((topic, p))
@@ -355,7 +355,7 @@ class LocalQuery:
         for (topic, p), (s, e) in sorted(ranges.items()):
             if e <= s:
                 continue
-            for chunk in self._kafka.read(topic, p, s, e):
+            for chunk in self._kafka.read(topic, p, s, e, isolation=self.run.isolation):
                 for off, ts, kb, vb, _h in chunk.records:
                     if off >= e:
                         break

@@ -31,5 +31,7 @@ class RunSpec:
     #                                          write their outputs); "memory" | "kafka" for native
     memory_table: str | None = None          # the native engine's memory table (default `<app>_output`)
     query_name: str | None = None            # Spark query name (default: `<app>`)
+    isolation: str = "read_committed"        # how sources are read (Kafka's isolation.level): an
+    #                                          upstream sub-topology's aborted output never counts
     events: bool = True                      # engine-side events (a batch spooled for a dead owner)
     extra: dict = field(default_factory=dict)

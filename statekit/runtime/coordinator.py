@@ -310,7 +310,10 @@ class Coordinator:
         leaving_done = [m for m in self.members.values()
                         if m.status == "leaving" and not self.assignment.active_tasks(m.instance)]
         for m in leaving_done:
-            self._leave(m)
+            try:
+                self._leave(m)
+            except MembershipError as exc:   # the one who asked hears it from remove_instance
+                m.history.append({"refused_leave": str(exc), "at": time.time()})
         if caught:
             self._rebalance("probing rebalance: a warmup caught up", lags=lags)
         elif self.assignment.warmups or any(m.status == "leaving" for m in self.members.values()):
@@ -522,6 +525,9 @@ class Coordinator:
             with self._lock:
                 if m.status == "stopped" or not m.live:
                     return
+                if m.status == "alive":   # it stayed: every other instance died meanwhile
+                    raise MembershipError(f"instance {m.instance} did not leave: every other "
+                                          f"instance died meanwhile, and an application needs one")
             time.sleep(0.05)
         with self._lock:   # warmups did not catch up in time: move the rest now
             if m.live:
@@ -529,7 +535,13 @@ class Coordinator:
 
     def _leave(self, m: Member) -> None:
         """Stop a leaving instance (it closes its tasks and replicas), then rebalance without it.
-        Tasks it still held (its warmups did not catch up in time) open elsewhere."""
+        Tasks it still held (its warmups did not catch up in time) open elsewhere. When every other
+        instance died meanwhile it stays: it is the last one."""
+        if not [i for i in self.live() if i != m.instance]:
+            m.status = "alive"
+            self._rebalance(f"instance {m.instance} stays: it is the last live instance")
+            raise MembershipError(f"instance {m.instance} did not leave: every other instance died "
+                                  f"meanwhile, and an application needs one")
         try:
             self._call(m, "stop", timeout=60)
         except InstanceUnreachable:

@@ -17,15 +17,19 @@ the mode from ``STATEKIT_CRASH_MODE`` (or ``mode=``):
 
 Points: ``before_send`` (cache flushed, nothing sent), ``mid_send`` (half of the first store's
 changelog records reached the log, its marker did not: an uncommitted tail), ``between_stores`` (one store's changelog
-records and marker acked, the next store's not sent), ``after_ack`` (every marker acked, RocksDB not
-written), ``after_rocksdb`` (RocksDB written, checkpoint not), ``mid_restore``.
+records and marker acked, the next store's not sent), ``before_commit`` (every record and marker
+acked; with exactly-once, the transaction not committed yet, so a crash here leaves one for the next
+owner to abort), ``after_ack`` (every marker acked and, with exactly-once, the transaction
+committed; RocksDB not written), ``after_rocksdb`` (RocksDB written, checkpoint not),
+``mid_restore``.
 """
 from __future__ import annotations
 
 import os
 import signal
 
-POINTS = ("before_send", "mid_send", "between_stores", "after_ack", "after_rocksdb", "mid_restore")
+POINTS = ("before_send", "mid_send", "between_stores", "before_commit", "after_ack", "after_rocksdb",
+          "mid_restore")
 
 
 class SimulatedCrash(BaseException):

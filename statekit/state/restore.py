@@ -40,6 +40,9 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 MARKER_KEY = b"__statekit.commit__"
+# every changelog reader reads committed: with exactly-once commits a crashed attempt's records
+# (and its commit markers) are in an aborted transaction; without transactions this reads the same
+COMMITTED = "read_committed"
 BATCH_HEADER = "statekit.batch"
 MARKER_HEADER = "statekit.marker"
 NO_BATCH = -1
@@ -180,6 +183,12 @@ class StoreReplay:
         self.records_read += len(offsets)
         if next_offset is not None:
             self.position = next_offset
+            if not self._segments and next_offset > self.group_start:
+                # nothing since the last marker but offsets without records (a transaction's
+                # control marker, a compaction gap): replaying from past them is as safe
+                self.group_start = next_offset
+                if not self._held_keys:
+                    self.safe_offset = self.held_safe = next_offset
         elif offsets:
             self.position = offsets[-1] + 1
         self.records_applied += len(out_k)
@@ -399,7 +408,7 @@ def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, cras
             if pacer is not None:
                 pacer.start()
             reader = kafka.read(topic, partition, start, end, columns=True,
-                                max_bytes=max_bytes or RESTORE_FETCH_BYTES)
+                                max_bytes=max_bytes or RESTORE_FETCH_BYTES, isolation=COMMITTED)
             mk = meta_key(store)
             try:
                 for chunk in reader:

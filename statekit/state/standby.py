@@ -19,7 +19,7 @@ import time
 
 from statekit.errors import StatekitError, UnknownTopic
 from statekit.state import checkpoint as ckpt
-from statekit.state.restore import NO_BATCH, StoreReplay, meta_key
+from statekit.state.restore import COMMITTED, NO_BATCH, StoreReplay, meta_key
 from statekit.state.task import _Lock, changelog_topic, task_dir_for
 
 log = logging.getLogger("statekit.state")
@@ -110,7 +110,7 @@ class StandbyReplica:
                 lso = k.begin_offsets(topic, [self.partition])[self.partition]
                 rp.position = rp.safe_offset = rp.group_start = rp.held_safe = lso
             chunk = k.fetch(topic, self.partition, rp.position, max_wait_ms=0,
-                            max_bytes=self.fetch_max_bytes, columns=True)
+                            max_bytes=self.fetch_max_bytes, isolation=COMMITTED, columns=True)
             n = len(chunk)
             if n or chunk.next_offset != rp.position:
                 keys, values = rp.feed_columns(chunk.columns, chunk.next_offset)
@@ -149,7 +149,7 @@ class StandbyReplica:
         for name, rp in self.replays.items():
             try:
                 end = self._query.end_offsets(changelog_topic(self.application, name),
-                                              [self.partition])[self.partition]
+                                              [self.partition], COMMITTED)[self.partition]
             except UnknownTopic:
                 continue
             total += max(0, end - max(rp.safe_offset, 0))

@@ -45,7 +45,7 @@ from statekit import contracts
 from statekit.errors import CorruptState, StatekitError, StateLocked, UnknownTopic
 from statekit.state import checkpoint as ckpt
 from statekit.state.crash import CrashPlan, SimulatedCrash
-from statekit.state.restore import (BATCH_HEADER, MARKER_HEADER, MARKER_KEY, NO_BATCH,
+from statekit.state.restore import (BATCH_HEADER, COMMITTED, MARKER_HEADER, MARKER_KEY, NO_BATCH,
                                     RestoreMetrics, check_rate, meta_key, restore_stores)
 
 log = logging.getLogger("statekit.state")
@@ -178,8 +178,11 @@ class TaskState:
                  cache_bytes: int = 10 * 1024 * 1024, crash=None, crash_mode: str | None = None,
                  listener=None, warn: Callable[[str], None] | None = None,
                  fetch_max_bytes: int | None = None, topic_configs: dict | None = None,
-                 restore: bool = True, restore_rate: float | None = None):
+                 restore: bool = True, restore_rate: float | None = None, producer=None):
         self.restore_rate = check_rate(restore_rate)  # bad input: one line, before anything opens
+        # a transactional producer (statekit.kafka.TransactionalProducer): each commit is one
+        # Kafka transaction; created before the restore, it has aborted what a dead owner left open
+        self.producer = producer
         self.application = application
         # a contracts.TaskId (sub-topology, partition), or a bare partition
         self.task_id = task_id if isinstance(task_id, contracts.TaskId) else int(task_id)
@@ -290,7 +293,7 @@ class TaskState:
         # round trip. A missing topic or partition answers UnknownTopic: then look (Metadata for
         # this task's changelogs only) and ask again for the ones that exist.
         try:
-            offs = self.kafka.offsets_many([self.topic(n) for n in present], self.partition)
+            offs = self.kafka.offsets_many([self.topic(n) for n in present], self.partition, COMMITTED)
         except UnknownTopic:
             existing = self.kafka.partition_counts(self.topic(n) for n in present)
             present = []
@@ -304,7 +307,7 @@ class TaskState:
                                         f"{self.task_id} needs partition {self.partition}: the "
                                         f"number of tasks changed; reset the application's state")
                 present.append(spec.name)
-            offs = self.kafka.offsets_many([self.topic(n) for n in present], self.partition)
+            offs = self.kafka.offsets_many([self.topic(n) for n in present], self.partition, COMMITTED)
         for name in present:
             begins[name], ends[name] = offs[self.topic(name)]
 
@@ -513,7 +516,14 @@ class TaskState:
             # 1. caches -> sink
             self.db.flush()
             crash.hit("before_send", b)
-            # 2. changelog records + one marker per store, acked
+            # 2. changelog records + one marker per store, acked (one Kafka transaction with a
+            #    producer: nothing of the batch is visible to read_committed readers before step 2
+            #    ends, and a crash before then leaves a transaction the next owner aborts)
+            txp = self.producer
+            send_many = txp.send_many if txp is not None else self.kafka.send_many
+            after = 2 if txp is not None else 1   # a transaction's end takes an offset: its marker
+            if txp is not None:
+                txp.begin()
             offsets, counts = {}, {}
             extra = [x for x in extra if x[2]]
             together = ((len(self.logged_specs) > 1 or extra) and not _armed(crash, "between_stores", b)
@@ -524,14 +534,14 @@ class TaskState:
                 # smallest committed batch, exactly as for a kill between sequential sends)
                 names = [spec.name for spec in self.logged_specs]
                 recs = {n: self.sink.take(n) for n in names}
-                lasts = self.kafka.send_many(
+                lasts = send_many(
                     extra + [(self.topic(n), self.partition, self._changelog_records(recs[n], b))
                              for n in names])
                 for n, last in zip(names, lasts[len(extra):]):
                     counts[n] = len(recs[n])
-                    offsets[n] = last + 1
+                    offsets[n] = last + after
             elif extra:
-                self.kafka.send_many(extra)
+                send_many(extra)
             for i, spec in enumerate(self.logged_specs if not together else ()):
                 if i:
                     crash.hit("between_stores", b)
@@ -541,11 +551,16 @@ class TaskState:
                     part = recs[: max(1, len(recs) // 2)] if recs else []
                     bh = [(BATCH_HEADER, str(b).encode())]
                     if part:
-                        self.kafka.send(self.topic(spec.name), self.partition,
-                                        [(k, v, bh) for k, v in part])
+                        send_many([(self.topic(spec.name), self.partition,
+                                    [(k, v, bh) for k, v in part])])
                     crash.hit("mid_send", b)
                 counts[spec.name] = len(recs)
-                offsets[spec.name] = self._send_store(spec.name, recs, b) + 1
+                last = send_many([(self.topic(spec.name), self.partition,
+                                   self._changelog_records(recs, b))])[0]
+                offsets[spec.name] = last + after
+            crash.hit("before_commit", b)
+            if txp is not None:
+                txp.commit()
             crash.hit("after_ack", b)
             # 3. one RocksDB WriteBatch: data + meta
             meta = {"batch": b}
@@ -559,6 +574,11 @@ class TaskState:
         except BaseException:
             # the batch failed: drop its writes; Spark replays it (same id, same values)
             self.abort()
+            if self.producer is not None:
+                try:
+                    self.producer.abort()
+                except StatekitError:
+                    pass   # fenced or gone: whoever owns the task now aborted it
             raise
         # 4. checkpoint
         self._write_checkpoint(meta)
@@ -576,7 +596,8 @@ class TaskState:
         out = {}
         for spec in self.logged_specs:
             m = meta.get(meta_key(spec.name), {"offset": 0})
-            end = self.kafka.end_offsets(self.topic(spec.name), [self.partition])[self.partition]
+            end = self.kafka.end_offsets(self.topic(spec.name), [self.partition],
+                                         COMMITTED)[self.partition]
             out[spec.name] = max(0, end - m["offset"])
         return out
 

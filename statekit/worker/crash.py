@@ -5,8 +5,9 @@ The App (``App.crash``) writes ``<control_dir>/crash.json``::
     {"id": "<hex>", "instance": 1, "point": "records", "after_records": 25, "mode": "process"}
 
 ``point`` is one of ``records`` (after the task has processed ``after_records`` records of a batch),
-``before_send`` (commit step 2, before the changelog records go out), ``after_ack`` (the changelog is
-acknowledged, RocksDB not yet written), ``after_rocksdb`` (RocksDB written, checkpoint file not yet),
+``before_send`` (commit step 2, before the changelog records go out), ``before_commit`` (they are
+acknowledged, the batch's transaction not committed), ``after_ack`` (acknowledged and committed,
+RocksDB not yet written), ``after_rocksdb`` (RocksDB written, checkpoint file not yet),
 ``mid_restore`` (while restoring). ``instance`` None matches any instance.
 
 The worker side (``claim``, called by a task at each point): the first task on a matching instance
@@ -26,10 +27,10 @@ from typing import Optional
 
 __all__ = [
     "POINTS", "DIRECTIVE", "write_directive", "read_directive", "clear", "claimed", "claim",
-    "maybe_crash", "die",
+    "maybe_crash", "die", "on_death",
 ]
 
-POINTS = ("records", "before_send", "after_ack", "after_rocksdb", "mid_restore")
+POINTS = ("records", "before_send", "before_commit", "after_ack", "after_rocksdb", "mid_restore")
 DIRECTIVE = "crash.json"
 
 
@@ -141,8 +142,24 @@ def claim(control_dir: str, instance: Optional[int], point: str, records: Option
     return d
 
 
-def die() -> None:  # pragma: no cover - the process ends here
+_DEATH = None
+
+
+def on_death(fn) -> None:
+    """How this process dies when it claims a directive: ``fn(directive)`` runs first (a Spark
+    Python worker on an executor takes its executor, and for disk-loss the executor's state
+    directory, with it: ``statekit.engine.spark.executors``); then the process SIGKILLs itself."""
+    global _DEATH
+    _DEATH = fn
+
+
+def die(directive: Optional[dict] = None) -> None:  # pragma: no cover - the process ends here
     """A real, uncatchable death: no finally blocks, no atexit, no RocksDB close."""
+    if _DEATH is not None and directive is not None:
+        try:
+            _DEATH(directive)
+        except Exception:  # noqa: BLE001 - dying is what matters
+            pass
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)
 

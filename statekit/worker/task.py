@@ -56,6 +56,11 @@ def is_task_store(name: str) -> bool:
     return name == "_task" or (name.startswith("_task") and name[5:].isdigit())
 
 
+def transactional_id(application: str, task) -> str:
+    """A task's Kafka ``transactional.id``: one per task, so a new owner fences the old one."""
+    return f"{application}-{task}"
+
+
 def _needs_task_store(plan) -> bool:
     need = getattr(plan, "needs_task_store", None)
     return bool(need) if need is not None else bool(getattr(plan, "has_windows", False))
@@ -84,6 +89,8 @@ class WorkerSpec:
     cache_bytes: int = 10 << 20
     sink: str = "memory"                 # memory | kafka | none: where the plans' sink topics go
     repartition_topics: tuple = ()       # always written to Kafka
+    exactly_once: bool = False           # every commit one Kafka transaction (transactional.id
+    #                                      "<app>-<task>"); else at-least-once output
     events: bool = True
     extra: dict = field(default_factory=dict)
 
@@ -147,7 +154,7 @@ def _crash_hooks(control_dir, instance, task, publish):
                                             mode=d.get("mode", "process"), directive=d.get("id", ""),
                                             batch=self.batch, records=records))
                 finally:
-                    crash_mod.die()
+                    crash_mod.die(d)
 
             def hit(self, point: str, n: Optional[int] = None) -> None:
                 self.check(point, self.records)
@@ -327,11 +334,27 @@ class StreamTask:
         t0 = time.perf_counter()
         self.notices: list = []
         listener = _RestoreEvents(publish, self.task, instance, source, restore_rate, cancel)
-        self.state = TaskState(spec.application, self.task, store_specs(self.plan, self.task.subtopology),
-                               state_dir=state_dir, kafka=kafka, bootstrap=spec.bootstrap,
-                               num_tasks=spec.partitions, cache_bytes=spec.cache_bytes,
-                               crash=self.crash, listener=listener, warn=self.notices.append,
-                               restore_rate=restore_rate)
+        self._own_kafka = None
+        self.producer = None
+        if kafka is None:
+            from statekit.kafka import Kafka
+
+            kafka = self._own_kafka = Kafka(spec.bootstrap)
+        try:
+            if spec.exactly_once:
+                # before the restore: it fences a previous owner and aborts what it left open, so
+                # the restore reads up to the end of the changelog
+                self.producer = kafka.transactional_producer(transactional_id(spec.application,
+                                                                              self.task))
+            self.state = TaskState(spec.application, self.task,
+                                   store_specs(self.plan, self.task.subtopology),
+                                   state_dir=state_dir, kafka=kafka, num_tasks=spec.partitions,
+                                   cache_bytes=spec.cache_bytes, crash=self.crash, listener=listener,
+                                   warn=self.notices.append, restore_rate=restore_rate,
+                                   producer=self.producer)
+        except BaseException:
+            self._release()
+            raise
         self.open_ms = (time.perf_counter() - t0) * 1000.0
         self.source = source if self.state.replayed_from != "scratch" else "scratch"
         restored = 0
@@ -469,14 +492,27 @@ class StreamTask:
         return {s.name: (meta.get(meta_key(s.name)) or {}).get("offset")
                 for s in self.state.logged_specs}
 
+    def _release(self) -> None:
+        p, self.producer = self.producer, None
+        if p is not None:
+            try:
+                p.close()
+            except Exception:  # noqa: BLE001 - fenced or gone: nothing left to release
+                pass
+        k, self._own_kafka = self._own_kafka, None
+        if k is not None:
+            k.close()
+
     def close(self, reason: str = "revoked") -> None:
         if self.state.closed:
             return
         self.state.close()
+        self._release()
         self.publish(ev.TaskClosed(task=str(self.task), instance=self.instance, reason=reason))
 
     def abandon(self) -> None:
         self.state.abandon()
+        self._release()
 
 
 def run_task_batch(spec: WorkerSpec, task, batch_id: int, records, *, state_dir: str,

@@ -1,6 +1,7 @@
 """The per-record StoreReplay as it was before the run-based fast path: the reference model the
 fast path is checked against (tests/state/test_state_fastpath.py). Kept verbatim apart from
-its name; do not optimise it."""
+its name and one rule added since, in both (offsets without records after a marker — a
+transaction's control marker — move the safe offset); do not optimise it."""
 from __future__ import annotations
 
 from statekit.state.restore import (BATCH_HEADER, MARKER_KEY, NO_BATCH, _is_marker,
@@ -43,6 +44,10 @@ class ReferenceReplay:
         self.records_read += len(records)
         if next_offset is not None:
             self.position = next_offset
+            if not self.pending and next_offset > self.group_start:
+                self.group_start = next_offset
+                if not self.held:
+                    self.safe_offset = self.held_safe = next_offset
         elif records:
             self.position = records[-1][0] + 1
         self.records_applied += len(out)

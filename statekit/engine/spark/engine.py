@@ -136,7 +136,11 @@ def make_stage2(run: RunSpec):
     """Stage 2 (mapInArrow; one Spark partition = one task): the task's records of the micro-batch,
     sorted by (timestamp, source_index, src_partition, offset, seq), handed to the instance that owns
     the task (`statekit.worker.router.deliver`). The instance writes the outputs; nothing comes back
-    to Spark."""
+    to Spark. With the ``executors`` placement the task runs here instead (`engine.spark.executors`)."""
+    if run.extra.get("placement") == "executors":
+        from statekit.engine.spark.executors import make_executor_stage2
+
+        return make_executor_stage2(run)
     control_dir, sub = run.control_dir, int(run.subtopology)
     app, bootstrap, events = run.app, run.bootstrap, run.events
 
@@ -408,7 +412,8 @@ class SparkEngine:
         r = (spark.readStream.format("statekit-kafka")
              .option("bootstrap", run.bootstrap)
              .option("topics", ",".join(dict.fromkeys(source_topics(run.plan))))
-             .option("startingOffsets", run.starting_offsets))
+             .option("startingOffsets", run.starting_offsets)
+             .option("isolation.level", run.isolation))
         if run.max_records_per_trigger:
             r = r.option("maxRecordsPerTrigger", str(int(run.max_records_per_trigger)))
         return r.load()

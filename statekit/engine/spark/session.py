@@ -7,6 +7,10 @@
   console: a person sees one line (`statekit.errors.StatekitError`), not a Java stack trace.
 - `PYSPARK_PYTHON` is this interpreter, or Python workers fail to connect back.
 - An active session is reused (with the `statekit-kafka` data source registered on it).
+- The master: `get_session(master=...)`, else `STATEKIT_SPARK_MASTER`, else `local[2]`. A cluster
+  master (`spark://HOST:7077`, `yarn`, `k8s://...`) gets Spark's task retries
+  (`spark.task.maxFailures=4`: a task of an executor lost mid-batch is replayed elsewhere with its
+  batch id) and binds the driver to loopback only when the master is on loopback too.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ import warnings
 from statekit.errors import StatekitError
 
 MASTER = "local[2]"
+MASTER_ENV = "STATEKIT_SPARK_MASTER"
+CLUSTER_TASK_MAX_FAILURES = 4
 
 
 class JavaMissing(StatekitError):
@@ -31,6 +37,27 @@ class JavaMissing(StatekitError):
 
 class SparkFailure(StatekitError):
     """A Spark job, query or plan failed; the message is the one useful line."""
+
+
+class SessionConflict(StatekitError):
+    """A session with another master is already running in this process."""
+
+
+def resolve_master(master: str | None = None) -> str:
+    """The master of the session statekit creates: ``master``, else ``$STATEKIT_SPARK_MASTER``,
+    else ``local[2]``."""
+    return (master or os.environ.get(MASTER_ENV) or MASTER).strip()
+
+
+def is_local_master(master: str | None) -> bool:
+    """``local``, ``local[N]``, ``local[N,F]``, ``local-cluster[...]`` run on this machine's JVM
+    (``local-cluster`` has executors in other JVMs, but on this machine)."""
+    return str(master or MASTER).startswith("local")
+
+
+def _loopback_master(master: str) -> bool:
+    m = re.match(r"^\w+://([^:/]+)", master)
+    return is_local_master(master) or (m is not None and m.group(1) in ("127.0.0.1", "localhost", "::1"))
 
 
 _LOCK = threading.Lock()
@@ -122,10 +149,11 @@ def check_java() -> str:
     return major
 
 
-def _prepare_env() -> None:
+def _prepare_env(loopback: bool = True) -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if loopback:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must import statekit from the same place as this process.
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     pp = os.environ.get("PYTHONPATH", "")
@@ -134,35 +162,48 @@ def _prepare_env() -> None:
 
 
 def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = None,
-                driver_memory: str = "1g", extra_conf: dict | None = None):
-    """Return the active SparkSession (reused) or start the local one statekit uses."""
+                driver_memory: str = "1g", extra_conf: dict | None = None, master: str | None = None):
+    """Return the active SparkSession (reused) or start the one statekit uses, on ``master`` (else
+    ``$STATEKIT_SPARK_MASTER``, else ``local[2]``). Asking for a master other than the running
+    session's raises ``SessionConflict``."""
     with _LOCK:
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
+        if spark is not None and master:
+            running = session_master(spark)
+            if running and running != master.strip():
+                raise SessionConflict(f"a Spark session on {running} is already running in this "
+                                      f"process: stop it first (%statekit down, or statekit.engine."
+                                      f"spark.stop_session()), then start one on {master}")
         if spark is None:
             check_java()
-            _prepare_env()
+            master = resolve_master(master)
+            loopback = _loopback_master(master)
+            _prepare_env(loopback)
             props = os.path.join(log_dir(), f"log4j2-{os.getpid()}.properties")
             with open(props, "w") as fh:
                 fh.write(_LOG4J.format(path=log_path()))
             java_opts = f"-Dlog4j.configurationFile=file:{props} -Dlog4j2.configurationFile=file:{props}"
-            b = (SparkSession.builder.master(MASTER).appName(app_name)
+            b = (SparkSession.builder.master(master).appName(app_name)
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")
                  .config("spark.driver.memory", driver_memory)
                  .config("spark.driver.extraJavaOptions", java_opts)
-                 .config("spark.task.maxFailures", "1")
                  .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
-                 .config("spark.default.parallelism", "2")
                  .config("spark.sql.adaptive.enabled", "false")
                  .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                  .config("spark.sql.streaming.stopTimeout", "30s")
                  .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
                  .config("spark.python.worker.reuse", "true")
-                 .config("spark.sql.session.timeZone", "UTC")
-                 .config("spark.driver.host", "127.0.0.1")
-                 .config("spark.driver.bindAddress", "127.0.0.1"))
+                 .config("spark.sql.session.timeZone", "UTC"))
+            if is_local_master(master):
+                b = b.config("spark.task.maxFailures", "1").config("spark.default.parallelism", "2")
+            else:  # a lost executor's tasks are retried elsewhere: that is how its batch replays
+                b = b.config("spark.task.maxFailures", str(CLUSTER_TASK_MAX_FAILURES))
+            if loopback:
+                b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
+                                                                      "127.0.0.1")
             for k, v in (extra_conf or {}).items():
                 b = b.config(k, str(v))
             try:
@@ -184,6 +225,17 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
             warm_workers(spark)
             spark._statekit_warm = True
         return spark
+
+
+def session_master(spark) -> str | None:
+    """The master of a session (None when it cannot tell, e.g. a Spark Connect client)."""
+    try:
+        return str(spark.sparkContext.master)
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
+        try:
+            return spark.conf.get("spark.master", None)
+        except Exception:  # noqa: BLE001
+            return None
 
 
 def _warm_partition(batches):

@@ -131,7 +131,7 @@ def from_json(d: dict | None) -> dict:
 
 
 def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int, schema: StructType,
-               batch_rows: int = 50_000) -> Iterator:
+               batch_rows: int = 50_000, isolation: str = "read_uncommitted") -> Iterator:
     """Yield pyarrow RecordBatches (in `schema`) for offsets [start, end) of topic[partition]."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -144,7 +144,7 @@ def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
     client = Kafka(bootstrap)
     try:
         pending: list = []
-        for chunk in client.read(topic, partition, start, end):
+        for chunk in client.read(topic, partition, start, end, isolation=isolation):
             pending.extend(chunk.records)
             if len(pending) >= batch_rows:
                 yield _to_batch(pending, topic, partition, pa_schema, ts_type, with_headers, pa)
@@ -196,6 +196,12 @@ class _Options:
         self.ending = o.get("endingoffsets", "latest")
         self.include_headers = _truthy(o.get("includeheaders", "false"))
         self.min_partitions = int(o.get("minpartitions") or 0)
+        # Kafka's isolation.level: read_committed ends at the last stable offset and drops the
+        # records of aborted transactions (exactly-once output of an upstream sub-topology)
+        self.isolation = str(o.get("isolation.level") or o.get("isolation") or "read_uncommitted")
+        if self.isolation not in ("read_uncommitted", "read_committed"):
+            raise SourceOptionError(f"isolation.level must be read_uncommitted or read_committed, "
+                                    f"not {self.isolation!r}")
 
 
 class KafkaDataSource(DataSource):
@@ -258,7 +264,7 @@ class _OffsetsMixin:
         def f(k):
             out = {}
             for t in self.opts.topics:
-                for p, off in k.end_offsets(t).items():
+                for p, off in k.end_offsets(t, None, self.opts.isolation).items():
                     out[(t, p)] = off
             return out
 
@@ -318,7 +324,7 @@ class _OffsetsMixin:
 
     def read(self, partition: KafkaPartition):
         return read_range(self.opts.bootstrap, partition.topic, partition.partition, partition.start,
-                          partition.end, self.schema)
+                          partition.end, self.schema, isolation=self.opts.isolation)
 
     def __getstate__(self):
         d = dict(self.__dict__)
@@ -402,11 +408,27 @@ class KafkaBatchReader(_OffsetsMixin, DataSourceReader):
         return super().read(partition)
 
 
+def _register_in_session(spark) -> None:
+    from pyspark.sql.udf import _wrap_function
+
+    sc = spark.sparkContext
+    ds = getattr(sc._jvm, "org.apache.spark.sql.execution.datasources.v2.python."
+                          "UserDefinedPythonDataSource")(_wrap_function(sc, KafkaDataSource))
+    spark._jsparkSession.sessionState().dataSourceManager().registerDataSource(NAME, ds)
+
+
 def register(spark) -> None:
     """Register `statekit-kafka` on this session (idempotent)."""
     if getattr(spark, "_statekit_kafka_registered", False):
         return
-    spark.dataSource.register(KafkaDataSource)
+    try:
+        spark.dataSource.register(KafkaDataSource)
+    except Exception as exc:
+        if "already exists" not in str(exc):
+            raise
+        # Spark's duplicate check looks the name up in the JVM's *active* session: another session
+        # of this context (the user's spark.newSession(), or statekit's own) has it, this one not
+        _register_in_session(spark)
     try:
         spark._statekit_kafka_registered = True
     except Exception:

@@ -1,0 +1,302 @@
+"""The ``executors`` placement: a task's micro-batch runs inside the Spark Python worker that received
+it, on whichever executor Spark chose — the placement for a cluster, where the driver's instance
+processes are out of the executors' reach.
+
+Stage 2 (one Spark partition = one task, as in ``engine.make_stage2``) does, per micro-batch,
+what ``statekit.worker.task.run_task_batch`` does: open the task in this executor's state
+directory (restore), skip the batch if its id is already applied, process, commit (changelog records
+and markers, the outputs, one RocksDB WriteBatch, the checkpoint), close. So:
+
+* a task that lands where its state is replays nothing (or only what other executors committed
+  since it last ran here); one that lands elsewhere restores from its changelog, as a Kafka Streams
+  task does on another instance — the state layer's trust rules (checkpoint + changelog end) decide
+  what a local copy is worth;
+* a Spark task that fails (its executor lost mid-batch, its Python worker killed) is retried by
+  Spark, elsewhere or here, with the same batch id: a batch committed before the failure is skipped,
+  one that was not is processed from the last commit (exactly-once state, as on instances).
+
+Where the state lives on an executor (``state_root``), first match wins:
+
+1. ``App(executor_state_dir=...)`` — the same path on every executor host;
+2. ``$STATEKIT_EXECUTOR_STATE_DIR`` in the executor's environment (``spark.executorEnv.…``, or the
+   cluster's ``spark-env.sh``);
+3. the root of Spark's local directories on that executor (``SPARK_LOCAL_DIRS``, without the
+   per-application ``spark-<uuid>/executor-<uuid>/blockmgr-<uuid>`` part, which Spark deletes when the
+   application ends) + ``/statekit``;
+4. ``<tmp>/statekit-executor-<uid>``.
+
+Under it, ``<deployment>/<app>/<task>/`` where ``<deployment>`` is a digest of the bootstrap servers
+and the driver's state dir, so that two applications of the same name on different brokers never
+share a directory. The App passes 1 as ``<state_dir>/executors`` on a local master (there the
+driver's disk is the executor's).
+
+Crash directives (``App.crash``) are claimed by the Python worker running the task, which then dies
+by mode: ``process`` — the Python worker only (Spark retries its task); ``executor`` — its executor
+JVM too (the executor is lost; its state directory stays, as a host's disk after a reboot);
+``disk-loss`` — the executor JVM and this application's state directory on that executor.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import tempfile
+import time
+from typing import Optional
+
+from statekit.engine.spec import RunSpec
+
+STATE_DIR_ENV = "STATEKIT_EXECUTOR_STATE_DIR"
+PLACEMENT = "executors"
+_SPARK_APP_DIR = re.compile(r"^(?:spark|executor|blockmgr)-[0-9a-f]{8}-[0-9a-f-]{27}$")
+_EXECUTOR_ID = re.compile(r"--executor-id\s+(\S+)")
+_LOCK_WAIT_S = 30.0
+
+
+def deployment_scope(bootstrap: str, driver_state_dir: str) -> str:
+    """Eight hex digits naming one deployment of an application (its broker and driver state)."""
+    return hashlib.sha1(f"{bootstrap}\0{driver_state_dir}".encode()).hexdigest()[:8]
+
+
+def state_root(configured: Optional[str] = None) -> str:
+    """This executor's root for statekit state (see the module docstring for the order)."""
+    if configured:
+        return os.path.abspath(os.path.expanduser(configured))
+    env = os.environ.get(STATE_DIR_ENV)
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    local = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0].strip()
+    if local:
+        d = os.path.abspath(local)
+        while _SPARK_APP_DIR.match(os.path.basename(d)):
+            d = os.path.dirname(d)
+        return os.path.join(d, "statekit")
+    return os.path.join(tempfile.gettempdir(), f"statekit-executor-{os.getuid()}")
+
+
+def _parent(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+_IDENTITY: dict = {}
+
+
+def executor_identity() -> tuple:
+    """``(executor id, executor JVM pid)`` of this Python worker — found among its ancestors (the
+    JVM running an ``...ExecutorBackend``); ``(None, None)`` on the driver (a local master)."""
+    me = os.getpid()
+    if me in _IDENTITY:
+        return _IDENTITY[me]
+    found = (None, None)
+    pid = _parent(me)
+    for _ in range(6):
+        if pid is None or pid <= 1:
+            break
+        cl = _cmdline(pid)
+        if "ExecutorBackend" in cl:
+            m = _EXECUTOR_ID.search(cl)
+            found = (m.group(1) if m else None, pid)
+            break
+        pid = _parent(pid)
+    _IDENTITY[me] = found
+    return found
+
+
+def instance_number(executor_id: Optional[str]) -> Optional[int]:
+    """The ``instance`` field of events published on an executor: its number (None: the driver)."""
+    return int(executor_id) if executor_id is not None and str(executor_id).isdigit() else None
+
+
+def _descendants(pid: int) -> list:
+    kids: dict = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            ppid = _parent(int(name))
+            if ppid is not None:
+                kids.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _gone(pids: list, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.01)
+
+
+def _die_with_executor(task_root: str):
+    """A crash directive's death on an executor (``statekit.worker.crash.on_death``): for the
+    ``executor`` and ``disk-loss`` modes the executor JVM and every other process it runs (its
+    Python workers) die first — so nothing of that executor writes afterwards — then, for
+    disk-loss, this application's state directory on it is deleted; then this worker dies. On a
+    local master (no executor JVM: the driver runs the tasks) only the directory and this worker."""
+
+    def death(directive: dict) -> None:
+        import shutil
+
+        mode = directive.get("mode", "process")
+        if mode == "process":
+            return
+        for sig in (signal.SIGHUP, signal.SIGTERM):   # the daemon's farewell must not stop us yet
+            signal.signal(sig, signal.SIG_IGN)
+        _eid, jvm = executor_identity()
+        if jvm is not None:
+            others = [p for p in _descendants(jvm) if p != os.getpid()]
+            os.kill(jvm, signal.SIGKILL)
+            for p in others:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _gone([jvm, *others])
+        if mode == "disk-loss":
+            shutil.rmtree(task_root, ignore_errors=True)
+
+    return death
+
+
+_KAFKA: dict = {}
+
+
+def _kafka(bootstrap: str):
+    """One Kafka client per Python worker process (Spark reuses workers across batches)."""
+    key = (os.getpid(), bootstrap)
+    k = _KAFKA.get(key)
+    if k is None:
+        from statekit.kafka import Kafka
+
+        k = _KAFKA[key] = Kafka(bootstrap)
+    return k
+
+
+def _drop_kafka(bootstrap: str) -> None:
+    k = _KAFKA.pop((os.getpid(), bootstrap), None)
+    if k is not None:
+        try:
+            k.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def table_records(tbl) -> list:
+    """A sorted stage-2 Arrow table as the task's ``[(route, src_partition, offset, timestamp, key,
+    value)]``."""
+    from statekit.worker.protocol import BATCH_FIELDS
+
+    if tbl.num_rows == 0:
+        return []
+    return list(zip(*(tbl.column(n).to_pandas().tolist() for n, _ in BATCH_FIELDS)))
+
+
+def run_on_executor(run: RunSpec, task, batch_id: int, records: list) -> int:
+    """Open ``task`` in this executor's state directory, run one batch, close it. Returns the
+    outputs' count. Called in a Spark Python worker."""
+    from statekit.errors import BrokerUnreachable, StateLocked
+    from statekit.worker import crash as crash_mod
+    from statekit.worker.task import run_task_batch
+
+    x = run.extra
+    spec = x["worker_spec"]
+    root = os.path.join(state_root(x.get("executor_state_dir")), x["scope"])
+    eid, _jvm = executor_identity()
+    crash_mod.on_death(_die_with_executor(root))
+    publish = _publisher(run)
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            out = run_task_batch(spec, task, batch_id, records, state_dir=root,
+                                 instance=instance_number(eid), publish=publish,
+                                 kafka=_kafka(run.bootstrap))
+            return len(out)
+        except StateLocked:
+            # the previous attempt's Python worker is still going away: its lock goes with it
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+        except (BrokerUnreachable, OSError):
+            _drop_kafka(run.bootstrap)   # the next attempt starts on a fresh connection
+            raise
+
+
+def _publisher(run: RunSpec):
+    """Events of the task to ``<app>-events`` (the driver reads them), without the per-batch
+    ``TaskClosed`` (closing after every batch is how this placement works, not news)."""
+    if not run.events:
+        return lambda e: None
+    from statekit import events as ev
+    from statekit.event_bus import EventPublisher
+
+    pub = EventPublisher(run.bootstrap, run.app)
+    generation = run.extra.get("generation")
+
+    def publish(e) -> None:
+        if isinstance(e, ev.TaskClosed):
+            return
+        if e.generation is None:
+            e.generation = generation
+        pub.publish(e)
+
+    return publish
+
+
+def make_executor_stage2(run: RunSpec):
+    """Stage 2 of the ``executors`` placement (see the module docstring): the task's records of the
+    micro-batch, sorted as on instances, processed and committed in this Python worker."""
+    from statekit.engine.spark.engine import _SORT_KEYS, EngineError, _trace
+
+    sub = int(run.subtopology)
+
+    def stage2(batches):
+        import time as _time
+
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark import TaskContext
+
+        from statekit.contracts import TaskId
+
+        t0 = _time.perf_counter()
+        parts = [b for b in batches if b.num_rows]
+        if not parts:
+            return
+        tbl = pa.Table.from_batches(parts)
+        ctx = TaskContext.get()
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
+        pid = ctx.partitionId()
+        tasks = pc.unique(tbl.column("task")).to_pylist()
+        if tasks != [pid]:
+            raise EngineError(f"shuffle partition {pid} received tasks {sorted(tasks)}; the salt "
+                              f"mapping does not match this Spark version")
+        tbl = tbl.take(pc.sort_indices(tbl, sort_keys=_SORT_KEYS))
+        n = run_on_executor(run, TaskId(sub, pid), batch_id, table_records(tbl))
+        _trace({"stage": 2, "placement": PLACEMENT, "task": pid, "batch": batch_id,
+                "records": tbl.num_rows, "outputs": n, "attempt": ctx.attemptNumber(),
+                "s": round(_time.perf_counter() - t0, 3)})
+        return
+        yield  # a generator that yields nothing: the task wrote its outputs
+
+    return stage2

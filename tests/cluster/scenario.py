@@ -1,0 +1,156 @@
+"""The cluster test's scenario, run in a process of its own (``python tests/cluster/scenario.py ROOT``):
+one SparkContext per process, so a cluster session cannot share a process with the local session
+of the other Spark tests.
+
+A real standalone cluster (master + two workers, each with its own work and local directories,
+every port ephemeral) and an embedded broker; the harness's word count and windowed count with
+``placement="auto"`` on the cluster's master (the executors placement); four chunks of input, with
+the session passed as ``App(spark=...)``; an executor killed mid-batch twice by crash directives (its JVM SIGKILLed by the Python worker that
+claims the directive: first with its state kept, then with its state directory deleted). Writes
+``ROOT/result.json`` with what the assertions need (the stores as the driver's query replicas hold
+them, the plain-Python references, the memory sink, events, state directories, lag) and keeps
+``ROOT/pids.json`` current with every process of the cluster, so the parent can check — and make —
+that every one of them is gone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "runtime"))
+
+import harness as H  # noqa: E402
+from standalone import StandaloneCluster  # noqa: E402
+
+SEED = 14
+PARTITIONS = 4
+
+
+def _write(path: str, body) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(body, f, default=str)
+    os.replace(tmp, path)
+
+
+def _task_dirs(root: str) -> list:
+    """Task directories under an executors' state root: ``<deployment>/<app>/<task>``."""
+    import glob
+
+    return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "*", "*", "*_*"))
+                  if os.path.isdir(p))
+
+
+def run(root: str) -> dict:
+    from statekit import broker as broker_mod
+    from statekit.engine.spark.session import get_session, stop_session
+    from statekit.kafka import Kafka
+
+    t0 = time.monotonic()
+    marks = {}
+    res: dict = {"marks": marks}
+    pids_path = os.path.join(root, "pids.json")
+    cluster = StandaloneCluster(os.path.join(root, "cluster"), workers=2, cores=1, memory="1g")
+    broker = k = app = None
+    try:
+        broker = broker_mod.start(dir=os.path.join(root, "broker"), port=0)
+        cluster.start()
+        _write(pids_path, sorted(cluster._seen))
+        marks["cluster_up"] = time.monotonic() - t0
+        spark = get_session("statekit-cluster-test", master=cluster.master_url,
+                            extra_conf={"spark.executor.memory": "512m", "spark.executor.cores": "1"})
+        executors = cluster.wait_executors(2)
+        _write(pids_path, sorted(cluster._seen))
+        res["executors_at_start"] = executors
+        marks["session_up"] = time.monotonic() - t0
+
+        k = Kafka(broker.bootstrap)
+        k.ensure_topic("lines", 3)
+        k.ensure_topic("clicks", 3)
+        app = H.build_app("wc", broker, os.path.join(root, "driver-state"), SEED, engine="changelog",
+                          partitions=PARTITIONS, instances=1, standby_replicas=0, cache_bytes=2048,
+                          checkpoint_location=os.path.join(root, "shared", "checkpoint"), spark=spark)
+        rnd = random.Random(SEED)
+        chunks = H.make_chunks(SEED, 4, lines_per_chunk=12, clicks_per_chunk=20)
+
+        H.produce_chunk(k, chunks[0], rnd=rnd)
+        app.start()
+        res["placement"] = app.placement
+        res["scope"] = app._placement_extra.get("scope")
+        res["first_drain"] = app.process_all_available(timeout=300)
+        marks["first_batch"] = time.monotonic() - t0
+        res["after_first"] = {"counts": sorted(H.store_as_dict(app, "counts").items()),
+                              "reference": sorted(H.wordcount_reference(k).items())}
+
+        crashes = []
+        for chunk, mode, after in ((chunks[1], "executor", 3), (chunks[2], "disk-loss", 2)):
+            rec = app.crash(mode, after_records=after)   # any executor, mid-batch
+            H.produce_chunk(k, chunk, rnd=rnd)
+            drained = app.process_all_available(timeout=300)
+            claim = app.wait_for_event(lambda e: e.type == "crash" and
+                                       e.get("directive") == rec["id"], 60)
+            crashes.append({"mode": mode, "drained": drained, "state": str(app.state),
+                            "claim": claim.to_dict() if claim is not None else None})
+            _write(pids_path, sorted(cluster._seen | {e["pid"] for e in cluster.executors()}))
+            marks[f"after_{mode}"] = time.monotonic() - t0
+        res["crashes"] = crashes
+        H.produce_chunk(k, chunks[3], rnd=rnd)
+        res["last_drain"] = app.process_all_available(timeout=300)
+        marks["last_batch"] = time.monotonic() - t0
+
+        res["state"] = str(app.state)
+        res["error"] = str(app.error) if app.error else None
+        res["stores"] = {
+            "counts": sorted(H.store_as_dict(app, "counts").items()),
+            "clicks-per-window": sorted([list(kk) + [v] for kk, v in
+                                         H.store_as_dict(app, "clicks-per-window").items()])}
+        res["reference"] = {
+            "counts": sorted(H.wordcount_reference(k).items()),
+            "clicks-per-window": sorted([list(kk) + [v] for kk, v in H.windowed_reference(k).items()])}
+        out = app.output()
+        res["output"] = [[int(b), t, key, int(v)] for b, t, key, v in
+                         zip(out.batch, out.task, out.key, out.value)]
+        res["commits"] = [e.to_dict() for e in app.events(types="commit")]
+        res["opens"] = [e.to_dict() for e in app.events(types="task_opened")]
+        res["lag"] = app.lag().to_dict(orient="records")
+        res["owner"] = list(app.key_owner("counts", "the"))
+        res["executors_at_end"] = cluster.executors()
+        res["worker_task_dirs"] = {i: _task_dirs(os.path.join(cluster.local_dir(i), "statekit"))
+                                   for i in range(cluster.n_workers)}
+        res["driver_executor_dirs"] = _task_dirs(os.path.join(root, "driver-state", "executors"))
+        res["checkpoint"] = sorted(os.listdir(os.path.join(root, "shared", "checkpoint", "0")))
+        res["driver_checkpoint"] = os.path.exists(app.layout.checkpoint_root)
+        _write(pids_path, sorted(cluster._seen))
+    finally:
+        if app is not None:
+            app.stop()
+        res["app_stopped_state"] = str(app.state) if app is not None else None
+        stop_session()
+        if k is not None:
+            k.close()
+        res["left_running"] = cluster.stop()
+        if broker is not None:
+            broker.stop()
+        marks["stopped"] = time.monotonic() - t0
+    return res
+
+
+def main(root: str) -> int:
+    out = os.path.join(root, "result.json")
+    try:
+        res = run(root)
+    except BaseException:  # noqa: BLE001 - the parent reads the traceback
+        _write(out, {"exception": traceback.format_exc()})
+        return 1
+    _write(out, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

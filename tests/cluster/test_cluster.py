@@ -1,0 +1,149 @@
+"""The same topology on a real Spark standalone cluster (issue 14): a master and two workers on this
+machine, each with its own work and local directories, every port ephemeral; the word count and the
+windowed count run with ``placement="auto"``, which picks the executors placement; an executor is
+killed mid-batch twice (state kept, then state lost). The stores, read through the driver's query
+replicas, and the memory sink equal the plain-Python references, and every process of the cluster is
+gone afterwards.
+
+The scenario runs in a process of its own (tests/cluster/scenario.py): a process has one
+SparkContext, and the other Spark tests keep a local one for the whole session."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT_S = 900
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _sweep(root: str) -> list:
+    """Kill whatever the scenario left (it should be nothing); returns what was alive."""
+    try:
+        with open(os.path.join(root, "pids.json")) as f:
+            pids = json.load(f)
+    except (FileNotFoundError, ValueError):
+        return []
+    alive = [p for p in pids if _alive(p)]
+    for p in alive:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("cluster"))
+    t0 = time.monotonic()
+    with open(os.path.join(root, "scenario.stderr"), "wb") as err:
+        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "scenario.py"), root],
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        finally:
+            left = _sweep(root)
+    try:
+        with open(os.path.join(root, "result.json")) as f:
+            res = json.load(f)
+    except (FileNotFoundError, ValueError):
+        res = {"exception": f"no result (exit {proc.returncode}); see {root}/scenario.stderr"}
+    res["swept"] = left
+    res["seconds"] = time.monotonic() - t0
+    res["root"] = root
+    print(f"cluster scenario: {res['seconds']:.0f}s, marks {res.get('marks')}")
+    return res
+
+
+def test_scenario_ran(result):
+    assert "exception" not in result, result.get("exception")
+    assert result["placement"] == "executors"
+    assert len(result["executors_at_start"]) == 2
+    assert {e["worker"] for e in result["executors_at_start"]} == {0, 1}
+
+
+def test_stores_and_output_equal_the_references(result):
+    assert "exception" not in result, result.get("exception")
+    assert result["after_first"]["counts"] == result["after_first"]["reference"]
+    assert result["first_drain"] and result["last_drain"]
+    assert result["state"] == "RUNNING" and result["error"] is None
+    assert result["stores"]["counts"] == result["reference"]["counts"]
+    assert result["stores"]["clicks-per-window"] == result["reference"]["clicks-per-window"]
+    # the memory sink: each task's outputs of each batch once, counts only grow, the last = reference
+    seen, last = set(), {}
+    for batch, task, key, value in result["output"]:
+        assert (batch, task, key, value) not in seen
+        seen.add((batch, task, key, value))
+        assert value > last.get(key, 0)
+        last[key] = value
+    assert sorted(last.items()) == [tuple(x) for x in result["reference"]["counts"]]
+    # the driver's query replicas caught up; the actives' last commits are the changelog ends
+    lag = result["lag"]
+    assert {r["role"] for r in lag} == {"active", "query-replica"}
+    assert all(r["lag"] == 0 for r in lag)
+
+
+def test_executors_died_mid_batch_and_spark_replayed_the_batch(result):
+    assert "exception" not in result, result.get("exception")
+    crashes = result["crashes"]
+    assert [c["mode"] for c in crashes] == ["executor", "disk-loss"]
+    start_ids = {e["executor_id"] for e in result["executors_at_start"]}
+    for c in crashes:
+        claim = c["claim"]
+        assert claim is not None, c
+        assert claim["point"] == "records" and claim["records"] >= 1   # mid-batch
+        assert c["drained"] and c["state"] == "RUNNING"                  # Spark retried the task
+        # the batch the dead executor was running was committed afterwards, by a live executor
+        commits = [e for e in result["commits"] if e["task"] == claim["task"] and
+                   e["batch"] == claim["batch"]]
+        assert len(commits) == 1, commits
+        assert commits[0]["instance"] != claim["instance"]
+    # Spark replaced the lost executors: two executors at the end, new ids
+    end_ids = {e["executor_id"] for e in result["executors_at_end"]}
+    assert len(end_ids) == 2 and end_ids != start_ids
+    # the task of the disk-loss reopened from scratch (its changelog) after the crash
+    lost = crashes[1]["claim"]
+    after = [o for o in result["opens"] if o["task"] == lost["task"] and o["ts"] > lost["ts"]]
+    assert after and after[0]["source"] == "scratch" and after[0]["restored"] > 0
+
+
+def test_state_lives_on_the_executors_local_disks(result):
+    assert "exception" not in result, result.get("exception")
+    dirs = result["worker_task_dirs"]
+    tasks = {f"0_{p}" for p in range(4)}
+    on_disk = {d.rsplit("/", 1)[1] for ds in dirs.values() for d in ds}
+    assert on_disk == tasks
+    assert all(d.startswith(result["scope"] + "/wc/") for ds in dirs.values() for d in ds)
+    assert result["driver_executor_dirs"] == []          # nothing ran on the driver
+    # the Spark checkpoint went where the App was told, not into the driver's state dir
+    assert {"commits", "offsets"} <= set(result["checkpoint"])
+    assert result["driver_checkpoint"] is False
+    executors = {e["instance"] for e in result["commits"]}
+    assert len(executors) >= 3                           # two at the start, and replacements
+    owner = result["owner"]
+    assert owner[2] == "query-replica"
+
+
+def test_every_process_is_stopped(result):
+    assert result.get("left_running") == []
+    assert result["swept"] == []
+    assert result.get("app_stopped_state") == "NOT_RUNNING"
