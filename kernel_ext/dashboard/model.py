@@ -329,12 +329,16 @@ def forecast_data(obj) -> dict | None:
     return {"rows": _records(frame), "lines": {int(k): str(v) for k, v in dict(lines).items()}}
 
 
-def forecast_seconds(fc: dict | None, task: str, source: str) -> float | None:
-    """The forecast seconds of `task` restoring from `source` (scratch, checkpoint, standby, warmup)."""
+def forecast_seconds(fc: dict | None, task: str, source: str, records: int | None = None) -> float | None:
+    """The forecast seconds of `task` restoring from `source` (scratch, checkpoint, standby, warmup).
+    With `records` (what the restore really had to read): None when the forecast counted none of
+    them (it was made before they were written) rather than a forecast of nothing."""
     best = None
     for r in (fc or {}).get("rows") or []:
         if task_id(r.get("task")) == task and r.get("source") == source:
             sec = _num(r.get("seconds"))
+            if records and not _num(r.get("records")):
+                continue
             if sec is not None and (best is None or sec < best):
                 best = sec
     return best

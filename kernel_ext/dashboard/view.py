@@ -272,13 +272,13 @@ def render_restore_table(rnd, forecast=None) -> str:
             eta = fmt_eta(rnd.eta(r))
         elif r.status == "queued":
             q = rnd.eta(r)
-            eta = f"≈ {fmt_eta(q)}" if q is not None else "–"
+            eta = "–" if q is None else fmt_eta(q) if q < 1 else f"≈ {fmt_eta(q)}"
         else:
             eta = "–"
         line = [_e(r.task), fmt_num(r.instance), _e(r.source), bar, replayed, fmt_rate(r.rate), eta,
                 _e(r.label) + (f" <span title='{_e(r.error)}'>⚠</span>" if r.error else "")]
         if with_fc:
-            fc = forecast_seconds(forecast, r.task, r.source)
+            fc = forecast_seconds(forecast, r.task, r.source, r.total)
             line.insert(7, f"≈ {fmt_secs(fc)}" if fc is not None else "–")
         body.append(line)
         classes.append("dead" if r.status in ("failed", "interrupted") else "")
@@ -331,7 +331,7 @@ def render_restore(m: DashboardModel) -> str:
     if s is not None:
         extra = ""
         if fc_before and s.restored_tasks:
-            fcs = [forecast_seconds(fc_before[1], task, r.source) for task, r in rnd.rows.items()
+            fcs = [forecast_seconds(fc_before[1], task, r.source, r.restored) for task, r in rnd.rows.items()
                    if r.status == "done" and r.restored]
             fcs = [x for x in fcs if x is not None]
             if fcs:

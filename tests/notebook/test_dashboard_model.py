@@ -308,6 +308,8 @@ def test_forecast_by_instance_and_before_a_round():
         {"instance": 1, "tasks": ["0_2"], "scratch_s": 3.0, "standby_s": None,
          "line": "if instance 1 died now: ≈ 3.0 s"}]
     assert [forecast_seconds(fc, "0_0", s) for s in ("scratch", "standby", "checkpoint")] == [2.0, 0.1, None]
+    # a forecast that counted no record of what a restore then read is no forecast of it
+    assert forecast_seconds(fc, "0_2", "checkpoint") == 0.0 and forecast_seconds(fc, "0_2", "checkpoint", 50) is None
     E = Events()
     m = DashboardModel()
     m.update(Snapshot(t=1.0, forecast=fc))
