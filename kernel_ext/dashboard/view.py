@@ -815,8 +815,8 @@ class LiveDashboard:
         self.feed = EventFeed(app)
         # changelog figures scan the broker's segments: every few seconds, not every refresh
         self.changelog_fn = Throttled(changelog_fn, heavy_interval) if changelog_fn is not None else None
-        fc = getattr(app, "restore_forecast", None)   # reads the changelogs' figures: every 15 s
-        self.forecast_fn = Throttled(lambda: forecast_data(fc()), 3 * heavy_interval) if callable(fc) else None
+        fc = getattr(app, "restore_forecast", None)   # reads the changelogs' figures: every 5 s
+        self.forecast_fn = Throttled(lambda: forecast_data(fc()), heavy_interval) if callable(fc) else None
         self.store_cache = StoreCache()  # a store is read again only after a commit
         self.stores = stores
         self.max_rows = max_rows
