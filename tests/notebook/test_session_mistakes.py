@@ -235,3 +235,22 @@ def test_a_failing_user_function_is_reported_in_the_notebook_and_on_the_badge(ip
     d.refresh()
     h = d.view.header.value
     assert ">ERROR<" in h and "sk-reason bad" in h and "ZeroDivisionError: division by zero" in h
+
+
+def test_engine_spark_makes_a_native_app_and_refuses_what_it_cannot_do(ip, capsys):
+    from statekit.engine.spark_native import NativeApp
+
+    ip.run_line_magic("statekit", "up --no-spark")
+    capsys.readouterr()
+    ip.run_cell_magic("statekit", "app nat --engine spark --partitions 2", COUNT)
+    app = _session().apps["nat"]
+    assert isinstance(app, NativeApp) and app.partitions == 2
+    assert "app 'nat' defined: 2 task(s), Spark's own state store" in capsys.readouterr().out
+    ip.run_cell_magic("statekit", "app nat2 --engine spark --instances 2", COUNT)
+    line = _one_red_line(capsys.readouterr().err)
+    assert "--engine spark (Spark's own state store) runs one instance without standbys or warmups: " \
+           "drop --instances" in line
+    assert "nat2" not in _session().apps
+    ip.run_line_magic("statekit", "kill nat --instance 0")
+    assert "runs Spark's own state store (one instance): no membership changes" in \
+        _one_red_line(capsys.readouterr().err)
