@@ -27,6 +27,7 @@ def unload_ipython_extension(ip):
             d.stop(timeout=3)
         for job in list(_magics.session.producers.values()):
             job.stop.set()
+        ip.set_custom_exc((), None)
     _magics = None
 
 

@@ -47,18 +47,30 @@ class ProducerJob:
         return self.thread.is_alive()
 
 
+def app_uses_spark(app) -> bool:
+    """Whether the app's engine runs on Spark (`%statekit start` then starts the session first)."""
+    return getattr(app, "engine_name", "changelog") != "local"
+
+
 class Session:
-    """The kernel's statekit state. `run(cmd)` executes one parsed command."""
+    """The kernel's statekit state. `run(cmd)` executes one parsed command.
+
+    It remembers what `up` started (the embedded broker, the Spark session), so that `up` twice
+    reuses them and `down` stops exactly those; and it keeps one dashboard per app, which `crash`,
+    `restart`, `kill`, `scale`, ... bring back to life instead of showing another one."""
 
     def __init__(self, shell=None):
         self.shell = shell
         self.bootstrap: str | None = None
-        self.broker = None  # BrokerHandle of the embedded broker, when we use one
+        self.broker = None  # BrokerHandle of the embedded broker `up` started or reused
         self.spark = None
         self.apps: dict[str, Any] = {}
         self.producers: dict[str, ProducerJob] = {}
         self.dashboards: dict[str, Any] = {}
         self.last_traceback: str | None = None
+        self._env_bootstrap = False  # `up` set STATEKIT_BOOTSTRAP (down unsets it)
+        self._error_hooks: set = set()  # id(app) of apps whose errors are reported in the notebook
+        self._reported: dict = {}
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -87,30 +99,46 @@ class Session:
             self._start_spark()
 
     def _embedded_dir(self) -> str:
-        home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
-        return os.path.join(home, "broker")
+        from statekit.contracts import statekit_home
 
-    def _up(self, bootstrap: str | None, spark: bool = True):
+        return os.path.join(statekit_home(), "broker")
+
+    def _up(self, bootstrap: str | None, spark: bool = True) -> str:
+        """Connect (or reconnect) and say how: the one line `up` prints about the broker."""
         from statekit.errors import BrokerUnreachable
         from statekit.kafka import Kafka
 
-        explicit = bootstrap or os.environ.get("STATEKIT_BOOTSTRAP")
+        explicit = bootstrap or (None if self._env_bootstrap else os.environ.get("STATEKIT_BOOTSTRAP"))
         if explicit:
+            if self.broker is not None and self.broker.owned and explicit != self.broker.bootstrap:
+                raise BrokerUnreachable(f"this kernel runs the embedded broker at {self.bootstrap}: "
+                                        f"`%statekit down` first, then `up --bootstrap {explicit}`")
             self.bootstrap, self.broker = explicit, None
+            how = f"external cluster at {explicit}"
+        elif self.broker is not None and self.broker.alive:
+            how = (f"reusing the embedded broker this kernel started (pid {self.broker.pid})"
+                   if self.broker.owned else
+                   f"reusing the embedded broker started by another process (pid {self.broker.pid})")
         else:
             from statekit import broker as broker_mod  # the embedded broker's lifecycle API
 
             self.broker = broker_mod.start(dir=self._embedded_dir())
             self.bootstrap = self.broker.bootstrap
+            how = (f"started the embedded broker (pid {self.broker.pid})" if self.broker.owned else
+                   f"reusing the embedded broker started by another process (pid {self.broker.pid}); "
+                   f"`down` will leave it running")
         try:
             Kafka(self.bootstrap, timeout=10).close()
         except BrokerUnreachable:
-            b, self.bootstrap = self.bootstrap, None
+            self.bootstrap = None
             raise
         # apps created from now on (and Kafka() without arguments) use this broker
-        os.environ["STATEKIT_BOOTSTRAP"] = self.bootstrap
+        if os.environ.get("STATEKIT_BOOTSTRAP") != self.bootstrap:
+            os.environ["STATEKIT_BOOTSTRAP"] = self.bootstrap
+            self._env_bootstrap = True
         if spark:
             self._start_spark()
+        return how
 
     def _start_spark(self):
         """The local Spark session (its JVM writes to a log file, not into the cell that runs:
@@ -129,72 +157,48 @@ class Session:
             raise StatekitError(f"no app named {name!r} (known: {known}); define it with a "
                                 f"`%%statekit app {name}` cell") from None
 
+    def _report_errors(self, name: str, app) -> None:
+        """Print an app's one-line error under the cell that runs when the app goes to ERROR (from
+        the app's event thread: ipykernel sends a thread's output to the running, or last, cell)."""
+        on = getattr(app, "on_event", None)
+        if not callable(on) or id(app) in self._error_hooks:
+            return
+        self._error_hooks.add(id(app))
+
+        died = {}
+
+        def on_event(e):
+            kind = getattr(e, "type", None)
+            if kind == "instance_died":
+                died.update(ts=e.ts, cause=e.cause, instance=e.instance)
+                return
+            if kind != "state":
+                return
+            if e.state != "ERROR":
+                died.clear()   # a restart, a rebalance: a later ERROR is news of its own
+                return
+            if self.apps.get(name) is not app:
+                return  # redefined since
+            reason = " ".join(str(getattr(e, "reason", "") or getattr(app, "error", "") or "failed").split())
+            if self._reported.get(name) == reason:
+                return
+            self._reported[name] = reason
+            if died.get("cause") in ("crash", "kill") and e.ts - died.get("ts", 0) < 10:
+                # the crash the user asked for took the last instance: news, not a failure
+                print(f"{name}: instance {died['instance']} crashed as asked; {reason}", flush=True)
+                return
+            from kernel_ext.magics import error_line
+
+            error_line(f"%statekit: app {name} failed: {reason} "
+                       f"(the dashboard keeps its last state; fix the cause, then `%statekit restart {name}`)")
+
+        on(on_event)
+
     # -- broker & Spark -------------------------------------------------------------------------
 
-    def _fresh(self):
-        """Stop the embedded broker and delete its data and every app's local state."""
-        import shutil
-
-        from statekit.errors import StatekitError
-
-        if os.environ.get("STATEKIT_BOOTSTRAP") and self.broker is None:
-            raise StatekitError("--fresh only applies to the embedded broker; unset STATEKIT_BOOTSTRAP "
-                                "(a real cluster's topics are not deleted from a notebook)")
-        for d in list(self.dashboards.values()):
-            d.stop(timeout=3)
-        self.dashboards.clear()
-        for name, app in list(self.apps.items()):
-            try:
-                app.stop()
-            except Exception:
-                pass
-        self.apps.clear()
-        from statekit import broker as broker_mod
-
-        broker_mod.stop(self._embedded_dir())
-        os.environ.pop("STATEKIT_BOOTSTRAP", None)
-        self.broker, self.bootstrap = None, None
-        home = os.path.dirname(self._embedded_dir())
-        for sub in ("broker", "apps"):
-            shutil.rmtree(os.path.join(home, sub), ignore_errors=True)
-
-    def cmd_up(self, cmd: Command):
-        t0 = time.monotonic()
-        if cmd.fresh:
-            self._fresh()
-        self._up(cmd.bootstrap, spark=not cmd.no_spark)
-        self.display(html_text=self._status_card(f"statekit is up ({time.monotonic() - t0:.1f} s)"))
-
-    def _status_card(self, title: str) -> str:
-        rows = []
-        if self.bootstrap:
-            kind = (f"embedded broker, pid {self.broker.pid}, dir <code>{_e(self.broker.dir)}</code>"
-                    if self.broker is not None else "external cluster")
-            rows.append(("broker", f"<code>{_e(self.bootstrap)}</code> · {kind}"))
-        else:
-            rows.append(("broker", "not connected: <code>%statekit up</code>"))
-        if self.spark is not None:
-            try:
-                sc = self.spark.sparkContext
-                rows.append(("spark", f"{_e(sc.version)} · {_e(sc.master)} · app id {_e(sc.applicationId)}"))
-            except Exception:
-                rows.append(("spark", "stopped"))
-        else:
-            rows.append(("spark", "not started"))
-        for name, app in sorted(self.apps.items()):
-            rows.append((f"app {name}", f"<b>{_e(app.state)}</b> · {app.partitions} tasks · "
-                                        f"{app.instances} instance(s) · {app.standby_replicas} standby"))
-        for topic, job in sorted(self.producers.items()):
-            p = job.progress
-            sent = p.sent if p is not None else 0
-            rows.append((f"producer {topic}", f"{'running' if job.running else 'done'} · {job.source} · "
-                                              f"{sent:,} records sent"))
-        return _card(title, rows, ok=self.bootstrap is not None)
-
-    def cmd_status(self, cmd: Command):
-        self.display(html_text=self._status_card("statekit status"))
-
-    def cmd_down(self, cmd: Command):
+    def _stop_everything_of_apps(self) -> list[str]:
+        """Dashboards, producers and apps; one entry per app stopped (down must get everything
+        down, so a failure is noted and the rest goes on)."""
         stopped = []
         for d in list(self.dashboards.values()):
             d.stop(timeout=3)
@@ -207,8 +211,88 @@ class Session:
             try:
                 app.stop()
                 stopped.append(f"app {name}")
-            except Exception as err:  # keep going: down must always get everything down
+            except Exception as err:
                 stopped.append(f"app {name} ({' '.join(str(err).split())[:80]})")
+        return stopped
+
+    def _fresh(self):
+        """Stop the embedded broker and delete its data and every app's local state."""
+        import shutil
+
+        from statekit.errors import StatekitError
+
+        if self.bootstrap is not None and self.broker is None:
+            raise StatekitError("--fresh only applies to the embedded broker; this kernel uses the "
+                                f"external cluster at {self.bootstrap} (a real cluster's topics are "
+                                "not deleted from a notebook)")
+        if os.environ.get("STATEKIT_BOOTSTRAP") and not self._env_bootstrap:
+            raise StatekitError("--fresh only applies to the embedded broker; unset STATEKIT_BOOTSTRAP "
+                                "(a real cluster's topics are not deleted from a notebook)")
+        self._stop_everything_of_apps()
+        self.apps.clear()
+        from statekit import broker as broker_mod
+
+        broker_mod.stop(self._embedded_dir())
+        if self._env_bootstrap:
+            os.environ.pop("STATEKIT_BOOTSTRAP", None)
+            self._env_bootstrap = False
+        self.broker, self.bootstrap = None, None
+        home = os.path.dirname(self._embedded_dir())
+        for sub in ("broker", "apps"):
+            shutil.rmtree(os.path.join(home, sub), ignore_errors=True)
+
+    def cmd_up(self, cmd: Command):
+        t0 = time.monotonic()
+        if cmd.fresh:
+            self._fresh()
+        how = self._up(cmd.bootstrap, spark=not cmd.no_spark)
+        self.display(html_text=self._status_card(f"statekit is up ({time.monotonic() - t0:.1f} s): {how}"))
+
+    def _status_card(self, title: str) -> str:
+        rows = []
+        if self.bootstrap:
+            if self.broker is not None:
+                who = "started by this kernel" if self.broker.owned else "reused: started by another process"
+                kind = f"embedded broker, pid {self.broker.pid}, {who}, dir <code>{_e(self.broker.dir)}</code>"
+            else:
+                kind = "external cluster"
+            rows.append(("broker", f"<code>{_e(self.bootstrap)}</code> · {kind}"))
+        else:
+            rows.append(("broker", "not connected: <code>%statekit up</code>"))
+        if self.spark is not None:
+            try:
+                sc = self.spark.sparkContext
+                rows.append(("spark", f"{_e(sc.version)} · {_e(sc.master)} · app id {_e(sc.applicationId)}"))
+            except Exception:
+                rows.append(("spark", "stopped"))
+        else:
+            rows.append(("spark", "not started"))
+        for name, app in sorted(self.apps.items()):
+            rows.append((f"app {name}", f"<b>{_e(app.state)}</b> · {_e(self._app_shape(app))}"))
+        for topic, job in sorted(self.producers.items()):
+            p = job.progress
+            sent = p.sent if p is not None else 0
+            rows.append((f"producer {topic}", f"{'running' if job.running else 'done'} · {job.source} · "
+                                              f"{sent:,} records sent"))
+        return _card(title, rows, ok=self.bootstrap is not None)
+
+    @staticmethod
+    def _app_shape(app) -> str:
+        parts = [f"{app.partitions} task(s)"]
+        if hasattr(app, "instances"):
+            parts.append(f"{app.instances} live instance(s)")
+        if getattr(app, "standby_replicas", None) is not None:
+            parts.append(f"{app.standby_replicas} standby replica(s)")
+        if not hasattr(app, "instances"):
+            parts.append("Spark's own state store")
+        return ", ".join(parts)
+
+    def cmd_status(self, cmd: Command):
+        self.display(html_text=self._status_card("statekit status"))
+
+    def cmd_down(self, cmd: Command):
+        stopped = self._stop_everything_of_apps()
+        left = []
         if self.spark is not None:
             from statekit.engine.spark.session import stop_session
 
@@ -218,16 +302,18 @@ class Session:
         if self.broker is not None:
             if self.broker.owned:
                 self.broker.stop()
-                stopped.append(f"broker {self.bootstrap}")
+                stopped.append(f"the embedded broker at {self.bootstrap}")
             else:
-                from statekit import broker as broker_mod
-
-                broker_mod.stop(self.broker.dir)
-                stopped.append(f"broker {self.bootstrap}")
+                left.append(f"left the embedded broker at {self.bootstrap} running: another process "
+                            f"started it (pid {self.broker.pid}); `statekit broker stop --dir "
+                            f"{self.broker.dir}` stops it")
+        if self._env_bootstrap:
             os.environ.pop("STATEKIT_BOOTSTRAP", None)
+            self._env_bootstrap = False
         self.broker = None
         self.bootstrap = None
-        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running")
+              + "".join(f"\n{x}" for x in left))
 
     # -- topics ---------------------------------------------------------------------------------
 
@@ -377,17 +463,26 @@ class Session:
         from statekit.errors import StatekitError
 
         old = self.apps.get(cmd.name)
-        if old is not None and str(old.state) in ("RUNNING", "RESTORING", "PENDING_SHUTDOWN"):
+        if old is not None and str(old.state) in ("RUNNING", "RESTORING", "REBALANCING", "PENDING_SHUTDOWN"):
             raise StatekitError(f"app {cmd.name!r} is {old.state}; `%statekit stop {cmd.name}` before "
                                 f"redefining it")
         self._ensure_up(spark=False)
-        kw = {}
-        for opt, arg in (("partitions", "partitions"), ("instances", "instances"),
-                         ("standby", "standby_replicas"), ("commit_interval", "commit_interval"),
-                         ("cache_bytes", "cache_bytes"), ("engine", "engine")):
-            if cmd.args.get(opt) is not None:
-                kw[arg] = cmd.args[opt]
-        app = statekit.App(cmd.name, bootstrap=self.bootstrap, **kw)
+        native = cmd.engine == "spark"
+        options = (("partitions", "partitions"),) if native else (
+            ("partitions", "partitions"), ("instances", "instances"), ("standby", "standby_replicas"),
+            ("commit_interval", "commit_interval"), ("cache_bytes", "cache_bytes"), ("engine", "engine"),
+            ("acceptable_lag", "acceptable_recovery_lag"), ("max_warmups", "max_warmup_replicas"),
+            ("probing_interval", "probing_rebalance_interval"))
+        if native:
+            unsupported = [o for o in ("instances", "standby", "commit_interval", "cache_bytes",
+                                       "acceptable_lag", "max_warmups", "probing_interval")
+                           if cmd.args.get(o) is not None]
+            if unsupported:
+                raise StatekitError(f"--engine spark (Spark's own state store) runs one instance without "
+                                    f"standbys or warmups: drop --{unsupported[0].replace('_', '-')}")
+        kw = {arg: cmd.args[opt] for opt, arg in options if cmd.args.get(opt) is not None}
+        app = statekit.NativeApp(cmd.name, bootstrap=self.bootstrap, **kw) if native else \
+            statekit.App(cmd.name, bootstrap=self.bootstrap, **kw)
         ns = self.shell.user_ns if self.shell is not None else {}
         ns["app"] = app
         code = compile(cmd.body or "", f"<%%statekit app {cmd.name}>", "exec")
@@ -403,12 +498,24 @@ class Session:
             raise StatekitError(f"the app cell failed at {where}{type(err).__name__}: {err}") from None
         # compile now, so a topology mistake shows here and not at start
         app.describe()
+        if old is not None and old is not app:
+            self._retire_dashboard(cmd.name)
         self.apps[cmd.name] = app
+        self._report_errors(cmd.name, app)
         n_stores = len(app.plan.stores) if getattr(app, "plan", None) is not None else None
-        print(f"app {cmd.name!r} defined: {app.partitions} task(s), {app.instances} instance(s), "
-              f"{app.standby_replicas} standby replica(s)"
+        print(f"app {cmd.name!r} defined: {self._app_shape(app)}"
               + (f", {n_stores} store(s)" if n_stores is not None else "")
               + f". Next: %statekit start {cmd.name}")
+        check = getattr(app, "check_topics", None)
+        if callable(check):  # a typo in a topic name shows now, not at start
+            from statekit.errors import UnknownTopic
+
+            try:
+                check()
+            except UnknownTopic as err:
+                from kernel_ext.magics import error_line
+
+                error_line(f"%statekit app {cmd.name}: {err}")
 
     def cmd_apps(self, cmd: Command):
         import pandas as pd
@@ -417,12 +524,13 @@ class Session:
             print("no apps yet: define one with a `%%statekit app NAME` cell")
             return None
         return pd.DataFrame([{"app": n, "state": str(a.state), "tasks": a.partitions,
-                              "instances": a.instances, "standby": a.standby_replicas}
+                              "instances": getattr(a, "instances", 1),
+                              "standby": getattr(a, "standby_replicas", 0)}
                              for n, a in sorted(self.apps.items())]).set_index("app")
 
     def cmd_start(self, cmd: Command):
         app = self.app(cmd.name)
-        self._ensure_up(spark=True)
+        self._ensure_up(spark=app_uses_spark(app))
         trigger = cmd.trigger
         if isinstance(trigger, str) and trigger.endswith(" seconds"):
             trigger = float(trigger.split()[0])
@@ -433,14 +541,16 @@ class Session:
             except Exception:
                 has_sinks = False
             sink = "kafka" if has_sinks else "none"
+        self._reported.pop(cmd.name, None)
         app.start(trigger=trigger, max_records_per_trigger=cmd.max_records, sink=sink)
         print(f"{cmd.name}: {app.state}")
         if cmd.watch:
             return self._watch(app, cmd.name)
+        self._follow(cmd.name, app)
 
     def cmd_stop(self, cmd: Command):
         app = self.app(cmd.name)
-        d = self.dashboards.pop(cmd.name, None)
+        d = self.dashboards.get(cmd.name)
         if d is not None:  # one last picture while the stores are open, then it stays as is
             d.stop(timeout=5)
             try:
@@ -452,12 +562,16 @@ class Session:
             d.final(app.state)
         print(f"{cmd.name}: {app.state}")
 
+    def _retire_dashboard(self, name: str) -> None:
+        d = self.dashboards.pop(name, None)
+        if d is not None:
+            d.stop(timeout=3)
+
     def _watch(self, app, name: str, interval: float = 1.0, top: int = 15):
+        """A new dashboard for `app` (an older one of it stops refreshing and stays as it was)."""
         from kernel_ext.dashboard.view import LiveDashboard
 
-        old = self.dashboards.pop(name, None)
-        if old is not None:
-            old.stop(timeout=3)
+        self._retire_dashboard(name)
         d = LiveDashboard(app, name=name, interval=interval, top=top,
                           history_fn=lambda store, key: self._history(app, store, key),
                           changelog_fn=lambda: self._changelog_stats(app))
@@ -467,27 +581,116 @@ class Session:
         d.start()
         return None
 
+    def _follow(self, name: str, app, show_if_none: bool = False) -> str:
+        """The app's dashboard follows again (one dashboard per app: no new one is appended);
+        returns a note for the command's line."""
+        d = self.dashboards.get(name)
+        if d is not None and d.app is app:
+            d.start()  # a no-op while it refreshes
+            return " (its dashboard above follows it)"
+        if show_if_none:
+            self._watch(app, name)
+        return ""
+
     def cmd_watch(self, cmd: Command):
         return self._watch(self.app(cmd.name), cmd.name, cmd.interval, cmd.top)
 
     def cmd_crash(self, cmd: Command):
         app = self.app(cmd.name)
+        gen0 = getattr(app, "generation", 0)
         rec = app.crash(cmd.mode, instance=cmd.instance, after_records=cmd.after, timeout=60)
-        when = "now" if cmd.after is None else f"after {cmd.after} more record(s)"
-        lost = f", deleted {len(rec.get('deleted') or [])} state dir(s)" if cmd.mode == "disk-loss" else ""
-        print(f"{cmd.name}: crash of instance {rec.get('instance')} ({cmd.mode}) {when}: "
-              f"{rec.get('status')}{lost}; app is {app.state}")
+        if cmd.after is None:
+            when = "now"
+        else:
+            when = f"once one of its tasks has processed {cmd.after} record(s) of a batch"
+        inst = rec.get("instance", cmd.instance)
+        what = f"instance {inst}" if inst is not None else "an instance"
+        status = rec.get("status", "")
+        verb = "crashed" if status == "applied" else f"will crash {when}" if status == "pending" else status
+        note = self._follow(cmd.name, app)
+        print(f"{cmd.name}: {what} ({cmd.mode}) {verb}{self._moves_since(app, gen0)}; "
+              f"the app is {app.state}{note}")
 
     def cmd_restart(self, cmd: Command):
         app = self.app(cmd.name)
-        self._ensure_up(spark=True)
-        rec = app.restart()
-        promos = rec.get("promotions") or []
-        moves = rec.get("moves") or []
-        print(f"{cmd.name}: restarting (generation {rec.get('generation')}), "
-              f"{len(moves)} task move(s), {len(promos)} standby promotion(s); {app.state}")
-        if not cmd.no_watch:
-            return self._watch(app, cmd.name)
+        self._ensure_up(spark=app_uses_spark(app))
+        kw = {"restore_rate": cmd.restore_rate} if cmd.restore_rate else {}
+        gen0 = getattr(app, "generation", 0)
+        self._reported.pop(cmd.name, None)
+        rec = app.restart(**kw)
+        revived = rec.get("revived")
+        what = (f"revived instance(s) {', '.join(str(i) for i in revived)}" if revived
+                else "restarted")
+        throttle = f", restores throttled to {cmd.restore_rate:,.0f} records/s" if cmd.restore_rate else ""
+        note = "" if cmd.no_watch else self._follow(cmd.name, app, show_if_none=True)
+        print(f"{cmd.name}: {what} (generation {rec.get('generation', '?')}){self._moves_since(app, gen0)}"
+              f"{throttle}; {app.state}{note}")
+
+    @staticmethod
+    def _moves_since(app, gen0) -> str:
+        """The tasks that changed instance in the rebalances after generation `gen0`."""
+        moves = [m for r in (getattr(app, "rebalances", None) or []) if r.get("generation", 0) > (gen0 or 0)
+                 for m in r.get("moves", [])]
+        if not moves:
+            return ""
+        shown = ", ".join(f"{m['task']} {m['from']}→{m['to']}" for m in moves[:6])
+        return f"; {len(moves)} task move(s): {shown}" + (" …" if len(moves) > 6 else "")
+
+    # -- membership -----------------------------------------------------------------------------
+
+    def _membership(self, cmd: Command, what: str, fn) -> None:
+        app = self.app(cmd.name)
+        if not hasattr(app, "kill"):
+            from statekit.errors import StatekitError
+
+            raise StatekitError(f"app {cmd.name!r} runs Spark's own state store (one instance): no "
+                                f"membership changes")
+        gen0 = app.generation
+        result = fn(app)
+        note = self._follow(cmd.name, app)
+        print(f"{cmd.name}: {what(result)}{self._moves_since(app, gen0)}; live instances: "
+              f"{self._live(app)}; {app.state}{note}")
+
+    @staticmethod
+    def _live(app) -> str:
+        try:
+            df = app.instances_frame()
+            live = [str(i) for i, st in zip(df["instance"], df["status"]) if st in ("alive", "leaving")]
+            return ", ".join(live) or "none"
+        except Exception:
+            return str(app.instances)
+
+    def cmd_instances(self, cmd: Command):
+        app = self.app(cmd.name)
+        if not hasattr(app, "instances_frame"):
+            print(f"{cmd.name}: one instance (Spark's own state store)")
+            return None
+        df = app.instances_frame()
+        return df.drop(columns=[c for c in ("reported",) if c in df.columns]).set_index("instance")
+
+    def cmd_kill(self, cmd: Command):
+        self._membership(cmd, lambda r: f"instance {cmd.instance} killed",
+                         lambda app: app.kill(cmd.instance))
+
+    def cmd_revive(self, cmd: Command):
+        disk = not cmd.no_disk
+        self._membership(cmd, lambda r: f"instance {cmd.instance} revived "
+                                        f"({'with its disk' if disk else 'with an empty disk'})",
+                         lambda app: app.revive(cmd.instance, disk=disk))
+
+    def cmd_add_instance(self, cmd: Command):
+        self._membership(cmd, lambda i: f"instance {i} joined (warmup replicas catch up before tasks move)",
+                         lambda app: app.add_instance())
+
+    def cmd_remove_instance(self, cmd: Command):
+        self._membership(cmd, lambda r: f"instance {cmd.instance} left",
+                         lambda app: app.remove_instance(cmd.instance))
+
+    def cmd_scale(self, cmd: Command):
+        self._membership(cmd, lambda changed: (f"scaled to {cmd.count} instance(s)"
+                                               + (f" (changed: {', '.join(str(i) for i in changed)})"
+                                                  if changed else " (already there)")),
+                         lambda app: app.scale(cmd.count))
 
     # -- queries ----------------------------------------------------------------------------------
 

@@ -18,11 +18,25 @@ def error_line(message: str) -> None:
     sys.stderr.flush()
 
 
+def one_line_errors(shell, session) -> None:
+    """A `StatekitError` raised in any cell (`app.process_all_available()`, `app.crash(...)`) shows
+    as its one line, in red, instead of a traceback (kept for `kernel_ext.last_traceback()`); the
+    cell still fails, so "run all" stops there as before."""
+    from statekit.errors import StatekitError
+
+    def handler(_shell, etype, value, tb, tb_offset=None):
+        session.last_traceback = "".join(traceback.format_exception(etype, value, tb))
+        return [f"{RED}{etype.__name__}: {' '.join(str(value).split())}{RESET}"]
+
+    shell.set_custom_exc((StatekitError,), handler)
+
+
 @magics_class
 class StatekitMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
         self.session = Session(shell)
+        one_line_errors(shell, self.session)
 
     def _run(self, line: str, cell: str | None):
         from statekit.errors import StatekitError

@@ -22,8 +22,10 @@ GENERATORS = ("words", "clicks", "sensors", "accounts")
 
 SUBCOMMANDS = (
     "up", "down", "status", "topics", "produce", "app", "apps", "start", "stop", "watch",
-    "crash", "restart", "query", "lag", "history", "help",
+    "crash", "restart", "instances", "kill", "revive", "add-instance", "remove-instance", "scale",
+    "query", "lag", "history", "help",
 )
+ENGINES = ("changelog", "local", "spark")
 
 
 class ParseError(Exception):
@@ -128,6 +130,27 @@ def parse_rate(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text.rstrip("s").strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def _instance_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of instances, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"an app needs at least 1 live instance, got {value} "
+                                         f"(`%statekit stop` stops it)")
+    return value
+
+
 def _interval(text: str) -> float:
     try:
         value = float(text)
@@ -196,11 +219,22 @@ def _build() -> _Parser:
                                    "then known by NAME.")
     p.add_argument("name", type=_name, metavar="NAME")
     p.add_argument("--partitions", type=_positive_int, metavar="N", help="tasks = changelog partitions")
-    p.add_argument("--instances", type=_positive_int, metavar="N", help="simulated instances")
+    p.add_argument("--instances", type=_positive_int, metavar="N",
+                   help="instance processes (each with its own state directory)")
     p.add_argument("--standby", type=_non_negative_int, metavar="N", help="standby replicas per task")
-    p.add_argument("--commit-interval", type=float, metavar="S", help="seconds between commits")
+    p.add_argument("--commit-interval", type=_seconds, metavar="S", help="seconds between commits")
     p.add_argument("--cache-bytes", type=_non_negative_int, metavar="B", help="record cache size")
-    p.add_argument("--engine", choices=("changelog", "spark"), help="state engine")
+    p.add_argument("--acceptable-lag", type=_non_negative_int, metavar="N",
+                   help="a warmup replica this close to the changelog end takes its task over "
+                        "(acceptable.recovery.lag, default 10000 records)")
+    p.add_argument("--max-warmups", type=_non_negative_int, metavar="N",
+                   help="warmup replicas at once (max.warmup.replicas, default 2)")
+    p.add_argument("--probing-interval", type=_seconds, metavar="S",
+                   help="seconds between probing rebalances while warmups catch up (default 10)")
+    p.add_argument("--engine", choices=ENGINES,
+                   help="changelog (default: Spark reads and shuffles, statekit's stores and "
+                        "changelogs keep the state), local (the same without Spark), or spark "
+                        "(Spark's own RocksDB state store: statekit.NativeApp, one instance)")
 
     sub.add_parser("apps", help="list the apps this kernel knows", description="List apps by name.")
 
@@ -227,20 +261,67 @@ def _build() -> _Parser:
     p.add_argument("--interval", type=_interval, default=1.0, metavar="S", help="refresh period (default 1 s)")
     p.add_argument("--top", type=_positive_int, default=15, metavar="K", help="store rows to show (default 15)")
 
-    p = sub.add_parser("crash", help="kill an instance mid-batch (process) or also wipe its disk",
-                       description="Crash an instance: `process` kills its worker mid-batch and "
-                                   "keeps its state directory; `disk-loss` also deletes it.")
+    p = sub.add_parser("crash", help="crash an instance now or mid-batch; disk-loss also wipes its disk",
+                       description="Crash an instance: `process` kills it (now, or with --after N "
+                                   "once one of its tasks has processed N records of a batch) and "
+                                   "keeps its state directory; `disk-loss` also deletes it. Its tasks "
+                                   "move to the live instances; a one-instance app stops until "
+                                   "`restart`.")
     p.add_argument("name", type=_name, metavar="NAME")
     p.add_argument("--mode", choices=CRASH_MODES, default="process", help="process (default) or disk-loss")
-    p.add_argument("--instance", type=_non_negative_int, default=0, metavar="I", help="instance index (default 0)")
+    p.add_argument("--instance", type=_non_negative_int, default=None, metavar="I",
+                   help="instance number (default: the one with the most active tasks)")
     p.add_argument("--after", type=_non_negative_int, default=None, metavar="N",
                    help="crash after N more records (default: now)")
 
-    p = sub.add_parser("restart", help="restart a crashed or stopped app and watch it restore",
-                       description="Restart the app; its tasks restore from their changelogs. "
-                                   "Shows the dashboard unless --no-watch.")
+    p = sub.add_parser("restart", help="revive crashed instances (or restart all) and watch them restore",
+                       description="Revive every dead instance (with its disk; a disk-loss instance "
+                                   "comes back empty), or restart every instance when none is dead; "
+                                   "tasks restore from their changelogs. Updates the app's dashboard "
+                                   "(or shows one) unless --no-watch.")
     p.add_argument("name", type=_name, metavar="NAME")
     p.add_argument("--no-watch", action="store_true", help="do not show the dashboard")
+    p.add_argument("--restore-rate", type=parse_rate, metavar="N/s",
+                   help="throttle every restore to N records/s, to watch it (teaching; default: full speed)")
+
+    p = sub.add_parser("instances", help="an app's instances: status, active, standby and warmup tasks",
+                       description="One row per instance: status (alive, leaving, dead, stopped), "
+                                   "incarnation, pid, and its active, standby and warmup tasks.")
+    p.add_argument("name", type=_name, metavar="NAME")
+
+    p = sub.add_parser("kill", help="kill one instance now; its tasks move, the others keep going",
+                       description="SIGKILL one instance (a crash with nothing armed). Its tasks move "
+                                   "to the live instances (standby holders first); the other "
+                                   "instances keep processing. Refused for the last live instance "
+                                   "(use `crash`); `crash --mode disk-loss --instance I` also wipes its disk.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("--instance", type=_non_negative_int, required=True, metavar="I", help="instance number")
+
+    p = sub.add_parser("revive", help="bring a dead instance back (with its disk, or --no-disk)",
+                       description="Start a dead instance again. With its disk, its old state "
+                                   "directories count as (possibly stale) copies: warmup replicas "
+                                   "bring them up to date before tasks move back.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("--instance", type=_non_negative_int, required=True, metavar="I", help="instance number")
+    p.add_argument("--no-disk", action="store_true", help="revive it with an empty state directory")
+
+    p = sub.add_parser("add-instance", help="a new instance joins; warmups catch up before tasks move",
+                       description="Start a new instance (empty disk). Tasks it should run get a "
+                                   "warmup replica there first and move once it has caught up "
+                                   "(probing rebalances).")
+    p.add_argument("name", type=_name, metavar="NAME")
+
+    p = sub.add_parser("remove-instance", help="gracefully remove an instance (its tasks move first)",
+                       description="Remove an instance gracefully: its tasks move to the others "
+                                   "(through warmups), then it stops. Blocks until it left.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("--instance", type=_non_negative_int, required=True, metavar="I", help="instance number")
+
+    p = sub.add_parser("scale", help="add or remove instances until N are live",
+                       description="Add instances (they join with warmups) or remove the highest "
+                                   "numbered ones gracefully until N are live.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("count", type=_instance_count, metavar="N", help="live instances wanted (>= 1)")
 
     p = sub.add_parser("query", help="interactive query: one key, a key range, or everything",
                        description="Read an app's store while it runs: `query NAME STORE KEY`, "

@@ -1119,9 +1119,11 @@ class App:
         """``[(key, value)]`` with ``lo <= key <= hi`` in serialized-key order, over all tasks."""
         return self._get_router().range(store, lo, hi, stale=stale)
 
-    def query_all(self, store: str, stale: bool = False):
-        """The whole store as a DataFrame (key, value, task, instance)."""
-        return self._get_router().all(store, stale=stale)
+    def query_all(self, store: str, stale: bool = False, limit_per_task: Optional[int] = None):
+        """The whole store as a DataFrame (key, value, task, instance); with ``limit_per_task``, at
+        most that many rows of each task (in key order): a look at a million-key store without
+        reading all of it."""
+        return self._get_router().all(store, stale=stale, limit_per_task=limit_per_task)
 
     def query_window(self, store: str, key, t_from: int, t_to: int, stale: bool = False):
         """``[(window_start, value)]`` of a windowed store for ``t_from <= start <= t_to``."""

@@ -2,10 +2,11 @@
 
     python -m statekit.demo [--only 01,02] [--out build] [--timeout 300]
 
-Executes every `notebooks/0*.ipynb` in a real Jupyter kernel (nbclient; the kernel runs this
+Executes every `notebooks/NN_*.ipynb` (01–10) in a real Jupyter kernel (nbclient; the kernel runs this
 interpreter), writes the executed copies to `build/notebooks/` and every chart they draw as PNG to
-`build/charts/`, then prints a short report: per notebook its time and checks, and from notebook 02
-the restore time, the records replayed and the invariant check. Each run gets its own STATEKIT_HOME
+`build/charts/`, then prints a short report: per notebook its time and checks, and every restore a
+notebook reports (seconds, records and records/s per task, the forecast made before the
+crash when there is one) and the invariant check. Each run gets its own STATEKIT_HOME
 (a fresh broker and state directories), removed afterwards unless --keep.
 """
 from __future__ import annotations
@@ -205,13 +206,21 @@ def format_report(results: list[NotebookResult]) -> str:
                      + (f"  {len(r.charts)} chart(s)" if r.charts else ""))
         for e in r.errors[:3]:
             lines.append(f"         {e}")
-    restore = [p for r in results for p in r.reports if p.get("name") == "restore"]
-    if restore:
-        p = restore[-1]
-        lines += ["", f"  restore after a disk loss: {p.get('restore_seconds')} s, "
-                      f"{p.get('records_replayed')} changelog records replayed",
-                  f"  invariant (store == plain-Python reference after both crash modes): "
-                  f"{p.get('invariant')}"]
+    restores = [(r.name, p) for r in results for p in r.reports if p.get("name") == "restore"]
+    for name, p in restores:
+        fc = p.get("forecast_seconds")
+        lines += ["", f"  {name}: restore from scratch after a disk loss: {p.get('restore_seconds')} s of "
+                      f"restore work, {p.get('records_replayed'):,} changelog records replayed"
+                      + (f" (forecast before the crash: {fc} s)" if fc is not None else "")]
+        for t in p.get("per_task") or []:
+            rate = t.get("records/s")
+            fc = t.get("forecast s")
+            lines.append(f"    task {t.get('task')} (instance {t.get('instance')}, from {t.get('source')}): "
+                         f"{float(t.get('seconds') or 0):.2f} s, {int(t.get('records') or 0):,} records"
+                         + (f", {rate:,.0f} records/s" if isinstance(rate, (int, float)) and rate == rate else "")
+                         + (f"; forecast {fc:.2f} s" if isinstance(fc, (int, float)) and fc == fc else ""))
+        if p.get("invariant") is not None:
+            lines.append(f"    invariant (store == plain-Python reference after the crashes): {p.get('invariant')}")
     n_ok = sum(r.passed for r in results)
     lines += ["", f"  {n_ok}/{len(results)} notebooks passed; total {sum(r.seconds for r in results):.0f} s"]
     return "\n".join(lines)

@@ -35,45 +35,34 @@ def _style(ax):
     ax.tick_params(labelsize=8, colors="#444")
 
 
-def lag_figure(series: dict, standby: dict | None = None, width: float = 5.2, height: float = 2.6,
-               title: str = "changelog lag per task") -> Figure:
-    """Lag over time, one line per task (dashed: standby lag)."""
-    fig = Figure(figsize=(width, height))
-    ax = fig.add_subplot(111)
-    _style(ax)
-    any_line = False
-    for i, (task, (xs, ys)) in enumerate(sorted(series.items())):
-        if xs:
-            ax.plot(xs, ys, color=PALETTE[i % len(PALETTE)], linewidth=1.8, label=f"task {task}")
-            any_line = True
-    for i, (task, (xs, ys)) in enumerate(sorted((standby or {}).items())):
-        if xs:
-            ax.plot(xs, ys, color=PALETTE[i % len(PALETTE)], linewidth=1.2, linestyle="--",
-                    label=f"standby {task}")
-            any_line = True
-    ax.set_title(title, fontsize=9.5, color="#222", loc="left")
-    ax.set_xlabel("seconds", fontsize=8, color="#444")
-    ax.set_ylabel("records behind", fontsize=8, color="#444")
-    ymax = max([max(ys) for _, ys in list(series.values()) + list((standby or {}).values()) if ys] or [0])
-    ax.set_ylim(0, max(4, ymax * 1.15))
-    from matplotlib.ticker import MaxNLocator
+INSTANCE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#C44E52", "#937860", "#DA8BC3",
+                   "#64B5CD", "#CCB974", "#8C8C8C"]
+MARKER_STYLE = {  # kind -> (colour, line style, legend label)
+    "crash": ("#C62828", "-", "crash"),
+    "restart": ("#1565C0", "--", "restart"),
+    "restored": ("#2E7D32", "-", "restored"),
+    "rebalance": ("#757575", ":", "rebalance"),
+    "join": ("#6A1B9A", "--", "instance joined"),
+    "revive": ("#6A1B9A", "--", "instance revived"),
+    "leave": ("#6A1B9A", ":", "instance left"),
+}
 
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
-    if any_line:
-        ax.legend(fontsize=7, frameon=False, ncol=4, loc="upper right")
-    else:
-        ax.text(0.5, 0.5, "waiting for the first lag sample", ha="center", va="center",
-                transform=ax.transAxes, fontsize=9, color="#888")
-    fig.tight_layout(pad=0.6)
-    return fig
+
+def instance_color(i) -> str:
+    try:
+        return INSTANCE_COLORS[int(i) % len(INSTANCE_COLORS)]
+    except (TypeError, ValueError):
+        return "#9E9E9E"
 
 
 class LagChart:
-    """The lag-over-time chart, built once and updated in place (new data on the same lines, the
-    same axes), which costs a fraction of building a figure every second. `png(series, standby)`
-    returns PNG bytes, or None when nothing visible changed and the last picture is recent."""
+    """The lag-over-time chart with its markers (crash, restart, restored, rebalance), built once and
+    updated in place (new data on the same lines, the same axes), which costs a fraction of building
+    a figure every second. The legend sits right of the plot, never over a line or the title.
+    `png(series, standby, markers)` returns PNG bytes, or None when nothing visible changed and the
+    last picture is recent."""
 
-    def __init__(self, width: float = 5.4, height: float = 2.5, dpi: int = 90, max_age: float = 5.0):
+    def __init__(self, width: float = 4.9, height: float = 2.35, dpi: int = 90, max_age: float = 5.0):
         from matplotlib.ticker import MaxNLocator
 
         self.dpi = dpi
@@ -82,20 +71,23 @@ class LagChart:
         self.canvas = FigureCanvasAgg(self.fig)
         self.ax = self.fig.add_subplot(111)
         _style(self.ax)
-        self.ax.set_title("changelog lag per task", fontsize=9.5, color="#222", loc="left")
-        self.ax.set_xlabel("seconds", fontsize=8, color="#444")
-        self.ax.set_ylabel("records behind", fontsize=8, color="#444")
+        self.ax.set_title("changelog lag per task", fontsize=9, color="#222", loc="left")
+        self.ax.set_xlabel("seconds", fontsize=7.5, color="#444", labelpad=1)
+        self.ax.set_ylabel("records behind", fontsize=7.5, color="#444")
         self.ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
         self.empty = self.ax.text(0.5, 0.5, "waiting for the first lag sample", ha="center", va="center",
-                                  transform=self.ax.transAxes, fontsize=9, color="#888")
+                                  transform=self.ax.transAxes, fontsize=8.5, color="#888")
         self.lines: dict = {}
+        self._marker_artists: list = []
+        self._markers_sig = None
         self._sig = None
         self._drawn_at = 0.0
         self._layout = None
         self._background = None
         self.full_draws = 0
         # fixed margins (tight_layout once would clip wider tick labels later): room for 6 digits
-        self.fig.subplots_adjust(left=0.15, right=0.98, top=0.88, bottom=0.2)
+        # on the left, the legend on the right
+        self.fig.subplots_adjust(left=0.15, right=0.74, top=0.88, bottom=0.19)
 
     def _line(self, key, i: int, standby: bool):
         ln = self.lines.get(key)
@@ -104,24 +96,44 @@ class LagChart:
                                  linestyle="--" if standby else "-",
                                  label=f"{'standby' if standby else 'task'} {key[1]}")
             self.lines[key] = ln
-            # above the plot, right of the title: drawn with the background, never over a line
-            self.ax.legend(fontsize=7, frameon=False, ncol=4, loc="lower right", bbox_to_anchor=(1.0, 1.0),
-                           borderaxespad=0.1)
         return ln
 
-    def png(self, series: dict, standby: dict | None = None, now: float | None = None) -> bytes | None:
+    def _legend(self, kinds) -> None:
+        from matplotlib.lines import Line2D
+
+        handles = [ln for key, ln in self.lines.items() if key[0] == "a"]
+        if any(key[0] == "s" for key in self.lines):
+            handles.append(Line2D([], [], color="#777", linestyle="--", linewidth=1.2, label="dashed: standby"))
+        for k in kinds:
+            color, style, label = MARKER_STYLE.get(k, ("#999", ":", k))
+            handles.append(Line2D([], [], color=color, linestyle=style, linewidth=1.2, label=label))
+        if handles:
+            self.ax.legend(handles=handles, fontsize=6.5, frameon=False, loc="upper left",
+                           bbox_to_anchor=(1.01, 1.02), borderaxespad=0.0, handlelength=1.6)
+
+    def _draw_markers(self, markers) -> None:
+        for a in self._marker_artists:
+            a.remove()
+        self._marker_artists = []
+        for x, kind, _label in markers:
+            color, style, _ = MARKER_STYLE.get(kind, ("#999", ":", kind))
+            self._marker_artists.append(self.ax.axvline(x, color=color, linestyle=style, linewidth=1.0,
+                                                        alpha=0.85, zorder=1))
+
+    def png(self, series: dict, standby: dict | None = None, markers=(), now: float | None = None) -> bytes | None:
         """PNG of the chart, or None when nothing visible changed and the last picture is recent.
 
         Cheap in the steady state: the axes limits are rounded up to "nice" values, so most
-        refreshes keep the same axes, ticks and labels; then only the lines are redrawn over a
-        saved background (blitting) and the canvas is encoded at a low PNG compression. A full
-        draw happens only when a limit, the set of lines or the placeholder text changes."""
+        refreshes keep the same axes, ticks, labels and markers; then only the lines are redrawn over
+        a saved background (blitting) and the canvas is encoded at a low PNG compression. A full
+        draw happens only when a limit, the set of lines, the markers or the placeholder changes."""
         import time as _time
 
         now = _time.monotonic() if now is None else now
-        data = [(("a", t), i, False, xs, ys) for i, (t, (xs, ys)) in enumerate(sorted(series.items()))]
-        data += [(("s", t), i, True, xs, ys) for i, (t, (xs, ys)) in enumerate(sorted((standby or {}).items()))]
-        sig = tuple((k, tuple(ys[-120:])) for k, _i, _s, _x, ys in data)
+        markers = [(round(float(x), 2), k, lab) for x, k, lab in markers]
+        data = [(("a", t), i, False, xs, ys) for i, (t, (xs, ys)) in enumerate(series.items())]
+        data += [(("s", t), i, True, xs, ys) for i, (t, (xs, ys)) in enumerate((standby or {}).items())]
+        sig = (tuple((k, tuple(ys[-120:])) for k, _i, _s, _x, ys in data), tuple(markers))
         if sig == self._sig and now - self._drawn_at < self.max_age:
             return None  # the same lags: a redraw would only stretch the time axis
         self._sig, self._drawn_at = sig, now
@@ -132,17 +144,21 @@ class LagChart:
             if xs:
                 xmax = max(xmax, xs[-1])
                 ymax = max(ymax, max(ys))
+        for x, _k, _l in markers:
+            xmax = max(xmax, x)
         empty = not any(xs for *_r, xs, _ys in data)
         limits = (axis_limit(xmax, floor=30.0), axis_limit(max(4, ymax * 1.15), floor=4))
-        layout = (limits, len(self.lines), empty)
+        layout = (limits, len(self.lines), empty, tuple(markers))
         if layout != self._layout or n_lines != len(self.lines) or self._background is None:
             self._layout = layout
             self.empty.set_visible(empty)
             self.ax.set_xlim(0, limits[0])
             self.ax.set_ylim(0, limits[1])
+            self._draw_markers(markers)
+            self._legend(sorted({k for _x, k, _l in markers}))
             for ln in self.lines.values():
                 ln.set_visible(False)
-            self.canvas.draw()  # axes, ticks, labels, grid, legend (outside the axes): the background
+            self.canvas.draw()  # axes, ticks, labels, grid, markers, legend: the background
             self._background = self.canvas.copy_from_bbox(self.ax.bbox)
             for ln in self.lines.values():
                 ln.set_visible(True)
@@ -154,13 +170,18 @@ class LagChart:
         return self._encode()
 
     def _encode(self) -> bytes:
-        from PIL import Image
+        return encode_canvas(self.canvas)
 
-        w, h = self.canvas.get_width_height()
-        img = Image.frombuffer("RGBA", (w, h), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-        buf = io.BytesIO()
-        img.convert("RGB").save(buf, format="png", compress_level=1)
-        return buf.getvalue()
+
+def encode_canvas(canvas) -> bytes:
+    """PNG of a drawn Agg canvas at a low compression level (fast: the dashboard's 1 Hz path)."""
+    from PIL import Image
+
+    w, h = canvas.get_width_height()
+    img = Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="png", compress_level=1)
+    return buf.getvalue()
 
 
 def axis_limit(v: float, floor: float = 1.0) -> float:
@@ -173,15 +194,141 @@ def axis_limit(v: float, floor: float = 1.0) -> float:
     return math.ceil(v / step - 1e-9) * step
 
 
-def bar_figure(labels: list, values: list, title: str, ylabel: str, width=5.0, height=2.6,
-               color="#4C72B0") -> Figure:
-    fig = Figure(figsize=(width, height))
+_POINT_MARKERS = {"crash": ("x", "#C62828"), "promoted": ("^", "#6A1B9A"), "restored": ("o", "#2E7D32"),
+                  "caught-up": ("D", "#00838F")}
+_POINT_LABELS = {"crash": "crash", "promoted": "replica promoted", "restored": "restored",
+                 "caught-up": "warmup caught up"}
+
+
+def _task_axes(fig, tasks, xmax, title):
     ax = fig.add_subplot(111)
     _style(ax)
-    ax.bar([str(x) for x in labels], values, color=color)
-    ax.set_title(title, fontsize=9.5, color="#222", loc="left")
-    ax.set_ylabel(ylabel, fontsize=8, color="#444")
-    fig.tight_layout(pad=0.6)
+    ax.grid(True, axis="x", color="#e6e6e6", linewidth=0.8)
+    ax.grid(False, axis="y")
+    ax.set_title(title, fontsize=9, color="#222", loc="left")
+    ax.set_xlabel("seconds", fontsize=7.5, color="#444", labelpad=1)
+    ax.set_yticks(range(len(tasks)), [f"task {t}" for t in tasks])
+    ax.set_ylim(len(tasks) - 0.5, -0.5)
+    ax.set_xlim(0, xmax)
+    ax.tick_params(axis="y", labelsize=7)
+    return ax
+
+
+def ownership_figure(timeline, t0: float, now: float, width: float = 4.9, height: float | None = None) -> Figure:
+    """Tasks × time, coloured by the instance that owned each task (pale while it restored there),
+    warmup replicas as thin bars under their task, markers for crashes, promotions, restores,
+    warmups that caught up, and dotted lines for rebalances."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    tasks = timeline.tasks()
+    height = height or max(1.7, 0.9 + 0.24 * len(tasks))
+    fig = Figure(figsize=(width, height))
+    xmax = axis_limit(max(1.0, now - t0), floor=30.0)
+    ax = _task_axes(fig, tasks, xmax, "task ownership (colour = instance)")
+    if not tasks:
+        ax.text(0.5, 0.5, "no assignment yet", ha="center", va="center", transform=ax.transAxes,
+                fontsize=8.5, color="#888")
+    insts = set()
+    for y, t in enumerate(tasks):
+        for s in timeline.segments.get(t, []):
+            insts.add(s.instance)
+            start, end = s.start - t0, (s.end if s.end is not None else now) - t0
+            ready = (s.opened - t0) if s.opened is not None else end
+            c = instance_color(s.instance)
+            if ready > start:
+                ax.broken_barh([(start, ready - start)], (y - 0.32, 0.5), facecolors=c, alpha=0.3,
+                               edgecolor=c, linewidth=0.5)
+            if end > ready:
+                ax.broken_barh([(ready, end - ready)], (y - 0.32, 0.5), facecolors=c)
+        for s in timeline.warmups.get(t, []):
+            insts.add(s.instance)
+            start, end = s.start - t0, (s.end if s.end is not None else now) - t0
+            ax.broken_barh([(start, max(0.0, end - start))], (y + 0.22, 0.12),
+                           facecolors=instance_color(s.instance), alpha=0.7)
+    kinds = set()
+    for m in timeline.markers:
+        x = m.t - t0
+        if m.task is None:
+            if m.kind == "rebalance":
+                ax.axvline(x, color="#9E9E9E", linestyle=":", linewidth=0.9, zorder=0)
+                kinds.add("rebalance")
+            continue
+        if m.task in tasks and m.kind in _POINT_MARKERS:
+            sym, col = _POINT_MARKERS[m.kind]
+            ax.plot([x], [tasks.index(m.task) - 0.07], marker=sym, color=col, markersize=5.5,
+                    markeredgewidth=1.4, linestyle="none", zorder=5)
+            kinds.add(m.kind)
+    handles = [Patch(facecolor=instance_color(i), label=f"instance {i}") for i in sorted(insts)]
+    if any(timeline.warmups.values()):
+        handles.append(Patch(facecolor="#bbb", label="thin: warmup"))
+    handles += [Line2D([], [], marker=_POINT_MARKERS[k][0], color=_POINT_MARKERS[k][1], linestyle="none",
+                       markersize=5, label=_POINT_LABELS[k]) for k in sorted(kinds - {"rebalance"})]
+    if "rebalance" in kinds:
+        handles.append(Line2D([], [], color="#9E9E9E", linestyle=":", label="rebalance"))
+    if handles:
+        ax.legend(handles=handles, fontsize=6.5, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.02),
+                  borderaxespad=0.0, handlelength=1.4)
+    fig.subplots_adjust(left=0.15, right=0.72, top=1 - 0.32 / height, bottom=0.42 / height)
+    return fig
+
+
+RESTORE_COLORS = {"queued": "#BDBDBD", "restoring": "#EF6C00", "done": "#2E7D32",
+                  "promoted": "#6A1B9A", "nothing": "#90A4AE", "failed": "#C62828",
+                  "moved": "#9E9E9E", "interrupted": "#C62828"}
+
+
+def restore_timeline_figure(rnd, cursor: float | None = None, now: float | None = None,
+                            width: float = 6.2, height: float | None = None) -> Figure:
+    """One restore round, tasks × time (seconds since the round began): grey while queued, orange
+    while restoring (a tick per progress report), a dot when the task opened (green: restored,
+    purple: a promoted replica, grey: nothing to replay). `cursor` draws the replay position."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows = rnd.ordered() if rnd is not None else []
+    tasks = [r.task for r in rows]
+    height = height or max(1.6, 0.9 + 0.24 * len(tasks))
+    fig = Figure(figsize=(width, height))
+    t0 = rnd.started if rnd is not None else 0.0
+    end = now if now is not None else (rnd.finished if rnd is not None and rnd.finished else t0 + 1)
+    if rnd is not None:
+        for r in rows:
+            for t in (r.finished, r.started):
+                if t is not None:
+                    end = max(end, t)
+    span = max(0.05, end - t0)
+    ax = _task_axes(fig, tasks, span * 1.04, "restore timeline (seconds since the round began)")
+    for y, r in enumerate(rows):
+        q = (r.queued_at if r.queued_at is not None else t0) - t0
+        st = (r.started - t0) if r.started is not None else None
+        fin = (r.finished - t0) if r.finished is not None else None
+        stop = fin if fin is not None else span
+        first = st if st is not None else stop
+        if first > q:
+            ax.broken_barh([(q, first - q)], (y - 0.25, 0.5), facecolors=RESTORE_COLORS["queued"])
+        if st is not None:
+            ax.broken_barh([(st, max(0.0, stop - st))], (y - 0.25, 0.5), facecolors=RESTORE_COLORS["restoring"])
+            xs = [ts - t0 for ts, _n in r.samples]
+            ax.plot(xs, [y] * len(xs), linestyle="none", marker="|", color="#5D4037", markersize=6)
+        if fin is not None:
+            ax.plot([fin], [y], marker="o", color=RESTORE_COLORS.get(r.status, "#666"), markersize=5.5,
+                    linestyle="none", zorder=5)
+    if cursor is not None:
+        ax.axvline(cursor, color="#1565C0", linewidth=1.4)
+    handles = [Patch(facecolor=RESTORE_COLORS["queued"], label="queued"),
+               Patch(facecolor=RESTORE_COLORS["restoring"], label="restoring"),
+               Line2D([], [], marker="|", color="#5D4037", linestyle="none", label="progress report"),
+               Line2D([], [], marker="o", color=RESTORE_COLORS["done"], linestyle="none", label="restored"),
+               Line2D([], [], marker="o", color=RESTORE_COLORS["promoted"], linestyle="none", label="promoted"),
+               Line2D([], [], marker="o", color=RESTORE_COLORS["nothing"], linestyle="none",
+                      label="nothing to replay")]
+    ax.legend(handles=handles, fontsize=6.5, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.02),
+              borderaxespad=0.0, handlelength=1.4)
+    if not rows:
+        ax.text(0.5, 0.5, "no restore yet", ha="center", va="center", transform=ax.transAxes,
+                fontsize=8.5, color="#888")
+    fig.subplots_adjust(left=0.12, right=0.76, top=1 - 0.32 / height, bottom=0.42 / height)
     return fig
 
 

@@ -1,19 +1,24 @@
 """The dashboard's data model: pure Python, no widgets, no IPython.
 
-`collect(app, ...)` takes a `Snapshot` of a running `statekit.App` (state, metrics, the lag table,
-store contents, new events, changelog figures). `DashboardModel.update(snapshot)` turns a stream of
-snapshots into what the panels show: rows changed since the last refresh, lag history per task,
-restore progress with rate and ETA, the restore summary, changelog compaction figures, and a
-column layout of the topology graph.
+`collect(app, ...)` takes a `Snapshot` of a running app (state, metrics, the lag table, task and
+instance status, store contents, new typed events from `statekit.events`, changelog figures, the
+restore forecast). `DashboardModel.update(snapshot)` turns a stream of snapshots into what the panels
+show: the badge and its reason, the input rate, rows changed since the last refresh, lag history per
+task with markers, the restore rounds (`restore.RestoreBoard`), the ownership timeline and
+per-instance rates (`membership`), changelog compaction figures, and a column layout of the topology.
 """
 from __future__ import annotations
 
 import heapq
 import math
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from kernel_ext.dashboard.membership import InstanceRates, OwnershipTimeline
+from kernel_ext.dashboard.restore import RestoreBoard, _get, _type
 
 # ---------------------------------------------------------------------------------------------
 # snapshots
@@ -21,17 +26,22 @@ from typing import Any, Iterable
 
 @dataclass
 class Snapshot:
-    """What the dashboard knows about an app at one instant (all plain data)."""
+    """What the dashboard knows about an app at one instant (plain data and typed events)."""
 
     t: float
     state: str = "UNKNOWN"
+    app_error: str | None = None        # the app's one-line error (state ERROR)
     metrics: dict = field(default_factory=dict)
-    tasks: list[dict] = field(default_factory=list)
+    tasks: list[dict] = field(default_factory=list)     # App.lag() rows
+    status: dict = field(default_factory=dict)          # App.task_status(): task -> {...}
+    instances: list[dict] = field(default_factory=list)  # App.instances_frame() rows
     stores: dict[str, dict] = field(default_factory=dict)  # store -> {key: value}
-    events: list[dict] = field(default_factory=list)  # new events since the last snapshot
+    events: list = field(default_factory=list)  # new statekit.events records since the last snapshot
     changelog: list[dict] = field(default_factory=list)  # one dict per changelog partition
     task_rows: dict = field(default_factory=dict)  # (task, store) -> keys, counted from the store read
-    error: str | None = None
+    forecast: dict | None = None  # App.restore_forecast() as forecast_data() (None: not asked, not there)
+    has_events: bool = True  # the app publishes statekit.events (Spark's own state store does not)
+    error: str | None = None  # a panel that could not be read (one line)
 
 
 def _num(x, default=None):
@@ -46,41 +56,50 @@ def _num(x, default=None):
     return int(f) if f.is_integer() else f
 
 
-TASK_FIELDS = ("task", "instance", "role", "store", "rows", "dirty", "checkpoint", "changelog_end",
-               "lag", "standby_lag", "state")
+def task_id(x) -> str | None:
+    """Any spelling of a task ("0_3", 3, (0, 3), TaskId) as Kafka Streams' "0_3"."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return None
+    from statekit.contracts import TaskId
 
-# names the runtime may use for each task-table column (first match wins)
-_TASK_ALIASES = {
-    "task": ("task", "task_id", "partition"),
-    "instance": ("instance", "owner", "active_instance"),
-    "role": ("role", "kind", "type"),
-    "store": ("store", "store_name"),
-    "rows": ("rows", "store_rows", "num_rows", "records", "entries", "approximate_num_entries"),
-    "dirty": ("dirty", "dirty_entries", "cache_dirty", "dirty_cache_entries"),
-    "checkpoint": ("checkpoint", "checkpoint_offset", "committed_offset", "local_offset"),
-    "changelog_end": ("changelog_end", "end_offset", "changelog_end_offset", "log_end_offset"),
-    "lag": ("lag", "changelog_lag"),
-    "standby_lag": ("standby_lag",),
-    "state": ("state", "task_state", "status"),
-}
+    try:
+        return str(TaskId.parse(int(x) if isinstance(x, float) else x))
+    except (ValueError, TypeError):
+        return str(x)
+
+
+def task_order(t) -> tuple:
+    from statekit.contracts import TaskId
+
+    try:
+        return (0, TaskId.parse(t))
+    except (ValueError, TypeError):
+        return (1, (0, 0), str(t))
+
+
+TASK_FIELDS = ("task", "instance", "role", "store", "rows", "dirty", "checkpoint", "changelog_end",
+               "lag", "state")
+
+# App.lag()'s columns (both engines), and the dashboard's names for them
+_TASK_COLUMNS = {"task": "task", "instance": "instance", "role": "role", "store": "store",
+                 "rows": "rows", "dirty": "dirty", "checkpoint_offset": "checkpoint",
+                 "changelog_end": "changelog_end", "lag": "lag", "state": "state"}
 
 
 def normalize_task(row: dict) -> dict:
-    """Map a lag-table row (whatever its column names) onto TASK_FIELDS."""
-    out = {}
-    for name, aliases in _TASK_ALIASES.items():
-        val = None
-        for a in aliases:
-            if a in row and row[a] is not None and not (isinstance(row[a], float) and math.isnan(row[a])):
-                val = row[a]
-                break
-        out[name] = val
-    for k in ("task", "instance", "rows", "dirty", "checkpoint", "changelog_end", "lag", "standby_lag"):
+    """An `App.lag()` row as the dashboard's task row (TASK_FIELDS; task as "0_3")."""
+    out = {name: None for name in TASK_FIELDS}
+    for col, name in _TASK_COLUMNS.items():
+        v = row.get(col, row.get(name))
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            out[name] = v
+    out["task"] = task_id(out["task"])
+    for k in ("instance", "rows", "dirty", "checkpoint", "changelog_end", "lag"):
         out[k] = _num(out[k])
     if out["lag"] is None and out["changelog_end"] is not None and out["checkpoint"] is not None:
         out["lag"] = max(0, out["changelog_end"] - out["checkpoint"])
     role = str(out["role"] or "active").lower()
-    out["role"] = "standby" if role.startswith("standby") else "active"
+    out["role"] = role if role in ("active", "standby", "warmup") else "active"
     return out
 
 
@@ -115,41 +134,33 @@ def diff_rows(before: dict | None, after: dict) -> Diff:
     return d
 
 
-class RateEstimator:
-    """Progress rate over a sliding window of (time, done) samples, and the ETA it implies."""
+class CounterRate:
+    """Rate of a growing counter over the last `window` seconds: (newest - oldest sample in the
+    window) / their time apart. A counter that stops growing reads 0 once `window` has passed (the
+    producer stopped); a counter that goes down (a new app) starts over."""
 
     def __init__(self, window: float = 5.0):
         self.window = window
         self.samples: deque[tuple[float, float]] = deque()
 
-    def add(self, t: float, done: float) -> None:
-        if self.samples and t <= self.samples[-1][0]:
-            self.samples[-1] = (self.samples[-1][0], done)
+    def add(self, t: float, count) -> None:
+        if count is None:
             return
-        self.samples.append((t, done))
-        while len(self.samples) > 2 and t - self.samples[0][0] > self.window:
+        if self.samples and count < self.samples[-1][1]:
+            self.samples.clear()
+        if self.samples and t <= self.samples[-1][0]:
+            self.samples[-1] = (self.samples[-1][0], count)
+            return
+        self.samples.append((t, count))
+        while len(self.samples) > 2 and t - self.samples[1][0] >= self.window:
             self.samples.popleft()
 
     @property
     def rate(self) -> float | None:
         if len(self.samples) < 2:
             return None
-        (t0, d0), (t1, d1) = self.samples[0], self.samples[-1]
-        if t1 <= t0:
-            return None
-        return max(0.0, (d1 - d0) / (t1 - t0))
-
-    def eta(self, total: float) -> float | None:
-        """Seconds until `done` reaches `total`; 0 when already there, None when unknown."""
-        if not self.samples:
-            return None
-        remaining = total - self.samples[-1][1]
-        if remaining <= 0:
-            return 0.0
-        r = self.rate
-        if not r:
-            return None
-        return remaining / r
+        (t0, c0), (t1, c1) = self.samples[0], self.samples[-1]
+        return max(0.0, (c1 - c0) / (t1 - t0)) if t1 > t0 else None
 
 
 def fmt_eta(seconds: float | None) -> str:
@@ -164,6 +175,16 @@ def fmt_eta(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def fmt_secs(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 0.1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 100:
+        return f"{seconds:.1f} s"
+    return f"{seconds:.0f} s"
+
+
 def fmt_num(x) -> str:
     if x is None:
         return "–"
@@ -174,6 +195,36 @@ def fmt_num(x) -> str:
     if isinstance(x, int):
         return f"{x:,}"
     return str(x)
+
+
+def fmt_rate(x) -> str:
+    if x is None:
+        return "–"
+    if x >= 10_000:
+        return f"{x / 1000:,.0f}k/s"
+    return f"{x:,.0f}/s"
+
+
+def clip(text, n: int) -> str:
+    """At most `n` characters of one line of text (raw, before any HTML escaping: an escaped entity is
+    never cut), with an ellipsis when shortened."""
+    s = " ".join(str(text).split())
+    return s if len(s) <= n else s[: max(0, n - 1)].rstrip() + "…"
+
+
+_EXC_RE = re.compile(r"\b[A-Z][A-Za-z0-9_]*(?:Error|Exception|Interrupt|Exit)\b: .*$")
+_STEP_RE = re.compile(r"\(([a-z][a-z -]{1,40})\) failed")
+
+
+def short_error(text: str) -> str:
+    """The part of a one-line error a badge can show: "map values failed: ZeroDivisionError:
+    division by zero" for a user function's error (the whole line stays on the error strip)."""
+    text = " ".join(str(text).split())
+    m = _EXC_RE.search(text)
+    if not m or m.start() == 0:
+        return text
+    step = _STEP_RE.search(text[: m.start()])
+    return f"{step.group(1)} failed: {m.group(0)}" if step else m.group(0)
 
 
 def _sort_value(v):
@@ -189,95 +240,13 @@ def _sort_value(v):
     return None
 
 
-@dataclass
-class RestoreTask:
-    task: int
-    store: str | None = None
-    total: int | None = None  # records (offsets) to replay
-    restored: int = 0
-    start_offset: int | None = None
-    end_offset: int | None = None
-    source: str | None = None  # "checkpoint" | "scratch" | "standby"
-    started: float | None = None
-    finished: float | None = None
-    estimator: RateEstimator = field(default_factory=RateEstimator)
+def as_event(e):
+    """A typed `statekit.events` record (a dict from an older reader is converted)."""
+    if isinstance(e, dict):
+        from statekit.events import from_dict
 
-    @property
-    def done(self) -> bool:
-        return self.finished is not None
-
-    @property
-    def fraction(self) -> float:
-        if self.done:
-            return 1.0
-        if not self.total:
-            return 0.0
-        return min(1.0, self.restored / self.total)
-
-    @property
-    def rate(self) -> float | None:
-        if self.done:
-            if self.started is not None and self.finished - self.started >= 0.01:
-                return self.restored / (self.finished - self.started)
-            return None
-        return self.estimator.rate
-
-    @property
-    def eta(self) -> float | None:
-        if self.done:
-            return 0.0
-        if self.total is None:
-            return None
-        return self.estimator.eta(self.total)
-
-
-@dataclass
-class RestoreSummary:
-    seconds: float
-    records_replayed: int
-    offsets_spanned: int
-    tasks: int
-    from_checkpoint: int
-    from_scratch: int
-    from_standby: int = 0
-
-    @property
-    def saved_by_compaction(self) -> int:
-        """Offsets the restore did not have to read because the cleaner had removed them."""
-        return max(0, self.offsets_spanned - self.records_replayed)
-
-    def line(self) -> str:
-        src = []
-        if self.from_checkpoint:
-            src.append(f"{self.from_checkpoint} from checkpoint")
-        if self.from_scratch:
-            src.append(f"{self.from_scratch} from scratch")
-        if self.from_standby:
-            src.append(f"{self.from_standby} from a standby")
-        return (f"restored {self.tasks} task(s) in {self.seconds:.1f} s: {self.records_replayed:,} "
-                f"records replayed ({', '.join(src) or 'no source reported'}); compaction saved "
-                f"{self.saved_by_compaction:,} records")
-
-
-def _event_kind(e: dict) -> str:
-    k = str(e.get("type") or e.get("event") or e.get("kind") or "").lower().replace("-", "_")
-    if "restor" in k:
-        if any(w in k for w in ("start", "begin")):
-            return "restore_start"
-        if any(w in k for w in ("end", "done", "complete", "finish")):
-            return "restore_end"
-        return "restore_batch"
-    if "state" in k:
-        return "state"
-    return k
-
-
-def _event_time(e: dict, default: float) -> float:
-    for k in ("t", "ts", "time", "timestamp"):
-        v = e.get(k)
-        if isinstance(v, (int, float)):
-            return v / 1000.0 if v > 1e11 else float(v)  # ms or s
-    return default
+        return from_dict(e)
+    return e
 
 
 def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, tuple[float, float]]:
@@ -345,6 +314,63 @@ def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------------
+# the restore forecast (App.restore_forecast(): one row per task and way back, a line per instance)
+
+
+def forecast_data(obj) -> dict | None:
+    """`App.restore_forecast()`'s result as plain data: ``{"rows": [{task, instance, source, records,
+    seconds, ...}], "lines": {instance: "if instance 0 died now: ..."}}``."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict) and "rows" in obj:
+        return obj
+    frame = getattr(obj, "frame", obj)
+    lines = getattr(obj, "lines", None) or {}
+    return {"rows": _records(frame), "lines": {int(k): str(v) for k, v in dict(lines).items()}}
+
+
+def forecast_seconds(fc: dict | None, task: str, source: str, records: int | None = None) -> float | None:
+    """The forecast seconds of `task` restoring from `source` (scratch, checkpoint, standby, warmup).
+    With `records` (what the restore really had to read): None when the forecast counted none of
+    them (it was made before they were written) rather than a forecast of nothing."""
+    best = None
+    for r in (fc or {}).get("rows") or []:
+        if task_id(r.get("task")) == task and r.get("source") == source:
+            sec = _num(r.get("seconds"))
+            if records and not _num(r.get("records")):
+                continue
+            if sec is not None and (best is None or sec < best):
+                best = sec
+    return best
+
+
+def forecast_by_instance(fc: dict | None) -> list[dict]:
+    """Per instance, what a restore of its active tasks would take if it died now: ``{"instance",
+    "tasks", "scratch_s", "standby_s", "line"}`` (standby_s: its tasks with a replica, each at its
+    best replica; None when none has one)."""
+    out: dict = {}
+    promo: dict = {}
+    for r in (fc or {}).get("rows") or []:
+        inst = _num(r.get("instance"))
+        if inst is None:
+            continue
+        o = out.setdefault(inst, {"instance": inst, "tasks": [], "scratch_s": 0.0, "standby_s": None,
+                                  "line": ((fc or {}).get("lines") or {}).get(inst)})
+        t = task_id(r.get("task"))
+        if t not in o["tasks"]:
+            o["tasks"].append(t)
+        sec = _num(r.get("seconds")) or 0.0
+        if r.get("source") == "scratch":
+            o["scratch_s"] += sec
+        elif r.get("source") in ("standby", "warmup"):
+            key = (inst, t)
+            promo[key] = min(sec, promo.get(key, sec))
+    for (inst, _t), sec in promo.items():
+        out[inst]["standby_s"] = (out[inst]["standby_s"] or 0.0) + sec
+    return [out[i] for i in sorted(out)]
+
+
+# ---------------------------------------------------------------------------------------------
 # the model
 
 
@@ -356,10 +382,22 @@ class StoreRow:
     last_change: float | None
 
 
-class DashboardModel:
-    """Feed snapshots with `update`; read what to draw from the properties."""
+@dataclass
+class ChartMarker:
+    t: float
+    kind: str   # crash | restart | restored | rebalance | join | revive | leave
+    label: str = ""
 
-    def __init__(self, top_k: int = 15, history_points: int = 600, sort_by: str = "value"):
+
+LIVE_STATES = ("RESTORING", "REBALANCING", "RUNNING")
+NOISY_EVENTS = ("commit", "restore_batch", "batch_spooled")
+
+
+class DashboardModel:
+    """Feed snapshots with `update`; read what to draw from the properties and methods."""
+
+    def __init__(self, top_k: int = 15, history_points: int = 600, sort_by: str = "value",
+                 rate_window: float = 5.0):
         self.top_k = top_k
         self.sort_by = sort_by  # "value" | "recency" | "key"
         self.key_filter = ""
@@ -367,30 +405,61 @@ class DashboardModel:
         self.snapshot: Snapshot | None = None
         self.previous: Snapshot | None = None
         self.refreshes = 0
-        self.lag_history: dict[int, deque] = {}
-        self.standby_lag_history: dict[int, deque] = {}
+        self.lag_history: dict[str, deque] = {}
+        self.standby_lag_history: dict[str, deque] = {}
         self._history_points = history_points
         self.diffs: dict[str, Diff] = {}
         self.last_change: dict[str, dict] = {}  # store -> key -> time of its last change
-        self.restore: dict[int, RestoreTask] = {}
-        self.restore_summary: RestoreSummary | None = None
-        self._restore_round_started: float | None = None
-        self.events: deque = deque(maxlen=200)
-        self.task_info: dict[tuple, dict] = {}  # (task, store) -> rows, dirty from commit events
+        self.restores = RestoreBoard()
+        self.ownership = OwnershipTimeline()
+        self.instance_rates = InstanceRates(rate_window)
+        self.input = CounterRate(rate_window)
+        self.events: deque = deque(maxlen=200)   # the latest non-noisy events (Events tab)
+        self.markers: deque = deque(maxlen=60)   # lag chart markers
+        self.task_info: dict[tuple, dict] = {}   # (task, store) -> rows, dirty from commit events
         self.state_changes: list[tuple[float, str]] = []
+        self.last_rebalance = None               # the latest Rebalance event
+        self.failed_tasks: dict = {}             # task -> its TaskFailed error, until it opens again
+        self.state_reason = ""                   # the reason of the latest state event
+        self.last_error: str | None = None       # the app's last one-line error (kept after restart)
+        self.forecast: dict | None = None
+        self.forecast_at: float | None = None
+        self.round_forecasts: dict[int, tuple] = {}  # id(round) -> (time, forecast) made before it
         self.t0: float | None = None
+        self._round_done_seen: set = set()
 
     # -- feeding ------------------------------------------------------------------------------
 
     def update(self, snap: Snapshot) -> "DashboardModel":
-        if self.t0 is None:
-            self.t0 = snap.t
+        if self.t0 is None:  # the charts' time origin: the first refresh, or the first event before it
+            self.t0 = min([snap.t] + [float(_get(e, "ts", snap.t) or snap.t) for e in snap.events])
         snap.tasks = [normalize_task(r) for r in snap.tasks]
         self.previous, self.snapshot = self.snapshot, snap
         self.refreshes += 1
         if self.previous is None or self.previous.state != snap.state:
             self.state_changes.append((snap.t, snap.state))
-        # changed rows
+        if snap.app_error:
+            self.last_error = snap.app_error
+        self.input.add(snap.t, _num(snap.metrics.get("records_processed")))
+        self._update_stores(snap)
+        for e in snap.events:
+            self._on_event(e)
+        if snap.forecast is not None and snap.forecast is not self.forecast and not self.restores.restoring:
+            self.forecast, self.forecast_at = snap.forecast, snap.t  # after a round opened: not its own
+        self._update_lag(snap)
+        for r in snap.tasks:
+            info = self.task_info.get((r["task"], r["store"]))
+            if r["role"] == "active":
+                if r["rows"] is None and (r["task"], r["store"]) in snap.task_rows:
+                    r["rows"] = snap.task_rows[(r["task"], r["store"])]
+                if info:
+                    if r["rows"] is None:
+                        r["rows"] = info["rows"]
+                    if r["dirty"] is None:
+                        r["dirty"] = info["dirty"]
+        return self
+
+    def _update_stores(self, snap: Snapshot) -> None:
         for store, rows in snap.stores.items():
             before = self.previous.stores.get(store) if self.previous else None
             if before is None or before is rows:  # first sight, or not re-read (no commit since)
@@ -405,144 +474,107 @@ class DashboardModel:
                 times.pop(k, None)
         if self.store is None and snap.stores:
             self.store = sorted(snap.stores)[0]
-        # lag history (active lag; standby lag separately)
+
+    def _update_lag(self, snap: Snapshot) -> None:
+        seen: dict = {}
         for r in snap.tasks:
-            if r["task"] is None:
+            if r["task"] is None or r["lag"] is None:
                 continue
             hist = self.lag_history if r["role"] == "active" else self.standby_lag_history
-            lag = r["lag"] if r["role"] == "active" else (r["standby_lag"] if r["standby_lag"] is not None else r["lag"])
-            if lag is None:
-                continue
-            dq = hist.setdefault(r["task"], deque(maxlen=self._history_points))
-            if dq and dq[-1][0] == snap.t:
-                dq[-1] = (snap.t, dq[-1][1] + lag)  # several stores: sum per task
-            else:
-                dq.append((snap.t, lag))
-        # events: restoration, rows and cache figures of the last commit
-        for e in snap.events:
+            key = (id(hist), r["task"])
+            seen[key] = seen.get(key, 0) + r["lag"]  # several stores: sum per task
+        for (hid, task), lag in seen.items():
+            hist = self.lag_history if hid == id(self.lag_history) else self.standby_lag_history
+            hist.setdefault(task, deque(maxlen=self._history_points)).append((snap.t, lag))
+
+    def _on_event(self, e) -> None:
+        e = as_event(e)
+        kind = _type(e)
+        ts = float(_get(e, "ts", 0.0) or 0.0)
+        if kind not in NOISY_EVENTS:
             self.events.append(e)
-            self._on_event(e, snap.t)
-        for r in snap.tasks:
-            if r["role"] == "active" and r["rows"] is None and (r["task"], r["store"]) in snap.task_rows:
-                r["rows"] = snap.task_rows[(r["task"], r["store"])]
-            info = self.task_info.get((r["task"], r["store"]))
-            if info and r["role"] == "active":
-                if r["rows"] is None:
-                    r["rows"] = info["rows"]
-                if r["dirty"] is None:
-                    r["dirty"] = info["dirty"]
-        self._restore_from_tasks(snap)
-        self._maybe_summarize(snap.t)
-        return self
-
-    def _new_round(self, t: float) -> None:
-        """A restore after the previous one finished: start a fresh set of progress bars."""
-        self.restore = {}
-        self.restore_summary = None
-        self._restore_round_started = t
-
-    def _on_event(self, e: dict, now: float) -> None:
-        kind = _event_kind(e)
-        task = _num(e.get("task"))
-        t = _event_time(e, now)
-        if kind == "commit" and task is not None:
-            rows = e.get("rows") or {}
-            cache = e.get("cache") or {}
+        if kind == "commit":
+            self.instance_rates.feed(e)
+            rows = _get(e, "rows", {}) or {}
+            cache = _get(e, "cache", {}) or {}
+            task = task_id(_get(e, "task"))
             for store in set(rows) | set(cache):
                 c = cache.get(store) or {}
                 c = c.get("cache", c) if isinstance(c, dict) else {}
                 self.task_info[(task, store)] = {"rows": _num(rows.get(store)),
                                                  "dirty": _num(c.get("dirty")) if isinstance(c, dict) else None}
             return
-        if task is None or not kind.startswith("restore") or str(e.get("role", "")) == "standby":
-            return
-        key = (task, e.get("store"))
-        rt = self.restore.get(key)
-        round_done = bool(self.restore) and all(x.done for x in self.restore.values())
-        if kind == "restore_start" or rt is None or rt.done:
-            if round_done or (rt is not None and rt.done):
-                self._new_round(t)
-            if self._restore_round_started is None:
-                self._restore_round_started = t
-            rt = RestoreTask(task=task, store=e.get("store"), started=t)
-            self.restore[key] = rt
-        start, end = _num(e.get("start_offset")), _num(e.get("end_offset"))
-        if start is not None:
-            rt.start_offset = start
-        if end is not None:
-            rt.end_offset = end
-        total = _num(e.get("total"))
-        if total is None and rt.start_offset is not None and rt.end_offset is not None:
-            total = max(0, rt.end_offset - rt.start_offset)
-        if total is None and kind == "restore_batch" and e.get("remaining") is not None:
-            total = (_num(e.get("restored")) or 0) + _num(e.get("remaining"))
-        if total is not None:
-            rt.total = total
-        restored = _num(e.get("restored", e.get("records_restored")))
-        if restored is not None:
-            rt.restored = restored
-        src = e.get("from") or e.get("source") or e.get("replayed_from")
-        if src:
-            rt.source = str(src)
-        elif rt.source is None and rt.start_offset is not None:
-            rt.source = "scratch" if rt.start_offset == 0 else "checkpoint"
-        if kind == "restore_end":
-            rt.finished = t
-            dur = _num(e.get("duration_s"))
-            if dur is not None:
-                rt.started = min(rt.started if rt.started is not None else t, t - dur)
-            if rt.total is None:
-                rt.total = rt.restored
-        rt.estimator.add(t, rt.restored)
+        if kind == "task_failed":
+            self.failed_tasks[task_id(_get(e, "task"))] = _get(e, "error", "")
+        elif kind == "task_opened":
+            self.failed_tasks.pop(task_id(_get(e, "task")), None)
+        opened = self.restores.feed(e)
+        if opened is not None and self.forecast is not None:
+            self.round_forecasts[id(opened)] = (self.forecast_at, self.forecast)
+        self._round_finished(ts)
+        self.ownership.feed(e)
+        if kind == "state":
+            self.state_reason = str(_get(e, "reason", "") or "")
+            if _get(e, "reason") == "restart":
+                self.markers.append(ChartMarker(ts, "restart", "restart"))
+        elif kind == "instance_died":
+            self.markers.append(ChartMarker(ts, "crash", f"instance {_get(e, 'instance')} died"))
+        elif kind == "rebalance":
+            self.last_rebalance = e
+            n = len(_get(e, "moves", []) or [])
+            if n:
+                self.markers.append(ChartMarker(ts, "rebalance", f"g{_get(e, 'generation', '')}: "
+                                                                 f"{n} move(s)"))
+        elif kind == "instance_started" and _get(e, "reason") in ("add", "revive"):
+            self.markers.append(ChartMarker(ts, "join" if _get(e, "reason") == "add" else "revive",
+                                            f"instance {_get(e, 'instance')}"))
 
-    def _restore_from_tasks(self, snap: Snapshot) -> None:
-        """Without restore events, follow the lag of RESTORING tasks."""
-        for r in snap.tasks:
-            if r["role"] != "active" or r["task"] is None:
-                continue
-            st = str(r.get("state") or "").upper()
-            key = (r["task"], r["store"])
-            rt = self.restore.get(key)
-            if st == "RESTORING":
-                if rt is None or rt.done:
-                    if rt is not None and all(x.done for x in self.restore.values()):
-                        self._new_round(snap.t)
-                    rt = RestoreTask(task=r["task"], started=snap.t, store=r["store"],
-                                     total=r["lag"] or 0, source="checkpoint" if r["checkpoint"] else "scratch")
-                    self.restore[key] = rt
-                    if self._restore_round_started is None:
-                        self._restore_round_started = snap.t
-                if rt.total is not None and r["lag"] is not None:
-                    rt.restored = max(rt.restored, rt.total - r["lag"])
-                rt.estimator.add(snap.t, rt.restored)
-            elif rt is not None and not rt.done and st in ("RUNNING",) and not snap.events:
-                rt.finished = snap.t
-                rt.restored = rt.total or rt.restored
-
-    def _maybe_summarize(self, now: float) -> None:
-        if not self.restore or self.restore_summary is not None:
+    def _round_finished(self, ts: float) -> None:
+        cur = self.restores.current
+        if cur is None or not cur.final or id(cur) in self._round_done_seen:
             return
-        if not all(r.done for r in self.restore.values()):
-            return
-        started = min((r.started for r in self.restore.values() if r.started is not None), default=now)
-        finished = max((r.finished for r in self.restore.values()), default=now)
-        self.restore_summary = RestoreSummary(
-            seconds=max(0.0, finished - started),
-            records_replayed=sum(r.restored for r in self.restore.values()),
-            offsets_spanned=sum((r.end_offset - r.start_offset) if r.end_offset is not None and r.start_offset is not None
-                                else r.restored for r in self.restore.values()),
-            tasks=len(self.restore),
-            from_checkpoint=sum(1 for r in self.restore.values() if (r.source or "").startswith("checkpoint")),
-            from_scratch=sum(1 for r in self.restore.values() if (r.source or "") in ("scratch", "log_start", "beginning")),
-            from_standby=sum(1 for r in self.restore.values() if (r.source or "").startswith("standby")),
-        )
-        self._restore_round_started = None
+        self._round_done_seen.add(id(cur))
+        s = cur.summary()
+        if s is not None and s.restored_tasks:
+            self.markers.append(ChartMarker(s.finished, "restored", f"restored in {s.seconds:.1f} s"))
 
     # -- reading ------------------------------------------------------------------------------
 
     @property
     def restoring(self) -> bool:
-        return any(not r.done for r in self.restore.values())
+        return self.restores.restoring
+
+    def badge_reason(self) -> str:
+        """One line on the badge: why the app is in its state (the error, what it waits for)."""
+        s = self.snapshot
+        if s is None:
+            return ""
+        if s.state == "ERROR":
+            return short_error(s.app_error or self.last_error or self.state_reason or "failed")
+        cur = self.restores.current
+        if cur is not None and not cur.final:
+            rows = list(cur.rows.values())
+            restoring = sum(r.status == "restoring" for r in rows)
+            queued = sum(r.status == "queued" for r in rows)
+            parts = []
+            if restoring:
+                parts.append(f"restoring {restoring} task(s)")
+            if queued:
+                parts.append(f"{queued} queued")
+            if parts:
+                return ", ".join(parts)
+        if s.state == "REBALANCING" and self.last_rebalance is not None:
+            e = self.last_rebalance
+            moves = _get(e, "moves", []) or []
+            what = f": moving {', '.join(str(m.get('task')) for m in moves[:4])}" if moves else ""
+            return f"generation {_get(e, 'generation', '?')} ({_get(e, 'reason', '')}){what}"
+        if s.state in LIVE_STATES and s.metrics.get("batches") == 0:
+            return "waiting for Spark's first micro-batch"
+        if s.state == "RESTORING":
+            return self.state_reason or "opening tasks"
+        if s.state == "NOT_RUNNING":
+            return "stopped"
+        return ""
 
     def header(self) -> dict:
         s = self.snapshot or Snapshot(t=time.time())
@@ -554,15 +586,21 @@ class DashboardModel:
                     return _num(m[n], m[n])
             return None
 
+        live = [r for r in s.instances if str(r.get("status")) in ("alive", "leaving")]
+        rate = self.input.rate
+        if rate is None:
+            rate = pick("input_rate")
         return {
             "state": s.state,
-            "input_rate": pick("input_rate", "inputRowsPerSecond", "input_rows_per_second"),
-            "processed_rate": pick("processed_rate", "processedRowsPerSecond", "processed_rows_per_second"),
-            "records": pick("records_processed", "records", "processed", "numInputRows_total"),
-            "batch_ms": pick("last_batch_latency_ms", "last_batch_ms", "batch_duration_ms", "latency_ms"),
-            "batch_id": pick("last_batch_id", "batch_id", "batchId"),
+            "reason": self.badge_reason(),
+            "input_rate": rate,
+            "records": pick("records_processed"),
+            "batch_ms": pick("last_batch_latency_ms"),
+            "batch_id": pick("last_batch_id"),
             "rows": sum(r["rows"] or 0 for r in s.tasks if r["role"] == "active"),
             "lag": sum(r["lag"] or 0 for r in s.tasks if r["role"] == "active"),
+            "instances": (len(live), len(s.instances)) if s.instances else None,
+            "generation": pick("generation"),
             # Spark's state operator figures (the native engine reports them; the changelog engine not)
             "state_rows": pick("state_rows"),
             "state_memory_bytes": pick("state_memory_bytes"),
@@ -574,8 +612,54 @@ class DashboardModel:
         s = self.snapshot
         if s is None:
             return []
-        return sorted(s.tasks, key=lambda r: (r["task"] if r["task"] is not None else -1,
-                                              r["role"] != "active", r["store"] or "", r["instance"] or 0))
+        order = {"active": 0, "standby": 1, "warmup": 2}
+        return sorted(s.tasks, key=lambda r: (task_order(r["task"]), order.get(r["role"], 3),
+                                              r["store"] or "", r["instance"] or 0))
+
+    def task_chips(self) -> list[dict]:
+        """One chip per task for the header: instance, state, restore fraction, backlog."""
+        s = self.snapshot
+        if s is None:
+            return []
+        chips: dict = {}
+        for r in s.tasks:
+            if r["role"] == "active" and r["task"] is not None:
+                c = chips.setdefault(r["task"], {"task": r["task"], "instance": r["instance"],
+                                                 "state": r.get("state"), "lag": 0, "backlog": 0})
+                c["lag"] += r["lag"] or 0
+        for t, st in (s.status or {}).items():
+            t = task_id(t)
+            c = chips.setdefault(t, {"task": t, "instance": None, "state": None, "lag": 0, "backlog": 0})
+            c["instance"] = _num(st.get("instance"), c["instance"])
+            c["state"] = st.get("state") or c["state"]
+            c["backlog"] = _num(st.get("backlog"), 0) or 0
+        cur = self.restores.current
+        for c in chips.values():
+            row = cur.rows.get(c["task"]) if cur is not None else None
+            c["fraction"] = row.fraction if row is not None and row.status in ("queued", "restoring") else None
+            c["state"] = str(c["state"] or "").lower() or "unknown"
+            if c["task"] in self.failed_tasks:   # a batch failed: the task holds until a restart
+                c["state"], c["fraction"] = "failed", None
+        return [chips[t] for t in sorted(chips, key=task_order)]
+
+    def instance_rows(self) -> list[dict]:
+        """The Instances panel: status, tasks by role, records/s committed over the last seconds."""
+        s = self.snapshot
+        if s is None:
+            return []
+        now = max(s.t, self.instance_rates.latest)
+        out = []
+        for r in s.instances:
+            inst = _num(r.get("instance"))
+            out.append({
+                "instance": inst, "status": str(r.get("status") or "?"),
+                "incarnation": _num(r.get("incarnation")),
+                "active": [str(x) for x in (r.get("active") or [])],
+                "standby": [str(x) for x in (r.get("standby") or [])],
+                "warmup": [str(x) for x in (r.get("warmup") or [])],
+                "rate": self.instance_rates.rate(inst, now) if inst is not None else None,
+            })
+        return out
 
     def store_names(self) -> list[str]:
         return sorted(self.snapshot.stores) if self.snapshot else []
@@ -613,14 +697,22 @@ class DashboardModel:
         d = self.diffs.get(store or self.store or "")
         return len(d.touched) if d else 0
 
-    def lag_series(self, standby: bool = False) -> dict[int, tuple[list[float], list[float]]]:
+    def lag_series(self, standby: bool = False) -> dict[str, tuple[list[float], list[float]]]:
         """task -> (seconds since the first refresh, lag) for the lag-over-time chart."""
         hist = self.standby_lag_history if standby else self.lag_history
         t0 = self.t0 or 0.0
-        return {t: ([p[0] - t0 for p in dq], [p[1] for p in dq]) for t, dq in sorted(hist.items())}
+        return {t: ([p[0] - t0 for p in dq], [p[1] for p in dq])
+                for t, dq in sorted(hist.items(), key=lambda kv: task_order(kv[0]))}
 
-    def restore_rows(self) -> list[RestoreTask]:
-        return [self.restore[k] for k in sorted(self.restore, key=lambda k: (k[0], str(k[1])))]
+    def chart_markers(self) -> list[tuple[float, str, str]]:
+        """(seconds since the first refresh, kind, label) of the markers on the lag chart."""
+        t0 = self.t0 or 0.0
+        return [(m.t - t0, m.kind, m.label) for m in self.markers if m.t >= t0 - 1]
+
+    def round_forecast(self, rnd=None):
+        """(time, per-instance forecast) made before `rnd` (default: the current round) began."""
+        rnd = rnd or self.restores.current
+        return self.round_forecasts.get(id(rnd)) if rnd is not None else None
 
     def changelog_rows(self) -> list[dict]:
         """Per changelog partition: records in the log, live keys, dirty ratio, cleaner runs."""
@@ -631,24 +723,28 @@ class DashboardModel:
         for r in s.tasks:
             if r["role"] == "active" and r["task"] is not None and r["rows"] is not None:
                 live[(r["store"], r["task"])] = r["rows"]
+        names = self.store_names() or sorted({r["store"] for r in s.tasks if r["store"]})
         out = []
         for c in s.changelog:
             topic, part = c.get("topic"), _num(c.get("partition"))
             store = c.get("store")
             if store is None and topic and topic.endswith("-changelog"):
                 # <application>-<store>-changelog: match a store name we know
-                for name in self.store_names() or [r["store"] for r in s.tasks if r["store"]]:
+                for name in sorted(names, key=len, reverse=True):
                     if topic.endswith(f"-{name}-changelog"):
                         store = name
                         break
             records = _num(c.get("records"))
             if records is None and c.get("high_watermark") is not None:
                 records = _num(c.get("high_watermark")) - (_num(c.get("log_start_offset")) or 0)
-            keys = _num(c.get("live_keys"), live.get((store, part)))
+            keys = None
+            for (st, t), n in live.items():  # the task that owns partition `part`
+                if st == store and t is not None and t.endswith(f"_{part}"):
+                    keys = (keys or 0) + n
             out.append({
                 "topic": topic, "partition": part, "store": store,
                 "log_start": _num(c.get("log_start_offset")), "end": _num(c.get("high_watermark", c.get("end_offset"))),
-                "records": records, "live_keys": keys,
+                "records": records, "live_keys": _num(c.get("live_keys"), keys),
                 "dirty_ratio": _num(c.get("dirty_ratio")),
                 "cleaner_runs": _num(c.get("cleaner_runs")),
                 "records_removed": _num(c.get("records_removed")),
@@ -674,44 +770,59 @@ def _records(obj) -> list[dict]:
     return [dict(r) if not isinstance(r, dict) else r for r in obj]
 
 
-class EventCursor:
-    """Reads an app's new events since the last poll (non-blocking)."""
+class EventFeed:
+    """The app's new events at each poll, oldest first, each once (by its offset in the events
+    topic). Pushed by `app.on_event` when the app has it (no scan of the app's event buffer every
+    second), with the history since start read once from `app.events()`; polled otherwise.
+    `close()` stops collecting (a stopped dashboard); `resume()` reads the history again, so a
+    dashboard that comes back misses nothing."""
 
-    def __init__(self, app):
+    def __init__(self, app, maxlen: int = 50_000):
+        import threading
+
         self.app = app
-        self._offset = None  # events carry their offset in the events topic
-        self._seen = 0
+        self._lock = threading.Lock()
+        self._queue: deque = deque(maxlen=maxlen)
+        self._last = -1
+        self._closed = False
+        self._need_history = True
+        on = getattr(app, "on_event", None)
+        self.push = callable(on)
+        if self.push:
+            on(self._on_event)
 
-    def poll(self, limit: int = 5000) -> list[dict]:
-        ev = getattr(self.app, "events", None)
-        if ev is None:
-            return []
-        if _accepts(ev, "since_offset"):
-            res = ev(since_offset=self._offset) if self._offset is not None else ev()
-        else:
-            res = ev()
-        recs = _records(res)
-        offs = [e.get("offset") for e in recs]
-        if recs and all(isinstance(o, int) for o in offs):
-            new = recs if self._offset is None else [e for e in recs if e["offset"] > self._offset]
-            # app-level events (published by the kernel) and worker events share the topic
-            if new:
-                self._offset = max(self._offset or -1, max(e["offset"] for e in new))
-        else:
-            if len(recs) < self._seen:  # a bounded buffer wrapped around
-                self._seen = 0
-            new = recs[self._seen:]
-            self._seen = len(recs)
-        return new[-limit:]
+    def _on_event(self, e) -> None:
+        if not self._closed:
+            with self._lock:
+                self._queue.append(e)
 
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            self._queue.clear()
 
-def _accepts(fn, name: str) -> bool:
-    import inspect
+    def resume(self) -> None:
+        self._closed = False
+        self._need_history = True
 
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+    def poll(self) -> list:
+        got = []
+        if self._need_history or not self.push:
+            ev = getattr(self.app, "events", None)
+            got = list(ev() or []) if callable(ev) else []
+            self._need_history = False
+        with self._lock:
+            got.extend(self._queue)
+            self._queue.clear()
+        got = [as_event(e) for e in got]
+        with_offset = sorted((e for e in got if getattr(e, "offset", None) is not None),
+                             key=lambda e: e.offset)
+        out = []
+        for e in with_offset:
+            if e.offset > self._last:
+                out.append(e)
+                self._last = e.offset
+        return out
 
 
 class StoreCache:
@@ -730,11 +841,7 @@ class StoreCache:
 
     @staticmethod
     def signature(name: str, state: str, metrics: dict, tasks: list[dict]):
-        batch = None
-        for k in ("last_batch_id", "batch_id", "batchId"):
-            if metrics.get(k) is not None:
-                batch = metrics[k]
-                break
+        batch = metrics.get("last_batch_id")
         cps = []
         for raw in tasks:
             r = normalize_task(raw)
@@ -753,6 +860,11 @@ class StoreCache:
             return None
         self.skips += 1
         return got[2]
+
+    def last(self, name: str):
+        """The rows read last, whatever their signature (the app stopped: nothing to re-read)."""
+        got = self._read.get(name)
+        return got[2] if got is not None else None
 
     def put(self, name: str, sig, now: float, value) -> None:
         self.reads += 1
@@ -779,10 +891,13 @@ class Throttled:
 
 
 def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
-            events: EventCursor | None = None, changelog=None, cache: StoreCache | None = None) -> Snapshot:
-    """A Snapshot of `app` (a statekit.App). Never raises: a failing part leaves its panel empty
-    and the message in `snapshot.error`. With a `cache`, a store is only read again after one of
-    its tasks committed (see `StoreCache`)."""
+            events: EventFeed | None = None, changelog=None, cache: StoreCache | None = None,
+            forecast=None) -> Snapshot:
+    """A Snapshot of `app` (a statekit.App or NativeApp). Never raises: a failing part leaves its
+    panel empty and says so in `snapshot.error`. With a `cache`, a store is only read again after
+    one of its tasks committed (see `StoreCache`); while the app is not running (ERROR, stopped) the
+    stores are not read and the last rows read stay. `changelog` and `forecast` are callables (the
+    caller throttles them)."""
     snap = Snapshot(t=time.time())
     errors = []
 
@@ -790,20 +905,28 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
         try:
             return fn()
         except Exception as err:  # a panel must not kill the dashboard
-            errors.append(f"{what}: {' '.join(str(err).split())[:200]}")
+            errors.append(f"{what}: {clip(err, 200)}")
             return None
 
     st = guard("state", lambda: app.state)
-    snap.state = str(getattr(st, "name", st) or "UNKNOWN")
+    snap.state = str(getattr(st, "value", st) or "UNKNOWN")
+    if snap.state == "ERROR":
+        err = guard("error", lambda: getattr(app, "error", None))
+        snap.app_error = clip(err, 400) if err else None
     snap.metrics = guard("metrics", lambda: dict(app.metrics() or {})) or {}
     snap.tasks = guard("lag", lambda: _records(app.lag())) or []
+    if callable(getattr(app, "task_status", None)):
+        snap.status = guard("task status", app.task_status) or {}
+    if callable(getattr(app, "instances_frame", None)):
+        snap.instances = guard("instances", lambda: _records(app.instances_frame())) or []
     names = list(stores) if stores is not None else guard("stores", lambda: _store_names(app)) or []
+    live = snap.state in LIVE_STATES
     for name in names:
         sig = got = None
         if cache is not None:
             sig = StoreCache.signature(name, snap.state, snap.metrics, snap.tasks)
-            got = cache.get(name, sig, snap.t)
-        if got is None:
+            got = cache.get(name, sig, snap.t) if live else cache.last(name)
+        if got is None and live:
             got = guard(f"store {name}", lambda: _read_store(app, name, max_rows))
             if got is not None and cache is not None:
                 cache.put(name, sig, snap.t, got)
@@ -811,10 +934,16 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
             snap.stores[name], per_task = got
             for t, n in per_task.items():
                 snap.task_rows[(t, name)] = n
+    snap.has_events = callable(getattr(app, "events", None))
     if events is not None:
         snap.events = guard("events", events.poll) or []
     if changelog is not None:
         snap.changelog = guard("changelog", changelog) or []
+    if forecast is not None and snap.state in LIVE_STATES:
+        try:  # optional: a forecast that cannot be made now leaves the panel without one
+            snap.forecast = forecast_data(forecast())   # the same dict while a Throttled caller caches it
+        except Exception:
+            snap.forecast = None
     if errors:
         snap.error = "; ".join(errors)
     return snap
@@ -835,13 +964,22 @@ def _store_names(app) -> list[str]:
 
 
 def _read_store(app, name: str, max_rows: int) -> tuple[dict, dict]:
-    """({key: value} for up to max_rows keys, {task: number of keys}) of one store."""
-    res = app.query_all(name)
+    """({key: value} for up to max_rows keys, {task: number of keys}) of one store. A store of a
+    million keys is not read whole every commit: at most max_rows / tasks rows of each task (the
+    first in key order), when the app can (`query_all(limit_per_task=...)`); the per-task counts
+    then come from the commits instead."""
+    limit = None
+    if _accepts(app.query_all, "limit_per_task"):
+        limit = max(1, max_rows // max(1, int(getattr(app, "partitions", 1) or 1)))
+        res = app.query_all(name, limit_per_task=limit)
+    else:
+        res = app.query_all(name)
     per_task: dict = {}
     if hasattr(res, "to_dict") and hasattr(res, "columns"):
         cols = list(res.columns)
         if "task" in cols:
-            per_task = {int(t): int(n) for t, n in res["task"].value_counts().items()}
+            per_task = {task_id(t): int(n) for t, n in res["task"].value_counts().items()
+                        if limit is None or int(n) < limit}   # a count cut by the limit says nothing
         kcol = "key" if "key" in cols else cols[0]
         vcol = "value" if "value" in cols else cols[-1]
         if "window_start" in cols:
@@ -858,6 +996,15 @@ def _read_store(app, name: str, max_rows: int) -> tuple[dict, dict]:
         k, v = kv
         out[_hashable(k)] = v
     return out, per_task
+
+
+def _accepts(fn, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _hashable(k):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from statekit.contracts import TaskId, has_state
 from statekit.errors import StatekitError
@@ -190,7 +190,7 @@ class QueryRouter:
         rows.sort(key=lambda kv: kv[0])
         return [(ks.from_bytes(k), vs.from_bytes(v)) for k, v in rows]
 
-    def all(self, store: str, stale: bool = False):
+    def all(self, store: str, stale: bool = False, limit_per_task: Optional[int] = None):
         import pandas as pd
 
         spec = self._spec(store)
@@ -202,7 +202,8 @@ class QueryRouter:
                 h = self._handle_for(t, store, stale)
                 if h is None:
                     continue
-                df = h.to_pandas(store, getattr(spec, "key_serde", None), getattr(spec, "value_serde", None))
+                df = h.to_pandas(store, getattr(spec, "key_serde", None), getattr(spec, "value_serde", None),
+                                 limit=limit_per_task)
                 df["task"] = str(t)
                 df["instance"] = a.active[t]
                 frames.append(df)

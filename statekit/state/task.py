@@ -376,6 +376,9 @@ class TaskState:
             origins.add(origin)
             plan[name] = (self.topic(name), start, ends[name], b, origin)
         lag = sum(max(0, p[2] - p[1]) for p in plan.values())
+        on_plan = getattr(self.listener, "on_restore_plan", None)
+        if on_plan is not None:  # where each store restores from, before it starts
+            on_plan({name: p[4] for name, p in plan.items()})
         if lag > 0:
             ckpt.remove(self.task_dir)  # from now on RocksDB's meta is the record of progress
             cp = None  # (gone from disk: written again below)

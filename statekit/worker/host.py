@@ -24,7 +24,7 @@ import time
 from typing import Callable, Optional
 
 from statekit import events as ev
-from statekit.contracts import TaskId, task_dir
+from statekit.contracts import TaskId, has_state, task_dir
 from statekit.worker.protocol import ipc_count, merge_fragments
 from statekit.worker.spool import Spool
 from statekit.worker.task import StreamTask, WorkerSpec, one_line, store_specs
@@ -118,7 +118,9 @@ class TaskHost:
                     continue
                 slot = _Slot(t, self._spool(t))
                 rep = self.replicas.get(t)
-                slot.source = rep[0] if rep is not None else "checkpoint"
+                # a replica is promoted; local state restores from its checkpoint; none: from scratch
+                slot.source = rep[0] if rep is not None else \
+                    ("checkpoint" if has_state(self._dir(t)) else "scratch")
                 slot.to_replay = self._replay_estimate(t, rep)
                 self.slots[t] = slot
                 opening[str(t)] = slot.source

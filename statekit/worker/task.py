@@ -197,14 +197,20 @@ class _RestoreEvents:
         self.starts: dict = {}
         self.last_emit: dict = {}
         self.restored: dict = {}
+        self.origins: dict = {}
+
+    def on_restore_plan(self, origins: dict) -> None:
+        """The state layer's plan: per store, "checkpoint" (local state) or "scratch" (none)."""
+        self.origins = dict(origins)
 
     def on_restore_start(self, store, partition, start_offset, end_offset) -> None:
         self.starts[store] = (time.perf_counter(), start_offset, end_offset)
         self.restored[store] = 0
         if end_offset <= start_offset or is_task_store(store):
             return  # nothing to restore (every open reports every store)
+        source = "scratch" if self.origins.get(store) == "scratch" else self.source
         self.publish(ev.RestoreStarted(task=self.task, instance=self.instance, store=store,
-                                       source=self.source, start_offset=start_offset,
+                                       source=source, start_offset=start_offset,
                                        end_offset=end_offset, to_replay=end_offset - start_offset,
                                        throttle_rps=self.throttle))
 

@@ -35,7 +35,7 @@ def test_changelog_lag_counts_versions_since_last_snapshot(tmp_path):
     table = lag_table(changelog_lag(ck, f), ["counts"])
     rows = sorted((normalize_task(r) for r in table.to_dict("records")), key=lambda r: r["task"])
     assert [(r["task"], r["store"], r["checkpoint"], r["changelog_end"], r["lag"]) for r in rows] == \
-        [(0, "counts", 3, 7, 4), (1, "counts", 0, 3, 3)]
+        [("0_0", "counts", 3, 7, 4), ("0_1", "counts", 0, 3, 3)]
 
 
 def test_progress_frames():

@@ -1,193 +1,212 @@
-"""JupyterLab in headless Chromium: notebook 01 runs top to bottom in a real browser, the live
-dashboard renders with store rows, and a screenshot lands in build/.
-
-JupyterLab runs on an ephemeral port with a known token over a scratch copy of the notebooks (so
-autosave never writes outputs into the repository), with its own Jupyter config/runtime dirs and
-STATEKIT_HOME. Chromium is Debian's (/usr/bin/chromium) driven by Playwright; no browser download.
-Everything started here is stopped afterwards, also on failure.
-"""
+"""The tour in JupyterLab, in headless Chromium, as a new user sees it: 1366×900 with the file browser
+open. Notebook 01 runs top to bottom with a live dashboard; notebook 02's Restoration panel is right
+while the disk-loss restore runs (every restoring task with a bar below 100% and an ETA) and after it
+(each task "done"); notebook 10's input rate stays up through a kill and the ownership timeline shows
+the move; a failing lambda shows its one-line reason in the notebook and on the badge. No table cell
+of the dashboard is clipped and no panel overlaps another (measured in the page). Screenshots land in
+build/browser/ (see tests/notebook/_lab.py for the harness)."""
 from __future__ import annotations
 
-import json
-import os
 import re
-import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
+import nbformat
 import pytest
+from nbformat.v4 import new_code_cell, new_notebook
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHROMIUM = os.environ.get("STATEKIT_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-NOTEBOOK = "01_quickstart.ipynb"
+import _lab
 
 pytestmark = pytest.mark.browser
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(autouse=True)
+def _needs_chromium():
+    reason = _lab.skip_reason()
+    if reason:
+        pytest.skip(reason)
 
 
-def _get(url: str, timeout: float = 2.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read().decode() or "null")
+HEAD_JS = ("() => { const d = document.querySelector('.statekit-dashboard .sk-head');"
+           " return d ? d.textContent : null; }")
+
+# The rows of the Restoration panel: task, source, bar width (%), ETA text, status text.
+RESTORE_ROWS_JS = """
+() => {
+  const panels = Array.from(document.querySelectorAll('.statekit-dashboard .sk-dash'))
+    .filter(p => { const h = p.querySelector('.sk-h'); return h && h.textContent.startsWith('Restoration'); });
+  if (!panels.length) return null;
+  const p = panels[panels.length - 1];
+  const rows = Array.from(p.querySelectorAll('table.sk tbody tr')).map(tr => {
+    const td = Array.from(tr.children);
+    const bar = tr.querySelector('.sk-bar > div');
+    return {task: td[0].textContent, source: td[2].textContent,
+            width: bar ? parseFloat(bar.style.width) : null,
+            eta: td[6].textContent, status: td[td.length - 1].textContent.trim()};
+  });
+  const sum = p.querySelector('.sk-sum');
+  return {rows: rows, summary: sum ? sum.textContent : null};
+}
+"""
 
 
-def _request(url: str, method: str):
-    req = urllib.request.Request(url, method=method)
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return r.status
+def _no_clipping(page, where: str) -> None:
+    clipped = page.evaluate(_lab.CLIPPED_JS, None)
+    assert not clipped, f"{where}: clipped table cells: {clipped[:5]}"
+    overlaps = page.evaluate(_lab.OVERLAP_JS)
+    assert not overlaps, f"{where}: overlapping panels: {overlaps}"
 
 
-@pytest.fixture
-def lab(tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Chromium not found at {CHROMIUM} (apt-get install chromium, or set STATEKIT_CHROMIUM)")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        pytest.skip("the playwright package is not installed (pip install playwright; no browser download needed)")
-    work = tmp_path / "lab"
-    (work / "notebooks").mkdir(parents=True)
-    shutil.copy(os.path.join(ROOT, "notebooks", NOTEBOOK), work / "notebooks" / NOTEBOOK)
-    shutil.copytree(os.path.join(ROOT, "sample_data"), work / "sample_data")
-    home = tmp_path / "statekit-home"
-    port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ)
-    env.update({
-        "STATEKIT_HOME": str(home),
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-    })
-    env.pop("STATEKIT_BOOTSTRAP", None)
-    # no "get notified about Jupyter news?" toast, no update check
-    notif = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"
-    notif.mkdir(parents=True)
-    (notif / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    log = open(tmp_path / "jupyterlab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--ServerApp.port_retries=0",
-         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--MappingKernelManager.cull_idle_timeout=0"] + (["--allow-root"] if os.geteuid() == 0 else []),
-        cwd=str(work), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                _get(f"{base}/api/status?token={token}")
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    raise RuntimeError("JupyterLab did not start: " +
-                                       open(tmp_path / "jupyterlab.log").read()[-2000:])
-                time.sleep(0.5)
-        yield {"base": base, "token": token, "work": work, "home": home}
-    finally:
-        # the kernels first (their Spark JVMs exit with them), then the server, then any broker
-        try:
-            for k in _get(f"{base}/api/kernels?token={token}", timeout=5) or []:
-                try:
-                    _request(f"{base}/api/kernels/{k['id']}?token={token}", "DELETE")
-                except Exception:
-                    pass
-        except Exception:
-            pass
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        log.close()
-        try:
-            from statekit import broker as broker_mod
-
-            broker_mod.stop(str(home / "broker"), grace=5)
-        except Exception:
-            pass
+def _errors(page) -> list[str]:
+    return [t for t in _lab.stderr_lines(page) if "%statekit" in t or "Traceback" in t or "Error" in t]
 
 
-def test_notebook_01_in_jupyterlab(lab):
-    from playwright.sync_api import sync_playwright
+def test_notebook_01_in_jupyterlab(tmp_path):
+    with _lab.jupyterlab(tmp_path, ["01_quickstart.ipynb"]) as lab, _lab.browser_page() as page:
+        _lab.open_notebook(page, lab, "01_quickstart.ipynb")
+        _lab.run_all(page)
+        seen = []  # distinct dashboard headers while the notebook runs: it refreshes live
 
-    build = os.path.join(ROOT, "build")
-    os.makedirs(build, exist_ok=True)
-    url = f"{lab['base']}/lab/tree/notebooks/{NOTEBOOK}?token={lab['token']}&reset"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1300}, device_scale_factor=1)
-            page.goto(url, wait_until="domcontentloaded", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-            # wait for the kernel, then run every cell
-            page.wait_for_function(
-                "() => { const a = window.jupyterapp; if (!a) return false;"
-                " const w = a.shell.currentWidget; return !!(w && w.sessionContext &&"
-                " w.sessionContext.session && w.sessionContext.session.kernel &&"
-                " w.sessionContext.session.kernel.status === 'idle'); }", timeout=120_000)
-            # fire and forget: the command's promise resolves only when every cell has run
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }")
-            # the last cell (`%statekit down`) prints "stopped:": the whole notebook ran; meanwhile
-            # the dashboard refreshes (its footer says when; printed with `pytest -s`)
-            done = ("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
-                    ".some(e => e.textContent.includes('stopped: '))")
-            deadline = time.monotonic() + 300
-            seen = []  # distinct dashboard headers while the notebook runs: it refreshes live
-            while True:
-                trace = page.evaluate(
-                    "() => { const d = document.querySelector('.statekit-dashboard');"
-                    " if (!d) return null; const h = d.querySelector('.sk-head');"
-                    " const f = Array.from(d.querySelectorAll('.sk-note')).map(e => e.textContent).filter(t => t.includes('refresh'));"
-                    " return (h ? h.textContent : '') + ' | ' + f.slice(-1).join(''); }")
-                print(f"[{time.strftime('%H:%M:%S')}] {trace}", flush=True)
-                head_now = trace.split(" | ")[0] if trace else None
-                if head_now and (not seen or seen[-1] != head_now):
-                    seen.append(head_now)
-                if page.evaluate(done):
-                    break
-                assert time.monotonic() < deadline, "notebook 01 did not finish within 300 s"
-                time.sleep(2)
-            # the dashboard (a widget) rendered, and changed while the notebook ran
-            page.wait_for_selector(".statekit-dashboard .sk-head", timeout=60_000)
-            assert len(seen) >= 2, f"the dashboard never refreshed in the browser: {seen}"
-            errors = page.evaluate(
-                "() => Array.from(document.querySelectorAll('.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stderr\"], .jp-RenderedText[data-mime-type=\"application/vnd.jupyter.error\"]'))"
-                ".map(e => e.textContent).filter(t => t.includes('%statekit') || t.includes('Traceback') || t.includes('Error'))")
-            assert not errors, f"error output in the notebook: {errors[:3]}"
-            outputs = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
-                                    ".map(e => e.textContent)")
-            assert any(o.strip().endswith("OK") or "\nOK" in o for o in outputs), "the reference check did not print OK"
-            dash = page.locator(".statekit-dashboard").first
-            dash.scroll_into_view_if_needed()
-            head = dash.locator(".sk-head").first.text_content()
-            m = re.search(r"([\d,]+)store rows", head or "")
-            assert m and int(m.group(1).replace(",", "")) > 0, f"no store rows in the dashboard header: {head!r}"
-            tasks = dash.locator("table.sk").first.text_content()
-            assert "counts" in tasks and "active" in tasks, tasks
-            store = dash.locator("text=Store").first
-            assert store.count() == 1
+        def poll():
+            head = page.evaluate(HEAD_JS)
+            if head and (not seen or seen[-1] != head):
+                seen.append(head)
+
+        # the last cell (`%statekit down`) prints "stopped:": the whole notebook ran
+        _lab.wait_for_output(page, "stopped: ", timeout=300, poll=poll)
+        assert len(seen) >= 2, f"the dashboard never refreshed in the browser: {seen}"
+        assert not _errors(page), _errors(page)[:3]
+        assert any(o.strip().endswith("OK") or "\nOK" in o for o in _lab.outputs_text(page))
+        dash = page.locator(".statekit-dashboard").first
+        dash.scroll_into_view_if_needed()
+        head = dash.locator(".sk-head").first.text_content()
+        m = re.search(r"([\d,]+)store rows", head or "")
+        assert m and int(m.group(1).replace(",", "")) > 0, f"no store rows in the dashboard header: {head!r}"
+        tasks = page.evaluate("() => Array.from(document.querySelectorAll('.statekit-dashboard table.sk'))"
+                              ".map(t => t.textContent).filter(t => t.includes('changelog end'))")
+        assert tasks and "counts" in tasks[0] and "active" in tasks[0], tasks
+        _no_clipping(page, "notebook 01")
+        _lab.screenshot(page, "nb01-dashboard.png", dash)
+        _lab.screenshot(page, "nb01-notebook.png")
+
+
+def test_notebook_02_restoration_panel_while_a_restore_from_scratch_runs(tmp_path):
+    with _lab.jupyterlab(tmp_path, ["02_crash_and_restore.ipynb"]) as lab, _lab.browser_page() as page:
+        _lab.open_notebook(page, lab, "02_crash_and_restore.ipynb")
+        _lab.run_all(page)
+        _lab.wait_for_output(page, "after the process crash", timeout=400)
+        restoring = []     # every restoring row seen in the scratch round
+        shot = {}
+        seen = []          # what the panel showed, for the failure message
+
+        def poll():
+            panel = page.evaluate(RESTORE_ROWS_JS)
+            rows = (panel or {}).get("rows") or []
+            states = [(r["task"], r["source"], r["status"]) for r in rows]
+            if not seen or seen[-1] != states:
+                seen.append(states)
+            live = [r for r in rows if r["source"] == "scratch" and r["status"] == "restoring"]
+            restoring.extend(live)
+            if live and "during" not in shot:
+                dash = page.locator(".statekit-dashboard").first
+                shot["during"] = _lab.screenshot(page, "nb02-restoring.png", dash)
+                _no_clipping(page, "notebook 02 during the restore")
+
+        deadline = time.monotonic() + 400
+        js = ("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+              ".some(e => e.textContent.includes('after the disk loss'))")
+        while not page.evaluate(js):
+            poll()
+            assert time.monotonic() < deadline, "the disk-loss restore did not finish"
+            time.sleep(0.2)
+        assert restoring, f"no restoring task was ever shown while the restore from scratch ran: {seen}"
+        for r in restoring:
+            assert r["width"] is not None and r["width"] < 100, r
+            assert r["eta"] not in ("", "–"), r
+        deadline = time.monotonic() + 15   # the dashboard refreshes once a second
+        panel = page.evaluate(RESTORE_ROWS_JS)
+        while not (panel["summary"] and all(r["status"] == "done" for r in panel["rows"])) \
+                and time.monotonic() < deadline:
+            time.sleep(0.3)
+            panel = page.evaluate(RESTORE_ROWS_JS)
+        tasks = sorted(r["task"] for r in panel["rows"])
+        assert tasks == ["0_0", "0_1", "0_2", "0_3"], panel
+        for r in panel["rows"]:
+            assert (r["status"], r["source"], r["width"]) == ("done", "scratch", 100.0), r
+            assert r["eta"].startswith("took "), r
+        assert panel["summary"] and "restored 4 task(s)" in panel["summary"], panel
+        _lab.wait_for_output(page, "stopped: ", timeout=200)
+        assert not _errors(page), _errors(page)[:3]
+        dash = page.locator(".statekit-dashboard").first
+        dash.scroll_into_view_if_needed()
+        _no_clipping(page, "notebook 02 after the restore")
+        _lab.screenshot(page, "nb02-restored.png", dash)
+        _lab.screenshot(page, "nb02-notebook.png")
+
+
+def _notebook(path, cells) -> None:
+    nb = new_notebook(cells=[new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+def test_a_failing_lambda_shows_its_one_line_reason_in_the_notebook_and_on_the_badge(tmp_path):
+    nb = tmp_path / "failing_lambda.ipynb"
+    _notebook(nb, [
+        "%load_ext kernel_ext\n%statekit up --fresh",
+        "%statekit produce nums --generator words --limit 200 --partitions 2 --wait",
+        "%%statekit app bad --partitions 2\n"
+        "(app.stream('nums', value_serde='json').map_values(lambda v: 1 / 0)\n"
+        "    .group_by_key().count(store='c'))",
+        "%statekit start bad --watch",
+        "app.wait_for_state(['ERROR'], timeout=180)\nimport time; time.sleep(3)\nprint('FAILED' + ' AS EXPECTED')",
+    ])
+    with _lab.jupyterlab(tmp_path, [str(nb)]) as lab, _lab.browser_page() as page:
+        _lab.open_notebook(page, lab, nb.name)
+        _lab.run_all(page)
+        _lab.wait_for_output(page, "FAILED AS EXPECTED", timeout=300)
+        time.sleep(1.5)
+        lines = [t for t in _lab.stderr_lines(page) if "app bad failed" in t]
+        assert len(lines) == 1, _lab.stderr_lines(page)
+        assert "ZeroDivisionError: division by zero" in lines[0] and "\n" not in lines[0].strip()
+        badge = page.locator(".statekit-dashboard .sk-badge").first.text_content()
+        reason = page.locator(".statekit-dashboard .sk-reason").first.text_content()
+        err = page.locator(".statekit-dashboard .sk-err").first.text_content()
+        assert badge == "ERROR"
+        assert "ZeroDivisionError: division by zero" in reason and "ZeroDivisionError" in err
+        dash = page.locator(".statekit-dashboard").first
+        dash.scroll_into_view_if_needed()
+        _no_clipping(page, "the failed app's dashboard")
+        _lab.screenshot(page, "failing-lambda.png")
+
+
+def test_notebook_10_input_rate_stays_up_through_a_kill_and_the_timeline_shows_the_move(tmp_path):
+    # the story here is the flow through a kill, not the size of the stores: fewer accounts
+    with _lab.jupyterlab(tmp_path, ["10_rebalancing.ipynb"], {"STATEKIT_TOUR_KEYS": "50000"}) as lab, \
+            _lab.browser_page() as page:
+        _lab.open_notebook(page, lab, "10_rebalancing.ipynb")
+        _lab.run_all(page)
+        _lab.wait_for_output(page, "rb: instance 1 killed", timeout=400)
+        killed = [o for o in _lab.outputs_text(page) if "rb: instance 1 killed" in o][0]
+        moved = re.findall(r"(\d+_\d+) 1→(\d+)", killed)
+        assert moved, killed
+        rates = []
+        t_end = time.monotonic() + 8
+        while time.monotonic() < t_end:
+            head = page.evaluate(HEAD_JS) or ""
+            m = re.search(r"([\d,]+) rec/sinput", head)
+            rates.append(int(m.group(1).replace(",", "")) if m else None)
             time.sleep(0.5)
-            dash.screenshot(path=os.path.join(build, "browser-dashboard.png"))
-            page.screenshot(path=os.path.join(build, "browser-notebook.png"))
-        finally:
-            browser.close()
+        assert rates and all(r is not None and r > 0 for r in rates), rates
+        page.wait_for_function(
+            "() => Array.from(document.querySelectorAll('.statekit-dashboard .sk-moves'))"
+            ".some(e => e.textContent.includes('its instance died'))", timeout=30_000)
+        caption = page.locator(".statekit-dashboard .sk-moves").first.text_content()
+        for task, to in moved:
+            assert f"{task} 1→{to} (its instance died)" in caption, caption
+        dash = page.locator(".statekit-dashboard").first
+        _lab.screenshot(page, "nb10-after-kill.png", dash)
+        _no_clipping(page, "notebook 10 after the kill")
+        _lab.wait_for_output(page, "stopped: ", timeout=400)
+        assert not _errors(page), _errors(page)[:3]
+        dash.scroll_into_view_if_needed()
+        _lab.screenshot(page, "nb10-end.png", dash)

@@ -1,17 +1,33 @@
-"""The dashboard's data model, fed with hand-made snapshots: no Spark, no widgets."""
+"""The dashboard's data model, fed with hand-made snapshots and typed events (statekit.events): no
+Spark, no widgets, no broker."""
 from __future__ import annotations
 
 import pytest
 
-from kernel_ext.dashboard.model import (DashboardModel, RateEstimator, Snapshot, diff_rows,
-                                        fmt_eta, layout_topology, normalize_task)
+from kernel_ext.dashboard.model import (CounterRate, DashboardModel, Snapshot, StoreCache, clip,
+                                        diff_rows, fmt_eta, forecast_by_instance, layout_topology,
+                                        normalize_task, task_id)
+from statekit import events as ev
 
 
-def task(t, lag, rows=10, role="active", ckpt=None, end=None, state="RUNNING", store="counts"):
+def task(t, lag, rows=None, role="active", ckpt=None, end=None, state="running", store="counts", instance=0):
     end = end if end is not None else 100
-    return {"task": t, "instance": 0, "role": role, "store": store, "rows": rows,
-            "checkpoint": ckpt if ckpt is not None else end - lag, "changelog_end": end,
+    return {"task": t, "instance": instance, "role": role, "store": store, "rows": rows,
+            "checkpoint_offset": ckpt if ckpt is not None else end - lag, "changelog_end": end,
             "lag": lag, "state": state}
+
+
+class Events:
+    """Typed events with increasing offsets and chosen times."""
+
+    def __init__(self):
+        self.offset = 0
+
+    def __call__(self, cls, ts, **kw):
+        e = cls(ts=ts, **kw)
+        e.offset = self.offset
+        self.offset += 1
+        return e
 
 
 def test_diff_rows():
@@ -47,111 +63,279 @@ def test_store_rows_top_k_sort_and_filter():
     m.update(Snapshot(t=1, stores={"counts": dict(rows, rocks=2)}))
     m.sort_by = "recency"
     assert m.store_rows()[0].key == "rocks"
-    # dict values rank by their count field
-    m2 = DashboardModel(top_k=1)
+    m2 = DashboardModel(top_k=1)  # dict values rank by their count field
     m2.update(Snapshot(t=0, stores={"s": {"x": {"count": 1}, "y": {"count": 4}}}))
     assert m2.store_rows()[0].key == "y"
 
 
-def test_lag_history_per_task():
+def test_task_ids_and_lag_table_rows():
+    assert [task_id(x) for x in ("0_3", 3, (1, 2), 2.0, None)] == ["0_3", "0_3", "1_2", "0_2", None]
+    r = normalize_task({"task": "1_4", "instance": 2, "role": "warmup", "store": "s",
+                        "checkpoint_offset": 5.0, "changelog_end": 9, "state": "warmup"})
+    assert (r["task"], r["role"], r["checkpoint"], r["lag"], r["instance"]) == ("1_4", "warmup", 5, 4, 2)
+    assert normalize_task({"task": 0, "role": "ACTIVE", "lag": float("nan")})["lag"] is None
+
+
+def test_lag_history_per_task_sums_stores():
     m = DashboardModel(history_points=3)
     for t, lags in enumerate([(5, 0), (3, 2), (0, 4), (0, 0)]):
-        m.update(Snapshot(t=10 + t, tasks=[task(0, lags[0]), task(1, lags[1]),
-                                           task(0, 1, role="standby")]))
+        m.update(Snapshot(t=10 + t, tasks=[task("0_0", lags[0]), task("0_1", lags[1]),
+                                           task("0_0", 1, role="standby", instance=1)]))
     series = m.lag_series()
-    assert sorted(series) == [0, 1]
-    xs, ys = series[0]
-    assert xs == [1, 2, 3] and ys == [3, 0, 0]  # bounded history, seconds since the first refresh
-    assert series[1][1] == [2, 4, 0]
-    assert m.lag_series(standby=True)[0][1] == [1, 1, 1]
-    assert m.header()["lag"] == 0
+    assert list(series) == ["0_0", "0_1"]
+    assert series["0_0"] == ([1, 2, 3], [3, 0, 0])  # bounded history, seconds since the first refresh
+    assert series["0_1"][1] == [2, 4, 0]
+    assert m.lag_series(standby=True)["0_0"][1] == [1, 1, 1]
+    m2 = DashboardModel()
+    m2.update(Snapshot(t=0, tasks=[task("0_0", 3, store="a"), task("0_0", 4, store="b")]))
+    assert m2.lag_series()["0_0"][1] == [7] and m2.header()["lag"] == 7
 
 
-def test_lag_history_sums_stores_of_a_task():
+def test_input_rate_follows_the_processed_counter_and_drops_to_zero():
+    r = CounterRate(window=5)
+    assert r.rate is None
+    for t, n in [(0, 0), (1, 1000), (2, 2000), (3, 3000)]:
+        r.add(t, n)
+    assert r.rate == pytest.approx(1000.0)
+    for t in (4, 5, 6, 7, 8, 9):  # the producer stopped: the counter stays at 3000
+        r.add(t, 3000)
+    assert r.rate == 0.0
+    r.add(10, 10)  # a counter that goes down: a new app, start over
+    assert r.rate is None
+    m = DashboardModel(rate_window=5)
+    for t, n in [(0, 0), (1, 800), (2, 1600)]:
+        m.update(Snapshot(t=t, metrics={"records_processed": n, "input_rate": 5555.0}))
+    assert m.header()["input_rate"] == pytest.approx(800.0)  # the counter's rate, not Spark's last figure
+    for t in range(3, 9):
+        m.update(Snapshot(t=t, metrics={"records_processed": 1600, "input_rate": 5555.0}))
+    assert m.header()["input_rate"] == 0.0
+
+
+def test_restore_round_queued_restoring_done_with_eta_and_summary():
+    E = Events()
     m = DashboardModel()
-    m.update(Snapshot(t=0, tasks=[task(0, 3, store="a"), task(0, 4, store="b")]))
-    assert m.lag_series()[0][1] == [7]
-
-
-def test_rate_estimator_and_eta():
-    est = RateEstimator(window=10)
-    assert est.rate is None and est.eta(100) is None
-    est.add(0.0, 0)
-    est.add(2.0, 50)  # 25 records/s
-    assert est.rate == pytest.approx(25.0)
-    assert est.eta(100) == pytest.approx(2.0)
-    est.add(4.0, 100)
-    assert est.eta(100) == 0.0
-    stalled = RateEstimator()
-    stalled.add(0.0, 10)
-    stalled.add(1.0, 10)
-    assert stalled.eta(100) is None  # no progress: unknown, not infinite
-    assert fmt_eta(None) == "–" and fmt_eta(0.2) == "<1 s" and fmt_eta(42) == "42 s" and fmt_eta(600) == "10 min"
-
-
-def test_rate_estimator_window_slides():
-    est = RateEstimator(window=2)
-    for t, d in [(0, 0), (1, 100), (2, 110), (3, 120), (4, 130)]:
-        est.add(t, d)
-    assert est.rate == pytest.approx(10.0)
-
-
-def test_restore_progress_from_events_and_summary():
-    m = DashboardModel()
-    m.update(Snapshot(t=100.0, state="RESTORING", events=[
-        {"type": "restore_start", "task": 0, "store": "counts", "start_offset": 0, "end_offset": 1000, "t": 100.0},
-        {"type": "restore_start", "task": 1, "store": "counts", "start_offset": 400, "end_offset": 600, "t": 100.0},
+    m.update(Snapshot(t=99.0, state="RESTORING", events=[
+        E(ev.RestoreQueued, 100.0, task="0_0", instance=0, source="checkpoint", to_replay=1000, generation=3),
+        E(ev.RestoreQueued, 100.0, task="0_1", instance=0, source="checkpoint", to_replay=0, generation=3),
+        E(ev.RestoreQueued, 100.1, task="0_2", instance=1, source="standby", to_replay=40, generation=3),
     ]))
-    assert m.restoring
-    r0, r1 = m.restore_rows()
-    assert (r0.total, r0.source, r1.total, r1.source) == (1000, "scratch", 200, "checkpoint")
+    rnd = m.restores.current
+    assert [(r.task, r.status, r.total, r.fraction) for r in rnd.ordered()] == [
+        ("0_0", "queued", 1000, 0.0), ("0_1", "queued", 0, 0.0), ("0_2", "queued", 40, 0.0)]
+    assert m.badge_reason() == "3 queued"
     m.update(Snapshot(t=102.0, state="RESTORING", events=[
-        {"type": "restore_batch", "task": 0, "store": "counts", "restored": 400, "remaining": 600, "t": 102.0},
-        {"type": "restore_batch", "task": 1, "store": "counts", "restored": 200, "t": 102.0},
+        E(ev.RestoreStarted, 100.5, task="0_0", instance=0, store="counts", source="checkpoint",
+          start_offset=0, end_offset=1000, to_replay=1000),
+        E(ev.RestoreProgress, 101.0, task="0_0", instance=0, store="counts", restored=200, remaining=800,
+          rate_rps=400.0),
+        E(ev.RestoreProgress, 102.0, task="0_0", instance=0, store="counts", restored=400, remaining=600,
+          rate_rps=300.0),
+        E(ev.StandbyPromoted, 100.2, task="0_2", instance=1, role="standby", lag=0),
+        E(ev.TaskOpened, 100.3, task="0_2", instance=1, source="standby", restored=0),
     ]))
-    r0 = m.restore[(0, "counts")]
-    assert r0.fraction == pytest.approx(0.4)
-    assert r0.rate == pytest.approx(200.0)
+    r0 = rnd.rows["0_0"]
+    assert (r0.status, r0.restored, r0.total, r0.fraction) == ("restoring", 400, 1000, 0.4)
+    assert r0.rate == pytest.approx(200.0)  # over the last two progress reports
     assert r0.eta == pytest.approx(3.0)
-    assert m.restore_summary is None
-    m.update(Snapshot(t=105.0, state="RUNNING", events=[
-        {"type": "restore_end", "task": 0, "store": "counts", "restored": 700, "t": 104.0, "from": "scratch"},
-        {"type": "restore_end", "task": 1, "store": "counts", "restored": 200, "t": 102.5},
+    # 0_1 waits behind 0_0 on instance 0: 600 records left there + its own 0, at 200 records/s
+    assert rnd.eta(rnd.rows["0_1"]) == pytest.approx(3.0) and rnd.eta(rnd.rows["0_0"]) == r0.eta
+    assert (rnd.rows["0_2"].status, rnd.rows["0_2"].label) == ("promoted", "promoted standby")
+    assert m.badge_reason() == "restoring 1 task(s), 1 queued"
+    assert not rnd.final and rnd.summary() is None
+    m.update(Snapshot(t=106.0, state="RUNNING", events=[
+        E(ev.RestoreEnded, 104.5, task="0_0", instance=0, store="counts", source="scratch", start_offset=0,
+          end_offset=1000, restored=1000, seconds=4.0, rate_rps=250.0),
+        E(ev.TaskOpened, 104.6, task="0_0", instance=0, source="scratch", restored=1000),
+        E(ev.TaskOpened, 104.7, task="0_1", instance=0, source="checkpoint", restored=0),
     ]))
-    assert not m.restoring
-    s = m.restore_summary
-    assert s is not None
-    assert s.seconds == pytest.approx(4.0)
-    assert s.records_replayed == 900 and s.offsets_spanned == 1200
-    assert s.saved_by_compaction == 300  # 1200 offsets, 900 records: the cleaner removed 300
-    assert (s.from_scratch, s.from_checkpoint) == (1, 1)
-    assert "900 records replayed" in s.line()
+    assert rnd.final and not m.restoring
+    assert [(r.task, r.status, r.source) for r in rnd.ordered()] == [
+        ("0_0", "done", "scratch"), ("0_1", "nothing", "checkpoint"), ("0_2", "promoted", "standby")]
+    assert r0.seconds == 4.0 and r0.rate == pytest.approx(250.0) and r0.eta == 0.0
+    s = rnd.summary()
+    assert (s.tasks, s.restored_tasks, s.records, s.promoted, s.nothing) == (3, 1, 1000, 1, 1)
+    assert s.seconds == pytest.approx(4.1)  # its restore began at 100.5, the task opened at 104.6
+    assert s.task_seconds == {"0_0": (4.0, 1000, 250.0)}
+    assert s.line() == ("restored 1 task(s) in 4.1 s (4.0 s replaying): 1,000 records at 250 records/s "
+                        "(1 from scratch); "
+                        "1 promoted replica(s); 1 task(s) with nothing to replay")
+    assert [(k, lab) for _t, k, lab in m.chart_markers()] == [("restored", "restored in 4.1 s")]
 
 
-def test_restore_progress_from_task_table_without_events():
+def test_restore_rounds_group_one_episode_and_replay():
+    E = Events()
     m = DashboardModel()
-    m.update(Snapshot(t=0, tasks=[task(0, 100, state="RESTORING", ckpt=0)]))
-    m.update(Snapshot(t=1, tasks=[task(0, 60, state="RESTORING", ckpt=40)]))
-    r = m.restore[(0, "counts")]
-    assert r.restored == 40 and r.eta == pytest.approx(1.5)
-    m.update(Snapshot(t=2, tasks=[task(0, 0, state="RUNNING")]))
-    assert m.restore[(0, "counts")].done and m.restore_summary.records_replayed == 100
+    evs = [E(ev.RestoreQueued, 10.0, task="0_0", instance=0, to_replay=0, generation=1),
+           E(ev.TaskOpened, 10.1, task="0_0", instance=0, restored=0),
+           # the next instance's tasks, queued by another generation a moment later: the same start
+           E(ev.RestoreQueued, 10.5, task="0_1", instance=1, to_replay=0, generation=2),
+           E(ev.TaskOpened, 10.6, task="0_1", instance=1, restored=0),
+           # a crash 20 s later: a new round
+           E(ev.InstanceDied, 30.0, instance=0, tasks=["0_0"]),
+           E(ev.RestoreQueued, 30.1, task="0_0", instance=1, to_replay=50, generation=3),
+           E(ev.RestoreStarted, 30.2, task="0_0", instance=1, store="counts", to_replay=50, start_offset=0,
+             end_offset=50),
+           E(ev.RestoreProgress, 30.4, task="0_0", instance=1, store="counts", restored=20, remaining=30),
+           E(ev.RestoreEnded, 30.7, task="0_0", instance=1, store="counts", restored=50, seconds=0.5),
+           E(ev.TaskOpened, 30.8, task="0_0", instance=1, restored=50)]
+    m.update(Snapshot(t=31.0, events=evs))
+    first, second = m.restores.rounds
+    assert sorted(first.rows) == ["0_0", "0_1"] and first.summary().nothing == 2
+    assert list(second.rows) == ["0_0"] and second.summary().records == 50
+    assert [(r.status, r.restored) for r in (second.at(30.15).rows["0_0"], second.at(30.5).rows["0_0"],
+                                             second.at(31.0).rows["0_0"])] == [
+        ("queued", 0), ("restoring", 20), ("done", 50)]
+    assert second.at(29.0).rows == {}
 
 
-def test_normalize_task_aliases():
-    r = normalize_task({"task_id": 3, "store_name": "s", "checkpoint_offset": 5.0,
-                        "end_offset": 9, "dirty_entries": 2, "role": "STANDBY"})
-    assert (r["task"], r["store"], r["checkpoint"], r["lag"], r["dirty"], r["role"]) == (3, "s", 5, 4, 2, "standby")
-
-
-def test_changelog_rows():
+def test_a_task_whose_instance_died_while_restoring_is_interrupted_then_requeued():
+    E = Events()
     m = DashboardModel()
-    m.update(Snapshot(t=0, tasks=[task(0, 0, rows=7)], stores={"counts": {}}, changelog=[
-        {"topic": "wc-counts-changelog", "partition": 0, "log_start_offset": 0, "high_watermark": 50,
+    m.update(Snapshot(t=5.0, events=[
+        E(ev.RestoreQueued, 1.0, task="0_0", instance=0, to_replay=100, generation=2),
+        E(ev.RestoreStarted, 1.1, task="0_0", instance=0, store="counts", to_replay=100, start_offset=0,
+          end_offset=100),
+        E(ev.InstanceDied, 1.5, instance=0, tasks=["0_0"])]))
+    assert m.restores.current.rows["0_0"].status == "interrupted"
+    m.update(Snapshot(t=6.0, events=[E(ev.RestoreQueued, 1.6, task="0_0", instance=1, to_replay=100,
+                                       generation=3)]))
+    assert len(m.restores.rounds) == 1  # the same episode
+    assert (m.restores.current.rows["0_0"].instance, m.restores.current.rows["0_0"].status) == (1, "queued")
+
+
+def test_ownership_timeline_counts_only_real_moves():
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=0.0, events=[
+        E(ev.RestoreQueued, 1.0, task="0_0", instance=0, generation=1),
+        E(ev.RestoreQueued, 1.0, task="0_1", instance=1, generation=1),
+        E(ev.TaskOpened, 1.2, task="0_0", instance=0),
+        E(ev.Rebalance, 1.3, active={"0_0": 0, "0_1": 1}, generation=1),
+        # instance 0 dies; its task moves to 1
+        E(ev.InstanceDied, 5.0, instance=0, tasks=["0_0"]),
+        E(ev.RestoreQueued, 5.1, task="0_0", instance=1, generation=2),
+        E(ev.Rebalance, 5.2, active={"0_0": 1, "0_1": 1}, moves=[{"task": "0_0", "from": 0, "to": 1}],
+          generation=2),
+        # a rebalance that changes nothing for either task
+        E(ev.Rebalance, 6.0, active={"0_0": 1, "0_1": 1}, warmups={"0_1": [0]}, generation=3),
+        E(ev.WarmupCaughtUp, 9.0, task="0_1", instance=0),
+        E(ev.RestoreQueued, 9.1, task="0_1", instance=0, source="warmup", generation=4),
+        E(ev.StandbyPromoted, 9.2, task="0_1", instance=0, role="warmup"),
+        E(ev.TaskOpened, 9.3, task="0_1", instance=0, source="warmup"),
+        E(ev.Rebalance, 9.4, active={"0_0": 1, "0_1": 0}, generation=4)]))
+    own = m.ownership
+    assert own.moves == 2
+    assert own.owner_history("0_0") == [0, 1] and own.owner_history("0_1") == [1, 0]
+    seg = own.segments["0_0"]
+    assert [(s.instance, s.start, s.end, s.opened) for s in seg] == [(0, 1.0, 5.0, 1.2), (1, 5.1, None, None)]
+    assert [(s.instance, s.start, s.end) for s in own.warmups["0_1"]] == [(0, 6.0, 9.2)]
+    kinds = [(mk.kind, mk.task) for mk in own.markers if mk.task is not None]
+    assert kinds == [("crash", "0_0"), ("caught-up", "0_1"), ("promoted", "0_1")]
+    # a dead instance's task that comes back to the same instance did not move
+    E2 = Events()
+    m2 = DashboardModel()
+    m2.update(Snapshot(t=0.0, events=[
+        E2(ev.RestoreQueued, 1.0, task="0_0", instance=0, generation=1),
+        E2(ev.InstanceDied, 2.0, instance=0, tasks=["0_0"]),
+        E2(ev.RestoreQueued, 3.0, task="0_0", instance=0, generation=2)]))
+    assert m2.ownership.moves == 0 and len(m2.ownership.segments["0_0"]) == 2
+
+
+def test_badge_reasons():
+    m = DashboardModel()
+    m.update(Snapshot(t=0, state="RUNNING", metrics={"batches": 0}))
+    assert m.badge_reason() == "waiting for Spark's first micro-batch"
+    m.update(Snapshot(t=1, state="RUNNING", metrics={"batches": 3}))
+    assert m.badge_reason() == ""
+    m.update(Snapshot(t=2, state="ERROR", app_error="ProcessorError: task 0_1 failed on key='a': "
+                                                    "ZeroDivisionError: division by zero"))
+    assert m.badge_reason().startswith("ProcessorError: task 0_1 failed") and m.header()["state"] == "ERROR"
+    E = Events()
+    m.update(Snapshot(t=3, state="REBALANCING", metrics={"batches": 3}, events=[
+        E(ev.Rebalance, 3.0, reason="instance 1 died", generation=7, moves=[{"task": "0_1", "from": 1, "to": 0}])]))
+    assert m.badge_reason() == "generation 7 (instance 1 died): moving 0_1"
+    assert m.last_error.startswith("ProcessorError")  # kept after the app left ERROR
+
+
+def test_instances_rates_and_task_chips():
+    E = Events()
+    m = DashboardModel(rate_window=5)
+    commits = [E(ev.Committed, t, task=tk, instance=i, records=n, batch=b,
+                 rows={"counts": 10}, cache={"counts": {"dirty": 3}})
+               for t, tk, i, n, b in [(11.0, "0_0", 0, 100, 1), (12.0, "0_0", 0, 150, 2),
+                                      (12.5, "0_1", 1, 40, 2), (3.0, "0_1", 1, 999, 0)]]
+    m.update(Snapshot(
+        t=13.0, tasks=[task("0_0", 0, instance=0), task("0_1", 0, instance=1)],
+        status={"0_0": {"instance": 0, "state": "running", "backlog": 0},
+                "0_1": {"instance": 1, "state": "restoring", "backlog": 2}},
+        instances=[{"instance": 0, "status": "alive", "active": ["0_0"], "standby": ["0_1"], "warmup": []},
+                   {"instance": 1, "status": "alive", "active": ["0_1"], "standby": [], "warmup": []},
+                   {"instance": 2, "status": "dead", "active": [], "standby": [], "warmup": []}],
+        events=commits))
+    rows = m.instance_rows()
+    assert [(r["instance"], r["status"], r["active"], r["standby"]) for r in rows] == [
+        (0, "alive", ["0_0"], ["0_1"]), (1, "alive", ["0_1"], []), (2, "dead", [], [])]
+    assert [r["rate"] for r in rows] == [50.0, 8.0, 0.0]  # (100+150)/5 s, 40/5 s; the old commit left the window
+    assert m.header()["instances"] == (2, 3)
+    chips = m.task_chips()
+    assert [(c["task"], c["instance"], c["state"], c["backlog"]) for c in chips] == [
+        ("0_0", 0, "running", 0), ("0_1", 1, "restoring", 2)]
+    assert [(r["task"], r["rows"], r["dirty"]) for r in m.tasks()] == [("0_0", 10, 3), ("0_1", 10, 3)]
+    m.update(Snapshot(t=14.0, status={"0_0": {"instance": 0, "state": "running"}},
+                      events=[E(ev.TaskFailed, 13.5, task="0_0", instance=0, error="ZeroDivisionError: x")]))
+    assert [(c["task"], c["state"]) for c in m.task_chips()] == [("0_0", "failed")]
+    m.update(Snapshot(t=15.0, status={"0_0": {"instance": 0, "state": "running"}},
+                      events=[E(ev.TaskOpened, 14.5, task="0_0", instance=0)]))
+    assert [(c["task"], c["state"]) for c in m.task_chips()] == [("0_0", "running")]
+
+
+def test_forecast_by_instance_and_before_a_round():
+    from kernel_ext.dashboard.model import forecast_data, forecast_seconds
+
+    class Forecast:  # App.restore_forecast()'s shape: a frame and a line per instance
+        frame = [{"task": "0_0", "instance": 0, "source": "scratch", "records": 100, "seconds": 2.0},
+                 {"task": "0_0", "instance": 0, "source": "standby", "records": 3, "seconds": 0.1},
+                 {"task": "0_0", "instance": 0, "source": "warmup", "records": 9, "seconds": 0.3},
+                 {"task": "0_1", "instance": 0, "source": "scratch", "records": 80, "seconds": 1.5},
+                 {"task": "0_2", "instance": 1, "source": "scratch", "records": 150, "seconds": 3.0},
+                 {"task": "0_2", "instance": 1, "source": "checkpoint", "records": 0, "seconds": 0.0}]
+        lines = {0: "if instance 0 died now: ≈ 3.5 s from scratch", 1: "if instance 1 died now: ≈ 3.0 s"}
+
+    fc = forecast_data(Forecast())
+    assert forecast_by_instance(fc) == [
+        {"instance": 0, "tasks": ["0_0", "0_1"], "scratch_s": 3.5, "standby_s": 0.1,
+         "line": "if instance 0 died now: ≈ 3.5 s from scratch"},
+        {"instance": 1, "tasks": ["0_2"], "scratch_s": 3.0, "standby_s": None,
+         "line": "if instance 1 died now: ≈ 3.0 s"}]
+    assert [forecast_seconds(fc, "0_0", s) for s in ("scratch", "standby", "checkpoint")] == [2.0, 0.1, None]
+    # a forecast that counted no record of what a restore then read is no forecast of it
+    assert forecast_seconds(fc, "0_2", "checkpoint") == 0.0 and forecast_seconds(fc, "0_2", "checkpoint", 50) is None
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=1.0, forecast=fc))
+    later = forecast_data(Forecast())
+    m.update(Snapshot(t=2.0, forecast=later,
+                      events=[E(ev.RestoreQueued, 2.0, task="0_0", instance=1, to_replay=5, generation=2)]))
+    # the forecast made before the round is kept with it; a newer one is not taken while restoring
+    assert m.round_forecast() == (1.0, fc) and m.round_forecast()[1] is fc
+    m.update(Snapshot(t=3.0, forecast=forecast_data(Forecast())))
+    assert m.forecast is fc
+
+
+def test_changelog_rows_match_store_and_task_partition():
+    m = DashboardModel()
+    m.update(Snapshot(t=0, tasks=[task("0_0", 0, rows=7), task("0_1", 0, rows=3)],
+                      stores={"counts": {}, "cnt": {}}, changelog=[
+        {"topic": "wc-counts-changelog", "partition": 1, "log_start_offset": 0, "high_watermark": 50,
          "records": 20, "dirty_ratio": 0.25, "cleaner_runs": 2, "records_removed": 30}]))
     (row,) = m.changelog_rows()
-    assert row["store"] == "counts" and row["live_keys"] == 7 and row["records"] == 20
-    assert row["cleaner_runs"] == 2 and row["dirty_ratio"] == 0.25
+    assert (row["store"], row["live_keys"], row["records"], row["cleaner_runs"]) == ("counts", 3, 20, 2)
+
+
+def test_clip_and_eta_formats():
+    assert clip("a  b\nc", 10) == "a b c"
+    assert clip("x" * 20, 8) == "xxxxxxx…" and len(clip("é" * 20, 8)) == 8
+    assert fmt_eta(None) == "–" and fmt_eta(0.2) == "<1 s" and fmt_eta(42) == "42 s" and fmt_eta(600) == "10 min"
 
 
 def test_layout_topology_columns():
@@ -168,38 +352,14 @@ def test_layout_topology_columns():
     assert all(0 <= y <= 1 for _, y in pos.values())
 
 
-def test_restore_events_as_the_task_runner_sends_them():
-    """restore_end alone (a fast restore between two refreshes) still gives a summary, and a
-    second restore later starts a new round; commit events fill rows and dirty entries."""
-    m = DashboardModel()
-    m.update(Snapshot(t=50.0, tasks=[task(0, 0, rows=None)], events=[
-        {"type": "commit", "task": 0, "rows": {"counts": 24},
-         "cache": {"counts": {"cache": {"dirty": 7, "entries": 24}}}, "ts": 49.0}]))
-    (row,) = m.tasks()
-    assert row["rows"] == 24 and row["dirty"] == 7
-    m.update(Snapshot(t=60.0, events=[
-        {"type": "restore_end", "task": 2, "store": "counts", "restored": 30, "duration_s": 0.5,
-         "from": "checkpoint", "start_offset": 10, "end_offset": 50, "ts": 59.0}]))
-    s = m.restore_summary
-    assert s is not None and s.records_replayed == 30 and s.saved_by_compaction == 10
-    assert s.seconds == pytest.approx(0.5) and s.from_checkpoint == 1
-    m.update(Snapshot(t=70.0, events=[
-        {"type": "restore_start", "task": 1, "store": "counts", "start_offset": 0, "end_offset": 5, "ts": 69.0}]))
-    assert list(m.restore) == [(1, "counts")] and m.restore_summary is None and m.restoring
-    m.update(Snapshot(t=71.0, events=[
-        {"type": "restore_end", "task": 1, "store": "counts", "restored": 5, "duration_s": 0.1,
-         "from": "standby", "start_offset": 0, "end_offset": 5, "ts": 70.5}]))
-    assert m.restore_summary.from_standby == 1 and "from a standby" in m.restore_summary.line()
-
-
 class _CommitApp:
-    """Two tasks of one store; a store read is counted; commits move the checkpoint offsets."""
+    """Two tasks of one store; a store read is counted; commits move the changelog offsets."""
 
     state = "RUNNING"
 
     def __init__(self):
         self.batch = 3
-        self.checkpoints = {0: 10, 1: 20}
+        self.checkpoints = {"0_0": 10, "0_1": 20}
         self.rows = {"a": 1, "b": 2}
         self.store_reads = 0
 
@@ -216,61 +376,44 @@ class _CommitApp:
 
 
 def test_a_store_is_read_again_only_after_a_commit():
-    from kernel_ext.dashboard.model import StoreCache, collect
+    from kernel_ext.dashboard.model import collect
 
     app, cache, m = _CommitApp(), StoreCache(max_age=30.0), DashboardModel()
     s1 = collect(app, stores=["counts"], cache=cache)
     m.update(s1)
     assert (app.store_reads, cache.reads, cache.skips) == (1, 1, 0)
-    # nothing committed: no read, the very same rows, nothing highlighted
-    s2 = collect(app, stores=["counts"], cache=cache)
+    s2 = collect(app, stores=["counts"], cache=cache)  # nothing committed: no read, the same rows
     m.update(s2)
     assert (app.store_reads, cache.reads, cache.skips) == (1, 1, 1)
-    assert s2.stores["counts"] is s1.stores["counts"]
-    assert m.changed_count("counts") == 0
-    # task 1 commits (its checkpoint moves): read again, the changed row is highlighted
-    app.rows["b"] = 5
-    app.checkpoints[1] = 21
+    assert s2.stores["counts"] is s1.stores["counts"] and m.changed_count("counts") == 0
+    app.rows["b"] = 5  # task 0_1 commits (its offset moves): read again, the row is highlighted
+    app.checkpoints["0_1"] = 21
     m.update(collect(app, stores=["counts"], cache=cache))
     assert (app.store_reads, cache.reads, cache.skips) == (2, 2, 1)
     assert m.diffs["counts"].changed == {"b"} and m.diffs["counts"].added == set()
     assert [(r.key, r.value, r.status) for r in m.store_rows()] == [("b", 5, "changed"), ("a", 1, None)]
-    # the next refresh without a commit: no read, and "changed since the last refresh" is empty again
-    m.update(collect(app, stores=["counts"], cache=cache))
-    assert (app.store_reads, cache.skips) == (2, 2)
-    assert m.changed_count("counts") == 0
-    # a new micro-batch (even with the same checkpoints) reads again
-    app.batch = 4
+    app.batch = 4  # a new micro-batch (even with the same offsets) reads again
     collect(app, stores=["counts"], cache=cache)
     assert app.store_reads == 3
-    # a state change reads again
-    app.state = "RESTORING"
+    app.state = "RESTORING"  # a state change reads again
     collect(app, stores=["counts"], cache=cache)
     assert app.store_reads == 4
+    app.state = "ERROR"  # not running: the stores are not read, the last rows stay
+    snap = collect(app, stores=["counts"], cache=cache)
+    assert app.store_reads == 4 and snap.stores["counts"] == {"a": 1, "b": 5}
 
 
-def test_store_cache_reads_every_time_without_commit_figures_and_after_max_age():
-    from kernel_ext.dashboard.model import StoreCache, collect
-
+def test_store_cache_signature_and_max_age():
     app = _CommitApp()
-    app.metrics = lambda: {}
-    app.checkpoints = {0: None, 1: 20}  # task 0 never committed: no signature
-    cache = StoreCache()
-    for _ in range(3):
-        collect(app, stores=["counts"], cache=cache)
-    assert (app.store_reads, cache.reads, cache.skips) == (3, 3, 0)
-    assert StoreCache.signature("counts", "RUNNING", {}, app.lag()) is None
+    assert StoreCache.signature("counts", "RUNNING", {}, [dict(r, checkpoint_offset=None) for r in app.lag()]) is None
     assert StoreCache.signature("counts", "RUNNING", {"last_batch_id": 7, "generation": 2}, app.lag()) == \
-        ("RUNNING", 2, 7, ((0, 0, None), (1, 0, 20)))
-    assert StoreCache.signature("counts", "RUNNING", {"last_batch_id": 7}, app.lag()) == \
-        ("RUNNING", None, 7, ((0, 0, None), (1, 0, 20)))
-    # a known signature is reused for at most max_age seconds
+        ("RUNNING", 2, 7, (("0_0", 0, 10), ("0_1", 0, 20)))
     c = StoreCache(max_age=30.0)
     c.put("counts", ("RUNNING", 1, ()), 100.0, ({"a": 1}, {}))
     assert c.get("counts", ("RUNNING", 1, ()), 130.0) == ({"a": 1}, {})
     assert c.get("counts", ("RUNNING", 1, ()), 130.5) is None
     assert c.get("counts", ("RUNNING", 2, ()), 101.0) is None
-    assert c.get("other", ("RUNNING", 1, ()), 101.0) is None
+    assert c.last("counts") == ({"a": 1}, {}) and c.last("other") is None
     assert (c.reads, c.skips) == (1, 1)
 
 
@@ -288,3 +431,34 @@ def test_throttled_heavy_panel_and_nice_axis_limits():
     assert got == [1, 1, 1, 2, 2, 3] and calls == [0.0, 5.0, 11.0] and th.calls == 3
     assert [axis_limit(v, floor=30.0) for v in (1, 29, 31, 37, 41, 123, 599)] == [30, 30, 40, 40, 50, 150, 600]
     assert [axis_limit(v, floor=4) for v in (0, 4.6, 115, 575.0)] == [4, 5, 150, 600]
+
+
+def test_a_restore_without_progress_yet_gets_an_eta_from_the_tasks_done_before_it():
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=20.0, events=[
+        E(ev.RestoreQueued, 10.0, task="0_0", instance=0, to_replay=300, generation=2),
+        E(ev.RestoreQueued, 10.0, task="0_1", instance=0, to_replay=500, generation=2),
+        E(ev.RestoreStarted, 10.1, task="0_0", instance=0, store="s", to_replay=300, start_offset=0,
+          end_offset=300),
+        E(ev.RestoreEnded, 13.1, task="0_0", instance=0, store="s", restored=300, seconds=3.0),
+        E(ev.TaskOpened, 13.1, task="0_0", instance=0, restored=300),
+        E(ev.RestoreStarted, 13.2, task="0_1", instance=0, store="s", to_replay=500, start_offset=0,
+          end_offset=500)]))
+    rnd = m.restores.current
+    row = rnd.rows["0_1"]
+    assert row.status == "restoring" and row.eta is None      # no progress report yet
+    assert rnd.eta(row) == pytest.approx(5.0)                   # 500 records at 0_0's 100 records/s
+
+
+def test_the_badge_shows_the_exception_of_a_long_error_line():
+    from kernel_ext.dashboard.model import short_error
+
+    line = ("KSTREAM-MAPVALUES-0000000001 (map values) failed on key='when' value={'seq': 3, 'word': "
+            "'when'} from nums partition 0 offset 0: ZeroDivisionError: division by zero")
+    assert short_error(line) == "map values failed: ZeroDivisionError: division by zero"
+    assert short_error("every instance of 'wc' is dead: restart() or revive() one") == \
+        "every instance of 'wc' is dead: restart() or revive() one"
+    m = DashboardModel()
+    m.update(Snapshot(t=0, state="ERROR", app_error=line))
+    assert m.badge_reason() == "map values failed: ZeroDivisionError: division by zero"

@@ -1,11 +1,29 @@
 """The dashboard view and its refresh thread, driven by a fake App (no Spark, no kernel)."""
 from __future__ import annotations
 
+import html
+import json
+import re
 import time
 
 import pandas as pd
 
-from kernel_ext.dashboard.view import LiveDashboard
+from kernel_ext.dashboard.view import LiveDashboard, render_events, render_header
+from statekit import events as ev
+
+
+def _events():
+    t = time.time()
+    out = [ev.RestoreQueued(task="0_0", instance=0, source="checkpoint", to_replay=10, generation=1, ts=t),
+           ev.RestoreStarted(task="0_0", instance=0, store="counts", start_offset=0, end_offset=10,
+                             to_replay=10, ts=t + 0.1),
+           ev.RestoreEnded(task="0_0", instance=0, store="counts", restored=10, seconds=0.2, source="scratch",
+                           ts=t + 0.3),
+           ev.TaskOpened(task="0_0", instance=0, source="scratch", restored=10, ts=t + 0.31),
+           ev.Rebalance(active={"0_0": 0}, generation=1, ts=t + 0.32)]
+    for i, e in enumerate(out):
+        e.offset = i
+    return out
 
 
 class FakeApp:
@@ -13,20 +31,27 @@ class FakeApp:
 
     def __init__(self):
         self.state = "RUNNING"
+        self.error = None
         self.n = 0
         self.rows = {"kafka": 3, "spark": 5}
-        self._events = [{"type": "restore_start", "task": 0, "store": "counts", "start_offset": 0,
-                         "end_offset": 10, "ts": time.time()},
-                        {"type": "restore_end", "task": 0, "store": "counts", "restored": 10, "ts": time.time()}]
+        self._events = _events()
+        self.callbacks = []
 
     def metrics(self):
         self.n += 1
         return {"records_processed": 100 * self.n, "input_rate": 50.0, "last_batch_latency_ms": 120,
-                "last_batch_id": self.n}
+                "last_batch_id": self.n, "batches": self.n}
 
     def lag(self):
-        return pd.DataFrame([{"task": 0, "instance": 0, "role": "active", "store": "counts",
-                              "checkpoint_offset": 10, "changelog_end": 12, "lag": 2, "rows": len(self.rows)}])
+        return pd.DataFrame([{"task": "0_0", "instance": 0, "role": "active", "store": "counts",
+                              "checkpoint_offset": 10, "changelog_end": 12, "lag": 2}])
+
+    def instances_frame(self):
+        return pd.DataFrame([{"instance": 0, "status": "alive", "incarnation": 1, "pid": 1,
+                              "active": ["0_0"], "standby": [], "warmup": []}])
+
+    def task_status(self):
+        return {"0_0": {"instance": 0, "state": "running", "backlog": 0}}
 
     def describe(self):
         return {"nodes": [{"id": "src", "type": "source", "topic": "words"},
@@ -35,10 +60,21 @@ class FakeApp:
                 "edges": [{"from": "src", "to": "agg"}, {"from": "agg", "to": "counts"}]}
 
     def query_all(self, store):
-        return pd.DataFrame({"key": list(self.rows), "value": list(self.rows.values())})
+        return pd.DataFrame({"key": list(self.rows), "value": list(self.rows.values()),
+                             "task": ["0_0"] * len(self.rows)})
 
     def events(self):
         return list(self._events)
+
+    def on_event(self, cb):
+        self.callbacks.append(cb)
+        return cb
+
+    def push(self, e):
+        e.offset = len(self._events)
+        self._events.append(e)
+        for cb in self.callbacks:
+            cb(e)
 
 
 def test_refresh_renders_every_panel():
@@ -50,23 +86,62 @@ def test_refresh_renders_every_panel():
     d.refresh()
     v = d.view
     assert "RUNNING" in v.header.value and "store rows" in v.header.value
+    assert "class='sk-chip'" in v.header.value and ">0_0<" in v.header.value
     assert "counts" in v.tasks.value
     assert "rocksdb" in v.store.value and "class='new'" in v.store.value
     assert "class='changed'" in v.store.value
-    assert "restored 1 task" in v.restore.value
-    assert len(v.lag.value) > 1000 and len(v.topology.value) > 1000  # PNGs
+    assert "restored 1 task(s)" in v.restore.value and "took 0.2 s" in v.restore.value
+    assert "Instances" in v.instances.value and "0_0" in v.instances.value
+    assert len(v.lag.value) > 1000 and len(v.topology.value) > 1000 and len(v.ownership.value) > 1000  # PNGs
 
 
-def test_thread_stops_when_the_app_stops_and_on_close():
+def test_events_pushed_after_the_history_are_seen_once():
+    app = FakeApp()
+    d = LiveDashboard(app, interval=0.1, view=False)
+    d.refresh()
+    assert [e.offset for e in d.model.events] == [0, 1, 2, 3, 4]
+    app.push(ev.InstanceDied(instance=0, tasks=["0_0"], ts=time.time()))
+    d.refresh()
+    d.refresh()
+    assert [e.type for e in d.model.events][-1] == "instance_died"
+    assert sum(e.type == "instance_died" for e in d.model.events) == 1
+
+
+def test_an_error_shows_on_the_badge_and_the_dashboard_keeps_the_last_state():
+    app = FakeApp()
+    d = LiveDashboard(app, interval=0.1)
+    d.refresh()
+    rows_before = dict(d.model.snapshot.stores["counts"])
+    app.state = "ERROR"
+    app.error = "ProcessorError: task 0_0 failed on key='kafka' value=3: ZeroDivisionError: division by zero"
+    app.query_all = lambda store: (_ for _ in ()).throw(AssertionError("a stopped app's store was read"))
+    d.refresh()
+    h = d.view.header.value
+    assert "sk-reason bad" in h and "ZeroDivisionError: division by zero" in html.unescape(h)
+    assert "class='sk-err'" in h
+    assert d.model.snapshot.stores["counts"] == rows_before  # the last rows read stay
+    assert "kafka" in d.view.store.value
+
+
+def test_thread_keeps_refreshing_in_error_and_stops_when_the_app_stops_and_on_close():
     app = FakeApp()
     d = LiveDashboard(app, interval=0.1).start()
     time.sleep(0.5)
     assert d.running and d.refreshes >= 2
+    app.state = "ERROR"
+    n = d.refreshes
+    time.sleep(0.5)
+    assert d.running and d.refreshes > n  # a restart from Python must show up
     app.state = "NOT_RUNNING"
     deadline = time.time() + 5
     while d.running and time.time() < deadline:
         time.sleep(0.05)
     assert not d.running
+    d.follow()  # the app runs again: the same dashboard follows it
+    app.state = "RUNNING"
+    time.sleep(0.3)
+    assert d.running
+    d.stop()
     d2 = LiveDashboard(FakeApp(), interval=0.1).start()
     d2.view.stop_button.click()
     deadline = time.time() + 5
@@ -84,6 +159,37 @@ def test_a_failing_panel_does_not_kill_the_dashboard():
     assert "boom" in d.view.header.value
 
 
+def test_event_details_are_escaped_and_never_cut_inside_an_entity():
+    from kernel_ext.dashboard.model import DashboardModel, Snapshot
+
+    raw = "<b>bold</b> & \"quoted\" 'single' " + "é" * 200
+    e = ev.TaskFailed(task="0_1", instance=0, error=raw, ts=time.time())
+    e.offset = 0
+    m = DashboardModel()
+    m.update(Snapshot(t=time.time(), events=[e]))
+    out = render_events(m)
+    assert "<b>bold" not in out                      # escaped, not markup
+    cells = re.findall(r"<td class='l'>(.*?)</td>", out)
+    details = cells[-1]
+    shown = re.sub(r"<span title='[^']*'>(.*)</span>", r"\1", details)
+    assert not re.search(r"&[a-z#0-9]*…", shown)      # no entity cut in half
+    text = html.unescape(shown)
+    assert text.endswith("…") and len(text) == 110
+    assert text.startswith('{"batch": -1, "error": "<b>bold</b> & \\"quoted\\" \'single\' ééé')
+    title = html.unescape(re.search(r"title='([^']*)'", details).group(1))
+    assert json.loads(title)["error"] == raw         # the whole text on hover
+
+
+def test_header_reason_is_clipped_as_text_not_as_markup():
+    from kernel_ext.dashboard.model import DashboardModel, Snapshot
+
+    m = DashboardModel()
+    m.update(Snapshot(t=0, state="ERROR", app_error="x & y " * 60))
+    h = render_header("a", m)
+    reason = re.search(r"<span class='sk-reason bad' title='[^']*'>(.*?)</span>", h).group(1)
+    assert not re.search(r"&[a-z#0-9]*…", reason) and html.unescape(reason).endswith("…")
+
+
 def test_history_panel_slider_over_offsets():
     from kernel_ext.dashboard.view import HistoryPanel, as_of
 
@@ -97,3 +203,67 @@ def test_history_panel_slider_over_offsets():
     assert "k = 2" in panel.out.value and "offset 12" in panel.out.value
     panel.load("counts", "nothing")
     assert "no changelog record" in panel.out.value
+
+
+def test_restore_replay_follows_the_latest_round_and_replays_it():
+    app = FakeApp()
+    d = LiveDashboard(app, interval=0.1)
+    d.refresh()
+    r = d.view.replay
+    d.view.tabs.selected_index = 3
+    assert len(r.rounds.options) == 1 and r.slider.max >= 3
+    assert ">done<" in r.table.value and len(r.image.value) > 1000
+    r.slider.value = 1  # 0.1 s into the round: the task was restoring
+    assert ">restoring<" in r.table.value and ">done<" not in r.table.value
+    assert "t = 0.1 s" in r.clock.value
+
+
+def test_an_app_without_events_or_instances_still_gets_a_dashboard():
+    """Spark's own state store (NativeApp) has no event stream and one instance: the panels that
+    need them stay out of the way."""
+
+    class Native:
+        name = "nat"
+        state = "RUNNING"
+
+        def metrics(self):
+            return {"records_processed": 10, "last_batch_id": 1, "batches": 2, "state_rows": 3}
+
+        def lag(self):
+            return pd.DataFrame([{"task": 0, "store": "counts", "checkpoint_offset": 1, "changelog_end": 3,
+                                  "lag": 2}])
+
+        def query_all(self, store):
+            return pd.DataFrame({"key": ["a"], "value": [1]})
+
+        def describe(self):
+            return {"nodes": [], "edges": []}
+
+    d = LiveDashboard(Native(), interval=0.1, stores=["counts"])
+    snap = d.refresh()
+    assert snap.error is None and snap.events == [] and snap.instances == []
+    v = d.view
+    assert "state rows (Spark)" in v.header.value and ">0_0<" in v.tasks.value
+    assert v.instances.layout.display == "none" and v.ownership_box.layout.display == "none"
+    assert "restores inside Spark" in v.restore.value and "restore_report()" in v.restore.value
+
+
+def test_the_forecast_before_a_restore_is_shown_and_then_beside_it():
+    class Forecast:
+        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10, "seconds": 0.25}])
+        lines = {0: "if instance 0 died now: ≈ 250 ms from scratch for 0_0 (10 records)"}
+
+    app = FakeApp()
+    app._events = []
+    app.restore_forecast = lambda: Forecast()
+    d = LiveDashboard(app, interval=0.1)
+    d.refresh()
+    assert "Restore forecast" in d.view.restore.value
+    assert "if instance 0 died now: ≈ 250 ms from scratch for 0_0 (10 records)" in html.unescape(d.view.restore.value)
+    for e in _events():
+        app.push(e)
+    d.refresh()
+    v = html.unescape(d.view.restore.value)
+    assert "<th class='' title='the restore forecast made before this round began'>forecast</th>" in \
+        d.view.restore.value
+    assert "≈ 0.2 s" in v and "forecast before: ≈ 0.2 s of replay" in v

@@ -29,11 +29,19 @@ GOOD = {
     "stop wc": ("stop", {"name": "wc"}),
     "watch wc": ("watch", {"name": "wc", "interval": 1.0, "top": 15}),
     "watch wc --interval 0.5 --top 5": ("watch", {"interval": 0.5, "top": 5}),
-    "crash wc": ("crash", {"name": "wc", "mode": "process", "instance": 0, "after": None}),
+    "crash wc": ("crash", {"name": "wc", "mode": "process", "instance": None, "after": None}),
     "crash wc --mode disk-loss --instance 1 --after 500":
         ("crash", {"mode": "disk-loss", "instance": 1, "after": 500}),
     "restart wc": ("restart", {"name": "wc", "no_watch": False}),
-    "restart wc --no-watch": ("restart", {"no_watch": True}),
+    "restart wc --no-watch": ("restart", {"no_watch": True, "restore_rate": None}),
+    "restart wc --restore-rate 50k/s": ("restart", {"restore_rate": 50_000.0}),
+    "instances wc": ("instances", {"name": "wc"}),
+    "kill wc --instance 2": ("kill", {"name": "wc", "instance": 2}),
+    "revive wc --instance 2": ("revive", {"name": "wc", "instance": 2, "no_disk": False}),
+    "revive wc --instance 0 --no-disk": ("revive", {"instance": 0, "no_disk": True}),
+    "add-instance wc": ("add-instance", {"name": "wc"}),
+    "remove-instance wc --instance 3": ("remove-instance", {"name": "wc", "instance": 3}),
+    "scale wc 4": ("scale", {"name": "wc", "count": 4}),
     "query wc counts kafka": ("query", {"name": "wc", "store": "counts", "key": "kafka", "range": None, "all": False}),
     "query wc counts --range a f": ("query", {"key": None, "range": ["a", "f"]}),
     "query wc counts --all --limit 5": ("query", {"all": True, "limit": 5}),
@@ -62,7 +70,9 @@ def test_cell_app():
     assert cmd.command == "app" and cmd.body.startswith("app.stream")
     assert (cmd.command, cmd.name, cmd.partitions, cmd.instances, cmd.standby) == ("app", "wc", 4, 2, 1)
     cmd = parse("app wc", "pass")
-    assert cmd.partitions is None and cmd.instances is None and cmd.standby is None
+    assert cmd.partitions is None and cmd.instances is None and cmd.standby is None and cmd.engine is None
+    cmd = parse("app wc --engine spark --acceptable-lag 500 --max-warmups 1 --probing-interval 2.5s", "pass")
+    assert (cmd.engine, cmd.acceptable_lag, cmd.max_warmups, cmd.probing_interval) == ("spark", 500, 1, 2.5)
 
 
 @pytest.mark.parametrize("sub", [s for s in SUBCOMMANDS if s != "help"])
@@ -99,6 +109,7 @@ BAD = {
     "produce acc --generator accounts --keys 0": ">= 1",
     "produce 'bad name!' --generator words": "not a valid name",
     "app wc": "needs a cell body",
+    "add-instance": "required: NAME",
     "start": "required: NAME",
     "start wc now": "unrecognized arguments",
     "start wc --trigger sometimes": "--trigger must be",
@@ -108,6 +119,17 @@ BAD = {
     "crash wc --mode explode": "invalid choice",
     "crash wc --instance -1": ">= 0",
     "crash wc --after lots": "expected a whole number",
+    "restart wc --restore-rate 0": "must be > 0",
+    "restart wc --restore-rate quick": "expected a rate",
+    "kill wc": "required: --instance",
+    "kill wc --instance x": "expected a whole number",
+    "revive wc --instance -2": ">= 0",
+    "scale wc 0": "an app needs at least 1 live instance, got 0",
+    "scale wc": "required: N",
+    "scale wc two": "expected a number of instances",
+    "remove-instance wc": "required: --instance",
+    "app wc --engine flink": "invalid choice",
+    "app wc --probing-interval 0": "expected seconds > 0",
     "query wc counts": "exactly one of KEY",
     "query wc counts k --range a b": "exactly one of KEY",
     "query wc counts --range a": "expected 2 arguments",

@@ -84,3 +84,16 @@ def test_standby_holds_an_uncommitted_tail(broker, tmp_path):
             assert H.contents(t2) == H.reference(SEED, range(5))
     finally:
         k.close()
+
+
+def test_standby_of_a_task_id_of_another_subtopology(broker, tmp_path):
+    """The instances name tasks `TaskId`s ("1_2"): the replica tails partition 2 into `<app>/1_2`."""
+    from statekit.contracts import TaskId
+
+    sb = StandbyReplica("sbid", TaskId(1, 2), H.specs(), state_dir=str(tmp_path / "s"),
+                        bootstrap=broker.bootstrap)
+    try:
+        assert sb.partition == 2 and sb.task_id == TaskId(1, 2)
+        assert sb.task_dir == str(tmp_path / "s" / "sbid" / "1_2")
+    finally:
+        sb.close()
