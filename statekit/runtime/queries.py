@@ -37,6 +37,12 @@ class KeyOwner:
         return iter((self.task, self.instance, self.role))
 
 
+# query_all's columns per store kind (statekit.stores.inspect.frame decodes them)
+STORE_COLUMNS = {"window": ["key", "window_start", "value"],
+                 "session": ["key", "start", "end", "value"],
+                 "buffer": ["time", "key", "value", "old", "prior", "timestamp"]}
+
+
 class QueryRouter:
     """Routes and reads; one secondary RocksDB handle per task directory, refreshed on each read."""
 
@@ -206,8 +212,7 @@ class QueryRouter:
                 df["task"] = str(t)
                 df["instance"] = a.active[t]
                 frames.append(df)
-        window = getattr(spec, "kind", "kv") == "window"
-        cols = (["key", "window_start", "value"] if window else ["key", "value"]) + ["task", "instance"]
+        cols = STORE_COLUMNS.get(getattr(spec, "kind", "kv"), ["key", "value"]) + ["task", "instance"]
         if not frames:
             return pd.DataFrame(columns=cols)
         out = pd.concat(frames, ignore_index=True)
