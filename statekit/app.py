@@ -1120,7 +1120,9 @@ class App:
         return self._get_router().range(store, lo, hi, stale=stale)
 
     def query_all(self, store: str, stale: bool = False):
-        """The whole store as a DataFrame (key, value, task, instance)."""
+        """The whole store as a DataFrame (key, value, task, instance; window stores add
+        window_start, session stores start and end, suppression buffers time, old, prior and
+        timestamp)."""
         return self._get_router().all(store, stale=stale)
 
     def query_window(self, store: str, key, t_from: int, t_to: int, stale: bool = False):

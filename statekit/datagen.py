@@ -9,6 +9,12 @@ compute a plain-Python reference over exactly what it produced (`accounts_refere
     python -m statekit.datagen --out sample_data          # small JSON-lines files
     python -m statekit.datagen --generator words --limit 5 # print a few records
 
+Event time: the generators above write their timestamp into the value ("ts"); `produce` sends
+records at the produce time. For joins and windows over event time, `shop_events` (orders with
+their payments) and `session_clicks` (clicks in visits) return finite lists in arrival order (a
+bounded number of ms out of order), and `produce_timed` writes each record's timestamp as its Kafka
+timestamp.
+
 `produce(topic, records, ...)` streams records to a topic through `statekit.kafka` (rate limit,
 limit, stop event, progress callback); `%statekit produce --rate` runs it in a background thread.
 `produce_fast(topic, generator, seed, limit)` writes the first `limit` records of a generator as fast
