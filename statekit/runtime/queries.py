@@ -213,9 +213,10 @@ class QueryRouter:
                 df["instance"] = a.active[t]
                 frames.append(df)
         cols = STORE_COLUMNS.get(getattr(spec, "kind", "kv"), ["key", "value"]) + ["task", "instance"]
+        frames = [f for f in frames if len(f)]
         if not frames:
             return pd.DataFrame(columns=cols)
-        out = pd.concat(frames, ignore_index=True)
+        out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         return out[cols]
 
     def window(self, store: str, key, t_from: int, t_to: int, stale: bool = False) -> list:
