@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,7 +217,11 @@ class QueryRouter:
         frames = [f for f in frames if len(f)]
         if not frames:
             return pd.DataFrame(columns=cols)
-        out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        with warnings.catch_warnings():
+            # a task whose column is all None (a buffer's old values) may pick the column's dtype
+            # in a future pandas: the values stay the same
+            warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation", FutureWarning)
+            out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         return out[cols]
 
     def window(self, store: str, key, t_from: int, t_to: int, stale: bool = False) -> list:
