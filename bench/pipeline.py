@@ -38,6 +38,26 @@ Prints rates, micro-batch durations p50/p95 (triggerExecution) and:
     RESULT name=pipeline_latency_p50 value=<ms> unit=ms baseline=<groupBy ms> ratio=<statekit/groupBy>
     RESULT name=pipeline_latency_p95 value=<ms> unit=ms baseline=<groupBy ms> ratio=<statekit/groupBy>
     RESULT name=pipeline_first_batch value=<s> unit=s baseline=<groupBy s> ratio=<statekit/groupBy>
+
+Then two event-time pipelines (`--events` input records each, `--event-batch` per micro-batch; the
+record timestamps are event times, `statekit.datagen.produce_timed`, at one-second resolution), each
+against Spark's own operator in the same session, best of `--rounds`:
+
+* a windowed stream-stream join: orders joined with their payments (`statekit.datagen.shop_events`,
+  two topics) — statekit's `join(..., JoinWindows(10 s before, 60 s after, 10 s grace))` (each
+  side buffered in a RocksDB window store with a changelog) against Spark's inner stream-stream
+  `join` of the two sources with 10 s watermarks and the same time-range condition (state in
+  the RocksDB state store provider), both written to Kafka in append mode;
+* a session-window count: clicks in visits (`statekit.datagen.session_clicks`, 30 s gap) —
+  statekit's `windowed_by(SessionWindows(30 s, 10 s grace)).count().suppress(until_window_closes())`
+  (one final count per session, as Spark emits them) against Spark's
+  `groupBy(session_window(ts, "30 seconds"), key).count()` with a 10 s watermark in append mode
+  (Spark refuses update mode for session windows).
+
+A record here is an input event (an order, a payment, a click); each ends with its line:
+
+    RESULT name=pipeline_join value=<statekit events/s> unit=records/s baseline=<Spark join events/s> ratio=<statekit/Spark>
+    RESULT name=pipeline_session value=<statekit events/s> unit=records/s baseline=<Spark session_window events/s> ratio=<statekit/Spark>
 """
 from __future__ import annotations
 
@@ -343,6 +363,143 @@ def run_tws(spark, bootstrap, topic, out_topic, work, partitions, batch_lines, n
                                    "append"))
 
 
+
+# --- event-time pipelines: a windowed stream-stream join and a session-window count -----------------
+
+JOIN_BEFORE_MS, JOIN_AFTER_MS, JOIN_GRACE_MS = 10_000, 60_000, 10_000
+SESSION_GAP_MS, SESSION_GRACE_MS = 30_000, 10_000
+
+
+def _to_second(records):
+    """Event times at one-second resolution: records of equal time share a record batch, so a few
+    hundred thousand of them go out in a few thousand produce requests."""
+    from statekit.datagen import Record
+
+    return [Record(r.key, r.value, r.timestamp - r.timestamp % 1000) for r in records]
+
+
+def produce_events(client, prefix: str, events: int, partitions: int, seed: int) -> dict:
+    """`<prefix>-orders`, `<prefix>-payments` and `<prefix>-clicks`, about `events` records for
+    the join (orders + payments) and as many clicks. Returns {"join": n, "session": n}."""
+    from statekit.datagen import produce_timed, session_clicks, shop_events
+
+    shop = _to_second(shop_events(seed, orders=max(1, events // 2), spacing_ms=20,
+                                  pay_after_ms=JOIN_AFTER_MS, pay_before_ms=JOIN_BEFORE_MS))
+    orders = [r for r in shop if r.value["type"] == "order"]
+    payments = [r for r in shop if r.value["type"] == "payment"]
+    clicks = _to_second(session_clicks(seed, users=max(1, events // 20), sessions=(1, 5),
+                                       clicks=(1, 12), gap_ms=SESSION_GAP_MS))
+    for topic, recs in ((f"{prefix}-orders", orders), (f"{prefix}-payments", payments),
+                        (f"{prefix}-clicks", clicks)):
+        client.ensure_topic(topic, partitions)
+        produce_timed(topic, recs, kafka=client)
+    return {"join": len(shop), "session": len(clicks)}
+
+
+def run_statekit_events(kind, bootstrap, prefix, out_topic, work, partitions, batch, app):
+    """statekit's join or session count (`kind`), as run_statekit runs the word count."""
+    import statekit
+    from statekit.topology import (JoinWindows, SessionWindowedSerde, SessionWindows,
+                                   until_window_closes)
+
+    a = statekit.App(app, bootstrap=bootstrap, partitions=partitions, instances=2,
+                     state_dir=os.path.join(work, app), engine="changelog")
+    if kind == "join":
+        (a.stream(f"{prefix}-orders").join(
+            a.stream(f"{prefix}-payments"), lambda o, p: p,
+            JoinWindows(JOIN_BEFORE_MS, JOIN_AFTER_MS, JOIN_GRACE_MS), store="paid")
+         .to(out_topic))
+    else:
+        (a.stream(f"{prefix}-clicks").group_by_key()
+         .windowed_by(SessionWindows(SESSION_GAP_MS, SESSION_GRACE_MS)).count(store="visits")
+         .suppress(until_window_closes(), store="visits-final").to_stream()
+         .to(out_topic, key_serde=SessionWindowedSerde("str"), value_serde="int64"))
+    t0 = time.perf_counter()
+    a.start(trigger="availableNow", max_records_per_trigger=batch, sink="kafka")
+    state = a.wait_for_state("NOT_RUNNING", None)
+    elapsed = time.perf_counter() - t0
+    try:
+        if str(state) != "NOT_RUNNING":
+            raise RuntimeError(f"{app} ended {state}: {a.error}")
+        return elapsed, a.progress()
+    finally:
+        a.stop()
+
+
+def _event_frame(spark, bootstrap, topic, batch):
+    from pyspark.sql import functions as F
+
+    src = (spark.readStream.format("statekit-kafka").option("bootstrap", bootstrap)
+           .option("topic", topic).option("maxRecordsPerTrigger", batch)
+           .option("startingOffsets", "earliest").load())
+    return src.select(F.col("key").cast("string").alias("k"), F.col("value").alias("v"),
+                      F.col("timestamp").alias("ts"))
+
+
+def run_spark_events(kind, spark, bootstrap, prefix, out_topic, work, partitions, batch, name):
+    """Spark's own stream-stream join with watermarks, or session_window count, append mode."""
+    from pyspark.sql import functions as F
+
+    from statekit.kafka import Kafka
+
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    if kind == "join":
+        # two sources, each limited to half a micro-batch: the same records per batch as statekit
+        o = _event_frame(spark, bootstrap, f"{prefix}-orders", max(1, batch // 2)).select(
+            F.col("k").alias("ok"), F.col("ts").alias("ots")).withWatermark(
+            "ots", f"{JOIN_GRACE_MS} milliseconds")
+        p = _event_frame(spark, bootstrap, f"{prefix}-payments", max(1, batch // 2)).select(
+            F.col("k").alias("pk"), F.col("v").alias("pv"), F.col("ts").alias("pts")).withWatermark(
+            "pts", f"{JOIN_GRACE_MS} milliseconds")
+        joined = o.join(p, F.expr(
+            f"ok = pk AND pts >= ots - INTERVAL {JOIN_BEFORE_MS} MILLISECONDS "
+            f"AND pts <= ots + INTERVAL {JOIN_AFTER_MS} MILLISECONDS"))
+        out = joined.select(F.col("ok").cast("binary").alias("key"), F.col("pv").alias("value"))
+    else:
+        c = _event_frame(spark, bootstrap, f"{prefix}-clicks", batch).withWatermark(
+            "ts", f"{SESSION_GRACE_MS} milliseconds")
+        counts = c.groupBy(F.session_window("ts", f"{SESSION_GAP_MS} milliseconds"), "k").count()
+        out = counts.select(F.col("k").cast("binary").alias("key"),
+                            F.col("count").cast("string").cast("binary").alias("value"))
+    with Kafka(bootstrap) as k:
+        k.ensure_topic(out_topic, partitions)
+    writer = (out.withColumn("topic", F.lit(out_topic)).writeStream.queryName(name)
+              .option("checkpointLocation", os.path.join(work, name)).outputMode("append")
+              .trigger(availableNow=True).format("statekit-kafka").option("bootstrap", bootstrap))
+    return _timed(spark, writer)
+
+
+def event_benches(spark, bootstrap, client, work, n, args) -> None:
+    """The join and session pipelines, each against Spark's own; prints their RESULT lines."""
+    counts = produce_events(client, "bench", args.events, n, seed=11)
+    produce_events(client, "warm", args.warmup_events, n, seed=12)
+    batch = max(1, args.event_batch)
+    print(f"events: {counts['join']} orders and payments, {counts['session']} clicks, {n} "
+          f"partitions; {batch} records per micro-batch", flush=True)
+    for kind, label in (("join", "windowed join"), ("session", "session-window count")):
+        pipelines = [("statekit", lambda *a, _k=kind: run_statekit_events(_k, *a[1:])),
+                     ("Spark", lambda *a, _k=kind: run_spark_events(_k, *a))]
+        for who, fn in pipelines:
+            t0 = time.perf_counter()
+            fn(spark, bootstrap, "warm", f"warm-{kind}-{who}-out", work, n, batch,
+               f"warm_{kind}_{who.lower()}")
+            print(f"{who + ' ' + label:>28}: warm-up {time.perf_counter() - t0:.1f} s", flush=True)
+        rates: dict = {}
+        for r in range(args.rounds):
+            for who, fn in pipelines:
+                secs, progress = fn(spark, bootstrap, "bench", f"{kind}-{who}-out-{r}", work, n,
+                                    batch, f"bench_{kind}_{who.lower()}_{r}")
+                rate = counts[kind] / secs
+                batches = sum(1 for p in progress if p.get("num_input_rows"))
+                print(f"{who + ' ' + label + ' #' + str(r + 1):>28}: {counts[kind]} records in "
+                      f"{secs:6.2f} s = {rate:10.0f} records/s; {batches} micro-batches", flush=True)
+                rates[who] = max(rates.get(who, 0.0), rate)
+        sk, sp = rates["statekit"], rates["Spark"]
+        print(f"{label}: statekit / Spark = {sk / sp:.2f}", flush=True)
+        print(f"RESULT name=pipeline_{kind} value={sk:.0f} unit=records/s baseline={sp:.0f} "
+              f"ratio={sk / sp:.3f}", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--words", type=int, default=1_000_000)
@@ -356,6 +513,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2,
                     help="timed runs per pipeline, interleaved; the best of each is reported "
                          "(the machine is shared: the best run is the least disturbed one)")
+    ap.add_argument("--events", type=int, default=200_000,
+                    help="input records of the join and of the session pipeline")
+    ap.add_argument("--event-batch", type=int, default=20_000, help="records per micro-batch")
+    ap.add_argument("--warmup-events", type=int, default=20_000)
     args = ap.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -428,6 +589,7 @@ def main(argv=None) -> int:
               f"ratio={sk95 / gb95:.3f}", flush=True)
         print(f"RESULT name=pipeline_first_batch value={fb_sk:.3f} unit=s baseline={fb_gb:.3f} "
               f"ratio={fb_sk / fb_gb:.3f}", flush=True)
+        event_benches(spark, handle.bootstrap, client, work, n, args)
         return 0
     finally:
         try:

@@ -1120,9 +1120,10 @@ class App:
         return self._get_router().range(store, lo, hi, stale=stale)
 
     def query_all(self, store: str, stale: bool = False, limit_per_task: Optional[int] = None):
-        """The whole store as a DataFrame (key, value, task, instance); with ``limit_per_task``, at
-        most that many rows of each task (in key order): a look at a million-key store without
-        reading all of it."""
+        """The whole store as a DataFrame (key, value, task, instance; window stores add
+        window_start, session stores start and end, suppression buffers time, old, prior and
+        timestamp); with ``limit_per_task``, at most that many rows of each task (in key order): a
+        look at a million-key store without reading all of it."""
         return self._get_router().all(store, stale=stale, limit_per_task=limit_per_task)
 
     def query_window(self, store: str, key, t_from: int, t_to: int, stale: bool = False):

@@ -9,6 +9,12 @@ compute a plain-Python reference over exactly what it produced (`accounts_refere
     python -m statekit.datagen --out sample_data          # small JSON-lines files
     python -m statekit.datagen --generator words --limit 5 # print a few records
 
+Event time: the generators above write their timestamp into the value ("ts"); `produce` sends
+records at the produce time. For joins and windows over event time, `shop_events` (orders with
+their payments) and `session_clicks` (clicks in visits) return finite lists in arrival order (a
+bounded number of ms out of order), and `produce_timed` writes each record's timestamp as its Kafka
+timestamp.
+
 `produce(topic, records, ...)` streams records to a topic through `statekit.kafka` (rate limit,
 limit, stop event, progress callback); `%statekit produce --rate` runs it in a background thread.
 `produce_fast(topic, generator, seed, limit)` writes the first `limit` records of a generator as fast
@@ -623,6 +629,130 @@ def produce_fast(topic: str, generator: str = "accounts", seed: int = 42, limit:
         if own:
             kafka.close()
     return prog
+
+
+# ---------------------------------------------------------------------------------------------
+# event-time streams for joins and sessions: here the record timestamp is the event time
+
+
+def now_ms(round_to: int = 1000) -> int:
+    """The current time in ms, rounded down: a `start_ms` for the event-time generators below
+    (data far in the past would be removed by a topic's retention.ms, which Kafka judges by the
+    record timestamps)."""
+    return int(time.time() * 1000) // round_to * round_to
+
+
+def _arrival_order(events: list, rng: random.Random, late_ms: int) -> list:
+    """`events` ((timestamp, seq, key, value)) in the order they arrive: by timestamp, each
+    delayed by up to `late_ms`, so a record is at most `late_ms` older than any record before it."""
+    keyed = [(ts + (rng.randint(0, late_ms) if late_ms > 0 else 0), seq, ts, k, v)
+             for ts, seq, k, v in events]
+    keyed.sort(key=lambda e: (e[0], e[1]))
+    return [Record(k, v, ts) for _a, _s, ts, k, v in keyed]
+
+
+def shop_events(seed: int = 42, orders: int = 60, start_ms: int | None = None,
+                spacing_ms: int = 1000, pay_after_ms: int = 60_000, pay_before_ms: int = 0,
+                unpaid: float = 0.15, late_pay: float = 0.1, split: float = 0.1,
+                customers: int = 12, late_ms: int = 0) -> list:
+    """Orders and their payments, keyed by order id, in the order they arrive (a finite list):
+    `{"type": "order", "order", "customer", "amount"}` about every `spacing_ms`, and
+    `{"type": "payment", "order", "amount"}` — none for a share `unpaid`, one later than
+    `pay_after_ms` for a share `late_pay` (outside a join window of that size), two halves for a
+    share `split`, one up to `pay_before_ms` *before* the order for a tenth of the rest when
+    `pay_before_ms` > 0, else one within (0, pay_after_ms]. The record timestamp is the event time
+    (`produce_timed` keeps it); a record arrives at most `late_ms` after a younger one."""
+    rng = random.Random(seed)
+    t0 = now_ms() if start_ms is None else int(start_ms)
+    events: list = []
+    for n in range(orders):
+        oid = f"o{n:04d}"
+        t = t0 + n * spacing_ms + rng.randint(0, max(0, spacing_ms - 1))
+        amount = round(rng.uniform(5, 200), 2)
+        events.append((t, len(events), oid, {"type": "order", "order": oid,
+                                             "customer": f"c{rng.randrange(customers):02d}",
+                                             "amount": amount}))
+        r = rng.random()
+        if r < unpaid:
+            delays, amounts = [], []
+        elif r < unpaid + late_pay:
+            delays, amounts = [pay_after_ms + rng.randint(1, max(1, pay_after_ms))], [amount]
+        elif r < unpaid + late_pay + split:
+            d1 = rng.randint(1, max(1, pay_after_ms - 1))
+            d2 = rng.randint(1, max(1, pay_after_ms))
+            if d2 == d1:
+                d2 = d1 + 1
+            delays, amounts = [d1, d2], [round(amount / 2, 2), round(amount - round(amount / 2, 2), 2)]
+        elif pay_before_ms > 0 and rng.random() < 0.1:
+            delays, amounts = [-rng.randint(1, pay_before_ms)], [amount]
+        else:
+            delays, amounts = [rng.randint(1, max(1, pay_after_ms))], [amount]
+        for d, a in zip(delays, amounts):
+            events.append((t + d, len(events), oid, {"type": "payment", "order": oid, "amount": a}))
+    return _arrival_order(events, rng, late_ms)
+
+
+def session_clicks(seed: int = 42, users: int = 8, sessions: tuple = (1, 4), clicks: tuple = (1, 6),
+                   start_ms: int | None = None, gap_ms: int = 30_000, late_ms: int = 0) -> list:
+    """Clicks keyed by user (`{"user", "page"}`) in visits: each user has `sessions` (min, max)
+    visits of `clicks` (min, max) clicks less than `gap_ms` apart, and more than `gap_ms` between
+    two visits — so each visit is one session window of that gap. A finite list in arrival order;
+    the record timestamp is the event time; a click arrives at most `late_ms` after a younger one
+    (a late click can split a session until it arrives and bridges it)."""
+    rng = random.Random(seed)
+    t0 = now_ms() if start_ms is None else int(start_ms)
+    events: list = []
+    for u in range(users):
+        user = f"u{u:02d}"
+        t = t0 + rng.randint(0, gap_ms)
+        for _s in range(rng.randint(*sessions)):
+            for c in range(rng.randint(*clicks)):
+                if c:
+                    t += rng.randint(1, max(1, gap_ms * 2 // 3))
+                events.append((t, len(events), user, {"user": user, "page": rng.choice(PAGES)}))
+            t += gap_ms + 1 + rng.randint(0, 2 * gap_ms)
+    events.sort(key=lambda e: (e[0], e[1]))
+    return _arrival_order(events, rng, late_ms)
+
+
+def produce_timed(topic: str, records: Iterable, bootstrap: str | None = None, *,
+                  partitions: int = 4, kafka=None) -> int:
+    """Send `records` (`Record`s; a None value is a tombstone) with each one's timestamp as its
+    Kafka timestamp — the event time joins and windows see — in the order given within a
+    partition: keyed records to Kafka's default-partitioner partition, unkeyed ones round robin.
+    Creates the topic with `partitions` partitions if missing. Returns the number sent."""
+    from statekit.kafka import Kafka, encode_batches, resolve_bootstrap
+    from statekit.partition import partition_for
+
+    own = kafka is None
+    if own:
+        kafka = Kafka(resolve_bootstrap(bootstrap))
+    try:
+        if topic not in kafka.topics():
+            kafka.ensure_topic(topic, partitions, {})
+        n = len(kafka.end_offsets(topic)) or partitions
+        rr = itertools.count()
+        runs: dict = {}          # partition -> [(timestamp, [(key, value)])], equal times together
+        count = 0
+        for rec in records:
+            key = None if rec.key is None else rec.key.encode("utf-8")
+            value = (None if rec.value is None
+                     else json.dumps(rec.value, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+            p = partition_for(key, n) if key is not None else next(rr) % n
+            mine = runs.setdefault(p, [])
+            if mine and mine[-1][0] == rec.timestamp:
+                mine[-1][1].append((key, value))
+            else:
+                mine.append((int(rec.timestamp), [(key, value)]))
+            count += 1
+        batches = [(p, data, c) for p, rs in sorted(runs.items()) for ts, recs in rs
+                   for data, c in encode_batches(recs, None, 900_000, ts)]
+        if batches:
+            kafka.send_encoded(topic, batches)
+        return count
+    finally:
+        if own:
+            kafka.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
     python -m statekit.demo [--only 01,02] [--out build] [--timeout 300]
 
-Executes every `notebooks/NN_*.ipynb` (01–10) in a real Jupyter kernel (nbclient; the kernel runs this
+Executes every `notebooks/NN_*.ipynb` (01–11) in a real Jupyter kernel (nbclient; the kernel runs this
 interpreter), writes the executed copies to `build/notebooks/` and every chart they draw as PNG to
 `build/charts/`, then prints a short report: per notebook its time and checks, and every restore a
 notebook reports (seconds, records and records/s per task, the forecast made before the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -35,6 +36,12 @@ class KeyOwner:
 
     def __iter__(self):  # unpacks as (task, instance, role)
         return iter((self.task, self.instance, self.role))
+
+
+# query_all's columns per store kind (statekit.stores.inspect.frame decodes them)
+STORE_COLUMNS = {"window": ["key", "window_start", "value"],
+                 "session": ["key", "start", "end", "value"],
+                 "buffer": ["time", "key", "value", "old", "prior", "timestamp"]}
 
 
 class QueryRouter:
@@ -207,11 +214,15 @@ class QueryRouter:
                 df["task"] = str(t)
                 df["instance"] = a.active[t]
                 frames.append(df)
-        window = getattr(spec, "kind", "kv") == "window"
-        cols = (["key", "window_start", "value"] if window else ["key", "value"]) + ["task", "instance"]
+        cols = STORE_COLUMNS.get(getattr(spec, "kind", "kv"), ["key", "value"]) + ["task", "instance"]
+        frames = [f for f in frames if len(f)]
         if not frames:
             return pd.DataFrame(columns=cols)
-        out = pd.concat(frames, ignore_index=True)
+        with warnings.catch_warnings():
+            # a task whose column is all None (a buffer's old values) may pick the column's dtype
+            # in a future pandas: the values stay the same
+            warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation", FutureWarning)
+            out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         return out[cols]
 
     def window(self, store: str, key, t_from: int, t_to: int, stale: bool = False) -> list:

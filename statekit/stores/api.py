@@ -8,7 +8,7 @@ it (the key right after `hi` in byte order is `hi + b"\\x00"`, so inclusive beco
 """
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from typing import Any, Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 Bytes = bytes
@@ -181,8 +181,10 @@ class SortedKeys:
 
     Writers call `added(key)` when a key enters the dict (a list append) and `removed()` when one
     leaves; the sort happens lazily when a range is asked for: new keys are sorted on their own and
-    merged (Timsort merges two sorted runs in linear time), stale keys are skipped while reading and
-    purged when they pile up. Point reads and writes, the hot path, never pay for ordering.
+    merged (Timsort merges two sorted runs in linear time) or, when they are few against a long view,
+    inserted one by one (so a scan after every write costs a memmove, not a copy and a merge of the
+    whole view); stale keys are skipped while reading and purged when they pile up. Point reads and
+    writes, the hot path, never pay for ordering.
     """
 
     __slots__ = ("_d", "_sorted", "_new", "_stale")
@@ -221,7 +223,12 @@ class SortedKeys:
                     if i == n or srt[i] != k:
                         fresh.append(k)
                 new = fresh
-            if new:
+            if len(new) * 8 < len(srt):
+                # a few keys into a long view (a scan after each write, as session windows and
+                # joins do): one memmove each, instead of copying and re-sorting the whole view
+                for k in new:
+                    insort(srt, k)
+            elif new:
                 srt = srt + new
                 srt.sort()
         self._sorted = srt

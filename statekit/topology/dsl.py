@@ -368,7 +368,7 @@ class KGroupedStream:
         grace_ms) (SlidingWindowedKStream). `grace_ms` here overrides the windows' own grace."""
         if grace_ms is not None and int(grace_ms) < 0:
             raise TopologyError(f"grace_ms must be >= 0, got {grace_ms}: how long a window accepts "
-                                f"late records after it ends")
+                                f"late records after it ends; pass 0 or more")
         if isinstance(windows, TimeWindows):
             return TimeWindowedKStream(self, windows, int(grace_ms or 0))
         if isinstance(windows, SessionWindows):

@@ -247,13 +247,18 @@ class TimeWindows:
         return start + self.size_ms
 
 
-def _ms(what: str, value: Any, minimum: int = 0) -> int:
+GRACE_HINT = ("the grace period is how long after its end a window still takes late records: "
+              "pass 0 or more")
+
+
+def _ms(what: str, value: Any, minimum: int = 0, hint: str = "") -> int:
+    tail = f"; {hint}" if hint else ""
     try:
         v = int(value)
     except (TypeError, ValueError):
-        raise TopologyError(f"{what} must be a number of milliseconds, got {value!r}") from None
+        raise TopologyError(f"{what} must be a number of milliseconds, got {value!r}{tail}") from None
     if v < minimum or v != value:
-        raise TopologyError(f"{what} must be an integer >= {minimum} ms, got {value!r}")
+        raise TopologyError(f"{what} must be an integer >= {minimum} ms, got {value!r}{tail}")
     return v
 
 
@@ -276,7 +281,7 @@ class JoinWindows:
         if self.before_ms + self.after_ms < 0:
             raise TopologyError(f"JoinWindows needs before_ms + after_ms >= 0, got "
                                 f"{self.before_ms} + {self.after_ms}")
-        _ms("JoinWindows grace_ms", self.grace_ms)
+        _ms("JoinWindows grace_ms", self.grace_ms, hint=GRACE_HINT)
 
     @classmethod
     def of(cls, difference_ms: int, grace_ms: int = 0) -> "JoinWindows":
@@ -302,7 +307,7 @@ class SessionWindows:
 
     def __post_init__(self) -> None:
         _ms("session inactivity gap_ms", self.gap_ms, 1)
-        _ms("session grace_ms", self.grace_ms)
+        _ms("session grace_ms", self.grace_ms, hint=GRACE_HINT)
 
     def describe(self) -> str:
         return f"session(gap {self.gap_ms}ms)"
@@ -319,7 +324,7 @@ class SlidingWindows:
 
     def __post_init__(self) -> None:
         _ms("sliding windows difference_ms", self.difference_ms)
-        _ms("sliding windows grace_ms", self.grace_ms)
+        _ms("sliding windows grace_ms", self.grace_ms, hint=GRACE_HINT)
 
     def end(self, start: int) -> int:
         return start + self.difference_ms

@@ -157,10 +157,11 @@ def output_duplicates(outputs: dict) -> int:
 
 
 def run_membership_schedule(app, kafka, seed: int, steps: int = 5, log=None,
-                            first_crash: dict | None = None) -> dict:
+                            first_crash: dict | None = None, produce=None) -> dict:
     """Feed seeded chunks while instances die (kills and crash directives of both modes at every
     point, restores included), come back (with or without their disk), join and leave. Ends with
-    everything processed. Returns what happened."""
+    everything processed. Returns what happened. `produce(i)`: sends step i's input instead of the
+    word-count chunks."""
     from statekit.runtime.coordinator import MembershipError
     from statekit.runtime.lifecycle import AppState
 
@@ -216,7 +217,10 @@ def run_membership_schedule(app, kafka, seed: int, steps: int = 5, log=None,
                 cd = {"mode": rnd.choice(["process", "disk-loss"]), "point": "mid_restore"}
             app.restart(crash_during=cd)
             done.append(("restart", cd))
-        produce_chunk(kafka, chunk, rnd=rnd)
+        if produce is None:
+            produce_chunk(kafka, chunk, rnd=rnd)
+        else:
+            produce(i)
         if i == 0 and first_crash:   # the first crash fires before anything else happens
             from statekit.worker import crash as crash_mod
 

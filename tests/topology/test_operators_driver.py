@@ -196,6 +196,20 @@ def test_session_suppressed_emits_each_final_session_once(seed):
     assert all(t == wk[2] for wk, _v, t in got)              # at the session's end
 
 
+def test_session_updated_in_place_then_merged_in_one_batch_is_not_emitted():
+    """A second record on a one-point session [72, 72] updates it in place; when a record in the
+    same batch then merges it away, the record cache must forward its removal (it existed before
+    the batch), or the suppression would emit [72, 72] as a final result (found on Spark)."""
+    for batches in ([[72], [72, 79], [300]], [[72], [72], [79], [300]], [[72, 72, 79], [300]]):
+        with TopologyTestDriver(session_builder(15, 90, suppressed=True), "ss") as d:
+            for bt in batches:
+                d.pipe_batch([("clicks", "u", "x", t) for t in bt])
+            assert d.read_output("out") == [(("u", 72, 79), 3)], batches
+    model = M.SessionModel(15, 90)
+    model.step("u", "x", 72)
+    assert model.step("u", "x", 72) == [(("u", 72, 72), 2, 1, 72)]   # new 2, old 1
+
+
 # -- sliding windows --------------------------------------------------------------------------------------------
 
 def sliding_builder(d, grace):

@@ -129,14 +129,17 @@ class SessionModel:
             return []
         out = []
         agg = sum(a for _s, _e, a in found)
+        prior = None
         if (start, end) != (ts, ts):
             for s, e, a in found:
                 del self.store[k][(s, e)]
                 out.append(((k, s, e), None, a, e))
+        elif found:
+            prior = found[0][2]           # the one-point session [ts, ts], updated in place
         agg += 1
         self.store[k][(start, end)] = agg
         self.store_st = max(self.store_st, end)
-        out.append(((k, start, end), agg, None, end))
+        out.append(((k, start, end), agg, prior, end))
         return out
 
     def sessions(self):

@@ -72,7 +72,11 @@ class NativeApp:
         from statekit.engine.spec import RunSpec
 
         if self.plan is None:
-            self.plan = self.builder.compile()
+            from statekit.engine.spark_native.translate import check_supported
+
+            plan = self.builder.compile(application=self.name)
+            check_supported(plan)
+            self.plan = plan
         os.makedirs(self.state_dir, exist_ok=True)
         self._opts = dict(trigger=trigger, max_records_per_trigger=max_records_per_trigger, sink=sink,
                           starting_offsets=starting_offsets)

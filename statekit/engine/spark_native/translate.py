@@ -63,6 +63,43 @@ def gkey_serde(plan, store: str):
     return plan.store(store).key_serde
 
 
+# --- what this engine runs -----------------------------------------------------------------------------
+
+def _native_kinds() -> set:
+    from statekit.topology import graph as g
+
+    return {g.SOURCE, g.TABLE_SOURCE, g.MAP, g.MAP_VALUES, g.FILTER, g.FLAT_MAP, g.FLAT_MAP_VALUES,
+            g.PEEK, g.MERGE, g.KEY_SELECT, g.AGGREGATE, g.WINDOW_AGGREGATE, g.JOIN, g.PROCESS,
+            g.TABLE_FILTER, g.TABLE_MAP_VALUES, g.TO_STREAM, g.SINK}
+
+
+def check_supported(plan) -> None:
+    """Refuse, in one line, a topology this engine cannot run: Spark's state is scoped to one
+    grouping key per query, so issue 12's operators — stream-stream and table-table joins,
+    foreign-key joins, session and sliding windows, suppress, table re-aggregation, repartition
+    topics (sub-topologies), punctuators — stay with statekit's changelog engine."""
+    from statekit.errors import TopologyError
+    from statekit.topology.steps import describe_step
+
+    fix = "run it with statekit.App(...) (the changelog engine)"
+    if getattr(plan, "is_composite", False) or getattr(plan, "repartition_topics", None):
+        topics = ", ".join(plan.repartition_topics)
+        raise TopologyError(f"the spark engine runs one query without repartition topics; this "
+                            f"topology needs {topics}: {fix}")
+    kinds = _native_kinds()
+    for n in plan.nodes:
+        if n.kind not in kinds:
+            raise TopologyError(f"the spark engine does not run {describe_step(n)} ({n.name}): "
+                                f"{fix}, or leave the step out")
+        if n.kind == "process" and n.params.get("schedules"):
+            raise TopologyError(f"the spark engine does not run punctuators ({describe_step(n)} "
+                                f"calls context.schedule()): {fix}")
+    for s in plan.stores:
+        if s.kind not in ("kv", "window"):
+            raise TopologyError(f"the spark engine keeps kv and window stores only; store "
+                                f"{s.name!r} is a {s.kind} store: {fix}")
+
+
 # --- stage 1 -----------------------------------------------------------------------------------------
 
 def make_stage1(plan):
@@ -334,6 +371,7 @@ def make_processor_class():
 def build_native(src, plan):
     """The streaming DataFrame (topic, key, value) of a plan on Spark's state store, from the
     statekit-kafka source frame `src` (columns key, value, topic, partition, offset, ts)."""
+    check_supported(plan)
     staged = src.mapInPandas(make_stage1(plan), STAGE1_SCHEMA)
     proc = make_processor_class()(plan)
     return staged.groupBy("gkey").transformWithStateInPandas(

@@ -52,16 +52,22 @@ def session_aggregate(tp, n, down):
             tp.dropped_late += 1
             return
         saved = rec.timestamp
+        prior = None
         try:
             if (start, end) != (ts, ts):
                 for s, e, a in found:
                     store.remove(k, s, e)
                     rec.timestamp = e
                     emit((k, s, e), None, a)
+            elif found:
+                # the record falls on the one-point session [ts, ts], updated in place: its old value
+                # goes with the update (a record cache that saw the session created in an earlier
+                # batch must forward its removal later in this one)
+                prior = found[0][2]
             acc = tp.call(n, k, v, agg, k, v, acc)
             store.put(k, start, end, acc)
             rec.timestamp = end
-            emit((k, start, end), acc, None)
+            emit((k, start, end), acc, prior)
         finally:
             rec.timestamp = saved
     return f
