@@ -103,7 +103,7 @@ class Session:
 
         return os.path.join(statekit_home(), "broker")
 
-    def _up(self, bootstrap: str | None, spark: bool = True) -> str:
+    def _up(self, bootstrap: str | None, spark: bool = True, master: str | None = None) -> str:
         """Connect (or reconnect) and say how: the one line `up` prints about the broker."""
         from statekit.errors import BrokerUnreachable
         from statekit.kafka import Kafka
@@ -122,9 +122,12 @@ class Session:
         else:
             from statekit import broker as broker_mod  # the embedded broker's lifecycle API
 
-            self.broker = broker_mod.start(dir=self._embedded_dir())
+            # a shared host (JupyterHub): other users' processes must not reach this broker
+            auth = broker_mod.should_auth()
+            self.broker = broker_mod.start(dir=self._embedded_dir(), auth=auth)
             self.bootstrap = self.broker.bootstrap
-            how = (f"started the embedded broker (pid {self.broker.pid})" if self.broker.owned else
+            how = (f"started the embedded broker (pid {self.broker.pid}"
+                   f"{', SASL authentication required' if auth else ''})" if self.broker.owned else
                    f"reusing the embedded broker started by another process (pid {self.broker.pid}); "
                    f"`down` will leave it running")
         try:
@@ -137,15 +140,16 @@ class Session:
             os.environ["STATEKIT_BOOTSTRAP"] = self.bootstrap
             self._env_bootstrap = True
         if spark:
-            self._start_spark()
+            self._start_spark(master)
         return how
 
-    def _start_spark(self):
-        """The local Spark session (its JVM writes to a log file, not into the cell that runs:
+    def _start_spark(self, master: str | None = None):
+        """The Spark session, local unless ``master`` (or $STATEKIT_SPARK_MASTER) names a cluster
+        (its JVM writes to a log file, not into the cell that runs:
         statekit.engine.spark.session.jvm_stderr_path)."""
         from statekit.engine.spark.session import get_session
 
-        self.spark = get_session()
+        self.spark = get_session(master=master)
 
     def app(self, name: str):
         from statekit.errors import StatekitError
@@ -245,7 +249,11 @@ class Session:
         t0 = time.monotonic()
         if cmd.fresh:
             self._fresh()
-        how = self._up(cmd.bootstrap, spark=not cmd.no_spark)
+        if cmd.master and cmd.no_spark:
+            from statekit.errors import StatekitError
+
+            raise StatekitError("--master starts Spark on that master: drop --no-spark (or --master)")
+        how = self._up(cmd.bootstrap, spark=not cmd.no_spark, master=cmd.master)
         self.display(html_text=self._status_card(f"statekit is up ({time.monotonic() - t0:.1f} s): {how}"))
 
     def _status_card(self, title: str) -> str:
@@ -496,8 +504,14 @@ class Session:
             where = f"line {line}: " if line else ""
             self.last_traceback = traceback.format_exc()
             raise StatekitError(f"the app cell failed at {where}{type(err).__name__}: {err}") from None
-        # compile now, so a topology mistake shows here and not at start
-        app.describe()
+        # compile and check now, so a topology mistake or a topic typo shows here and not at start
+        from statekit.errors import UnknownTopic
+
+        topic_error = None
+        try:
+            app.validate()
+        except UnknownTopic as err:   # the topic may be produced later: said, not refused
+            topic_error = err
         if old is not None and old is not app:
             self._retire_dashboard(cmd.name)
         self.apps[cmd.name] = app
@@ -506,16 +520,10 @@ class Session:
         print(f"app {cmd.name!r} defined: {self._app_shape(app)}"
               + (f", {n_stores} store(s)" if n_stores is not None else "")
               + f". Next: %statekit start {cmd.name}")
-        check = getattr(app, "check_topics", None)
-        if callable(check):  # a typo in a topic name shows now, not at start
-            from statekit.errors import UnknownTopic
+        if topic_error is not None:
+            from kernel_ext.magics import error_line
 
-            try:
-                check()
-            except UnknownTopic as err:
-                from kernel_ext.magics import error_line
-
-                error_line(f"%statekit app {cmd.name}: {err}")
+            error_line(f"%statekit app {cmd.name}: {topic_error}")
 
     def cmd_apps(self, cmd: Command):
         import pandas as pd

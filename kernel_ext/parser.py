@@ -17,7 +17,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 _HOSTPORT_RE = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$")
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k)?\s*(?:/\s*s(?:ec)?)?\s*$", re.IGNORECASE)
 
-CRASH_MODES = ("process", "disk-loss")
+CRASH_MODES = ("process", "disk-loss", "executor")
 GENERATORS = ("words", "clicks", "sensors", "accounts")
 
 SUBCOMMANDS = (
@@ -176,6 +176,9 @@ def _build() -> _Parser:
     p.add_argument("--bootstrap", type=_hostport, metavar="HOST:PORT",
                    help="attach to this broker instead of the embedded one")
     p.add_argument("--no-spark", action="store_true", help="do not start Spark now")
+    p.add_argument("--master", metavar="URL",
+                   help="Spark master, e.g. spark://HOST:7077 (default: $STATEKIT_SPARK_MASTER, "
+                        "else local[2])")
     p.add_argument("--fresh", action="store_true",
                    help="start from a clean slate: stop the embedded broker, delete its data and "
                         "every app's local state under STATEKIT_HOME")
@@ -268,7 +271,9 @@ def _build() -> _Parser:
                                    "move to the live instances; a one-instance app stops until "
                                    "`restart`.")
     p.add_argument("name", type=_name, metavar="NAME")
-    p.add_argument("--mode", choices=CRASH_MODES, default="process", help="process (default) or disk-loss")
+    p.add_argument("--mode", choices=CRASH_MODES, default="process",
+                   help="process (default) or disk-loss; executor (its executor JVM too) for an app "
+                        "placed on Spark's executors")
     p.add_argument("--instance", type=_non_negative_int, default=None, metavar="I",
                    help="instance number (default: the one with the most active tasks)")
     p.add_argument("--after", type=_non_negative_int, default=None, metavar="N",

@@ -32,6 +32,8 @@ GOOD = {
     "crash wc": ("crash", {"name": "wc", "mode": "process", "instance": None, "after": None}),
     "crash wc --mode disk-loss --instance 1 --after 500":
         ("crash", {"mode": "disk-loss", "instance": 1, "after": 500}),
+    "crash wc --mode executor --instance 0": ("crash", {"mode": "executor", "instance": 0}),
+    "up --master spark://10.0.0.5:7077": ("up", {"master": "spark://10.0.0.5:7077", "no_spark": False}),
     "restart wc": ("restart", {"name": "wc", "no_watch": False}),
     "restart wc --no-watch": ("restart", {"no_watch": True, "restore_rate": None}),
     "restart wc --restore-rate 50k/s": ("restart", {"restore_rate": 50_000.0}),

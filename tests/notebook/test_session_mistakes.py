@@ -254,3 +254,39 @@ def test_engine_spark_makes_a_native_app_and_refuses_what_it_cannot_do(ip, capsy
     ip.run_line_magic("statekit", "kill nat --instance 0")
     assert "runs Spark's own state store (one instance): no membership changes" in \
         _one_red_line(capsys.readouterr().err)
+
+
+def test_a_native_app_cell_refuses_what_spark_cannot_run_when_it_runs(ip, capsys):
+    ip.run_line_magic("statekit", "up --no-spark")
+    capsys.readouterr()
+    ip.run_cell_magic("statekit", "app sess --engine spark",
+                      "from statekit.topology import SessionWindows\n"
+                      "app.stream('clicks').group_by_key().windowed_by(SessionWindows(30_000))"
+                      ".count(store='visits')\n")
+    line = _one_red_line(capsys.readouterr().err)
+    assert "the spark engine" in line and "statekit.App(...) (the changelog engine)" in line
+    assert "sess" not in _session().apps
+
+
+def test_up_master_without_spark_is_refused(ip, capsys):
+    ip.run_line_magic("statekit", "up --no-spark --master spark://127.0.0.1:7077")
+    line = _one_red_line(capsys.readouterr().err)
+    assert "--master starts Spark on that master: drop --no-spark" in line
+    assert _session().bootstrap is None and _session().spark is None
+
+
+def test_up_on_a_shared_host_starts_a_broker_that_requires_authentication(ip, monkeypatch, capsys):
+    from statekit import broker as broker_mod
+    from statekit.kafka import Kafka
+
+    monkeypatch.setenv("STATEKIT_BROKER_AUTH", "1")
+    ip.run_line_magic("statekit", "up --no-spark")
+    sess = _session()
+    assert "SASL authentication required" in sess.cards[-1]
+    assert broker_mod.status(sess.broker.dir)["auth"] is True
+    k = Kafka(sess.bootstrap)   # statekit's client finds the credentials of the embedded broker
+    try:
+        k.ensure_topic("private", 1)
+        assert "private" in k.topics()
+    finally:
+        k.close()

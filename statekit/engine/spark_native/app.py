@@ -72,11 +72,7 @@ class NativeApp:
         from statekit.engine.spec import RunSpec
 
         if self.plan is None:
-            from statekit.engine.spark_native.translate import check_supported
-
-            plan = self.builder.compile(application=self.name)
-            check_supported(plan)
-            self.plan = plan
+            self.validate()
         os.makedirs(self.state_dir, exist_ok=True)
         self._opts = dict(trigger=trigger, max_records_per_trigger=max_records_per_trigger, sink=sink,
                           starting_offsets=starting_offsets)
@@ -169,6 +165,16 @@ class NativeApp:
         if self.crashes and self.crashes[-1].get("generation") == self.generation:
             return "ERROR"
         return "CREATED" if self.run is None else "NOT_RUNNING"
+
+    def validate(self) -> "NativeApp":
+        """Compile the topology and refuse, in one line, what Spark's own state store cannot run:
+        ``%%statekit app`` calls it when the cell runs."""
+        from statekit.engine.spark_native.translate import check_supported
+
+        plan = self.builder.compile(application=self.name)
+        check_supported(plan)
+        self.plan = plan
+        return self
 
     def describe(self):
         return (self.plan or self.builder.compile()).describe(self.name)
