@@ -113,6 +113,21 @@ def summarize(name, words, seconds, progress):
 # --- the three pipelines -------------------------------------------------------------------------
 
 
+def run_to_end(a, app: str, batch: int):
+    """Run an app over its whole input (availableNow, ``batch`` records per micro-batch, Kafka
+    sink): (seconds from start() to its end, its progress)."""
+    t0 = time.perf_counter()
+    a.start(trigger="availableNow", max_records_per_trigger=batch, sink="kafka")
+    state = a.wait_for_state("NOT_RUNNING", None)
+    elapsed = time.perf_counter() - t0
+    try:
+        if str(state) != "NOT_RUNNING":
+            raise RuntimeError(f"{app} ended {state}: {a.error}")
+        return elapsed, a.progress()
+    finally:
+        a.stop()
+
+
 def run_statekit(spark, bootstrap, topic, out_topic, work, partitions, batch_lines, app,
                  guarantee="exactly_once"):
     import statekit
@@ -122,16 +137,7 @@ def run_statekit(spark, bootstrap, topic, out_topic, work, partitions, batch_lin
                      processing_guarantee=guarantee)
     (a.stream(topic).flat_map_values(str.split).group_by(lambda k, w: w)
      .count(store="counts").to_stream().to(out_topic, value_serde="int64"))
-    t0 = time.perf_counter()
-    a.start(trigger="availableNow", max_records_per_trigger=batch_lines, sink="kafka")
-    state = a.wait_for_state("NOT_RUNNING", None)
-    elapsed = time.perf_counter() - t0
-    try:
-        if str(state) != "NOT_RUNNING":
-            raise RuntimeError(f"{app} ended {state}: {a.error}")
-        return elapsed, a.progress()
-    finally:
-        a.stop()
+    return run_to_end(a, app, batch_lines)
 
 
 def run_statekit_alos(spark, bootstrap, topic, out_topic, work, partitions, batch_lines, app):
@@ -414,16 +420,7 @@ def run_statekit_events(kind, bootstrap, prefix, out_topic, work, partitions, ba
          .windowed_by(SessionWindows(SESSION_GAP_MS, SESSION_GRACE_MS)).count(store="visits")
          .suppress(until_window_closes(), store="visits-final").to_stream()
          .to(out_topic, key_serde=SessionWindowedSerde("str"), value_serde="int64"))
-    t0 = time.perf_counter()
-    a.start(trigger="availableNow", max_records_per_trigger=batch, sink="kafka")
-    state = a.wait_for_state("NOT_RUNNING", None)
-    elapsed = time.perf_counter() - t0
-    try:
-        if str(state) != "NOT_RUNNING":
-            raise RuntimeError(f"{app} ended {state}: {a.error}")
-        return elapsed, a.progress()
-    finally:
-        a.stop()
+    return run_to_end(a, app, batch)
 
 
 def _event_frame(spark, bootstrap, topic, batch):

@@ -86,24 +86,23 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpRequested(self.format_usage())
 
 
-def _positive_int(text: str) -> int:
+def _whole_number(text: str, least: int, what: str = "a whole number", hint: str = "") -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(hint.format(value=value) or
+                                         f"expected a number >= {least}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole_number(text, 1)
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+    return _whole_number(text, 0)
 
 
 def _name(text: str) -> str:
@@ -141,14 +140,8 @@ def _seconds(text: str) -> float:
 
 
 def _instance_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of instances, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"an app needs at least 1 live instance, got {value} "
-                                         f"(`%statekit stop` stops it)")
-    return value
+    return _whole_number(text, 1, "a number of instances",
+                         "an app needs at least 1 live instance, got {value} (`%statekit stop` stops it)")
 
 
 def _interval(text: str) -> float:
