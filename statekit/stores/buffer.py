@@ -58,6 +58,10 @@ class MeteredBufferStore(Meter):
         self._kd = self.key_serde.from_bytes
         self._vb = self.value_serde.to_bytes
         self._vd = self.value_serde.from_bytes
+        # no entry is older than this (time bytes; None: unknown). An eviction deletes its entries in
+        # the record cache while RocksDB still holds them until the commit, so a scan from the start
+        # would walk every entry evicted earlier in the batch again (quadratic in a batch)
+        self._floor: Optional[bytes] = None
         self._init_meter()
 
     # -- encoding ---------------------------------------------------------------------------------
@@ -92,6 +96,10 @@ class MeteredBufferStore(Meter):
         return BufferedRecord(time, self._kd(kb), vals[0], vals[1], vals[2], ts,
                               None if off < 0 else off, None if part < 0 else part, topic)
 
+    def reset_floor(self) -> None:
+        """Forget what was evicted: a rollback (TaskDB.discard) or a restore brought entries back."""
+        self._floor = None
+
     def _count(self) -> int:
         raw = self.inner.get(COUNT)
         return 0 if raw is None else _T.unpack(raw)[0]
@@ -114,6 +122,8 @@ class MeteredBufferStore(Meter):
             self.inner.put(ENTRY + was + kb, None)
         if was != tk:
             self.inner.put(INDEX + kb, tk)
+        if self._floor is not None and tk < self._floor:
+            self._floor = tk
         self.inner.put(ENTRY + tk + kb, self._encode(value, old, prior, timestamp, offset, partition,
                                                      topic))
         self._ns_put += _now() - t
@@ -148,7 +158,8 @@ class MeteredBufferStore(Meter):
 
     def _entries(self, hi: Optional[bytes] = None) -> Iterator[tuple]:
         """(time bytes, key bytes, raw entry) in (time, key bytes) order, below `hi`."""
-        for k, v in self.inner.scan(ENTRY, hi if hi is not None else INDEX):
+        lo = ENTRY if self._floor is None else ENTRY + self._floor
+        for k, v in self.inner.scan(lo, hi if hi is not None else INDEX):
             yield k[1:9], k[9:], v
 
     def evict_until(self, time: int) -> list:
@@ -163,6 +174,8 @@ class MeteredBufferStore(Meter):
             self.inner.put(INDEX + kb, None)
         if out:
             self._set_count(self._count() - len(out))
+        if hi is not None:
+            self._floor = hi[1:]     # every entry older than hi is gone now
         self._ns_evict += _now() - t
         self._n_evict += 1
         return recs
@@ -176,6 +189,7 @@ class MeteredBufferStore(Meter):
             tk, kb, raw = first
             rec = self._decode(_T.unpack(tk)[0] - _BIAS, kb, raw)
             self._remove(tk, kb)
+            self._floor = tk
         self._ns_evict += _now() - t
         self._n_evict += 1
         return rec

@@ -135,8 +135,9 @@ def build_stores(specs: Iterable[StoreSpec], task_dir: Optional[str], sink: Any 
             else:
                 top = MeteredStore(layer, spec.key_serde, spec.value_serde)
             top.spec = spec
-            db.register(spec.name, top=top, cache=caching, restore_target=seg,
-                        reload=seg.reload if seg is not None else None, spec=spec.describe())
+            reload = seg.reload if seg is not None else getattr(top, "reset_floor", None)
+            db.register(spec.name, top=top, cache=caching, restore_target=seg, reload=reload,
+                        spec=spec.describe())
             stores[spec.name] = top
     except BaseException:
         db.close()

@@ -433,6 +433,9 @@ class TaskDB:
         cache = self._caches.get(store_name)
         if cache is not None:
             cache.clear()  # clean entries could hide restored values
+        reset = getattr(self._tops.get(store_name), "reset_floor", None)
+        if reset is not None:
+            reset()        # restored entries may be older than what it last evicted
         target = self._targets[store_name]
         windows = {store_name: self._windows[store_name]} if store_name in self._windows else {}
         if self.path is not None:
@@ -461,6 +464,9 @@ class TaskDB:
         cache = self._caches.get(store_name)
         if cache is not None:
             cache.clear()  # clean entries could hide restored values
+        reset = getattr(self._tops.get(store_name), "reset_floor", None)
+        if reset is not None:
+            reset()        # restored entries may be older than what it last evicted
         self._require_db()
         wb = rd.WriteBatch(raw_mode=True)
         n = target._restore_columns(wb, keys, values)
