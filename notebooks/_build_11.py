@@ -72,6 +72,13 @@ click_events = session_clicks(seed=12, users=12, sessions=(2, 4), clicks=(1, 6),
 print(f"{len(order_events)} orders, {len(payment_events)} payments, {len(click_events)} clicks")
 pd.DataFrame([{"t (s)": (r.timestamp - T0) / 1000, "key": r.key, **r.value} for r in shop[:8]])
 """),
+    code("""
+from statekit.kafka import Kafka
+
+kafka = Kafka()
+for topic in ("orders", "payments", "clicks"):   # the app cell checks its source topics exist
+    kafka.ensure_topic(topic, 4)
+"""),
     md("""
 ## The application
 
@@ -110,17 +117,12 @@ pd.DataFrame(stores, columns=["store", "kind", "changelog topic"])
     md("""
 ## Live, one slice at a time
 
-The topics exist before the app starts; then every 15 s of event time is produced and processed
+The topics exist since before the app cell; every 15 s of event time is produced and processed
 before the next (`feed`). Within a slice Spark cuts the records into micro-batches where it likes
 (`--max-records 20`), so records really are processed out of order — but never by more than the
 grace periods allow, which is what makes the plain-Python answer exact.
 """),
     code("""
-from statekit.kafka import Kafka
-
-kafka = Kafka()
-for topic in ("orders", "payments", "clicks"):
-    kafka.ensure_topic(topic, 4)
 SLICE = 15_000
 END = max(r.timestamp for r in shop + click_events)
 slices = list(range(T0, END + 1, SLICE))

@@ -12,6 +12,25 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _statekit_home(tmp_path_factory):
+    """Nothing a test runs may use (or leave a broker in) the user's ~/.statekit: every test gets a
+    session STATEKIT_HOME unless it sets its own, and a broker left running there is stopped."""
+    from statekit import broker as broker_mod
+
+    home = tmp_path_factory.mktemp("statekit-home")
+    old = os.environ.get("STATEKIT_HOME")
+    os.environ["STATEKIT_HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        broker_mod.stop(str(home / "broker"))
+        if old is None:
+            os.environ.pop("STATEKIT_HOME", None)
+        else:
+            os.environ["STATEKIT_HOME"] = old
+
+
 @pytest.fixture
 def broker(tmp_path):
     """A fresh embedded broker for one test."""

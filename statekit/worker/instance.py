@@ -65,10 +65,8 @@ def _write_json(path: str, body: dict) -> None:
 
 class InstanceServer:
     def __init__(self, control_dir: str, instance: int, incarnation: int, state_dir: str):
-        from multiprocessing.connection import Listener
-
         from statekit.event_bus import EventPublisher, NullPublisher
-        from statekit.worker.protocol import read_authkey
+        from statekit.worker.protocol import listen, read_authkey
         from statekit.worker.host import TaskHost
 
         self.control = ControlDir(control_dir)
@@ -81,8 +79,9 @@ class InstanceServer:
                     if self.spec.events else NullPublisher())
         os.makedirs(state_dir, exist_ok=True)
         self.host = TaskHost(self.spec, self.instance, state_dir, self.pub.publish, incarnation)
-        self.listener = Listener(("127.0.0.1", 0), authkey=key)
-        self.port = self.listener.address[1]
+        self.key = key
+        self.listener = listen(key)
+        self.port = self.listener.getsockname()[1]
         self.incarnation = incarnation
         self._done = threading.Event()
 
@@ -94,15 +93,22 @@ class InstanceServer:
         self._done.wait()
 
     def _accept_loop(self) -> None:
+        from statekit.worker.protocol import accept
+
         while not self._done.is_set():
             try:
-                conn = self.listener.accept()
-            except Exception as exc:  # noqa: BLE001 - a client that failed authentication
-                log.info("refused a connection: %s", exc)
+                handshake = accept(self.listener, self.key)
+            except OSError as exc:
+                log.info("accept failed: %s", exc)
                 continue
-            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve_conn, args=(handshake,), daemon=True).start()
 
-    def _serve_conn(self, conn) -> None:
+    def _serve_conn(self, handshake) -> None:
+        try:
+            conn = handshake()
+        except Exception as exc:  # noqa: BLE001 - a client that failed (or never did) authentication
+            log.info("refused a connection: %s", exc)
+            return
         try:
             while True:
                 try:

@@ -122,19 +122,66 @@ class InstanceUnreachable(ConnectionError):
     """The instance did not answer (it is dead, or not listening yet)."""
 
 
+def _handshake_timeout(sock, seconds: float) -> None:
+    """Bound every read and write of a blocking socket (0: unbounded again). A Connection reads its
+    file descriptor directly, so a socket timeout would not reach it; SO_RCVTIMEO does."""
+    import socket
+    import struct
+
+    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def _authenticated(sock, authkey: bytes, server: bool, timeout: float):
+    """The multiprocessing Connection over ``sock`` once both sides proved the key, within
+    ``timeout`` (a peer that never answers must not hold anyone up)."""
+    import socket
+    from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
+    sock.setblocking(True)
+    _handshake_timeout(sock, timeout)
+    conn = Connection(sock.detach())
+    try:
+        if server:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        else:
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+        with socket.socket(fileno=os.dup(conn.fileno())) as s:
+            _handshake_timeout(s, 0)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def listen(authkey: bytes, backlog: int = 128):
+    """The instance's listening socket on 127.0.0.1 (an ephemeral port). After a rebalance every
+    engine thread connects at once: a backlog of 1 (multiprocessing's Listener) drops connections
+    that the clients then wait on forever."""
+    import socket
+
+    return socket.create_server(("127.0.0.1", 0), backlog=backlog)
+
+
+def accept(server_sock, authkey: bytes, timeout: float = 10.0):
+    """Accept one connection: (the raw socket, a function that authenticates it). The handshake
+    runs in the caller's connection thread, not in the accept loop."""
+    sock, _addr = server_sock.accept()
+    return lambda: _authenticated(sock, authkey, True, timeout)
+
+
 def connect(port: int, authkey: bytes, timeout: float = 10.0):
     """A connection to the instance listening on 127.0.0.1:port."""
     import socket
-    from multiprocessing.connection import Client
 
-    old = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(timeout)
     try:
-        return Client(("127.0.0.1", int(port)), authkey=authkey)
+        sock = socket.create_connection(("127.0.0.1", int(port)), timeout=timeout)
+        return _authenticated(sock, authkey, False, timeout)
     except (OSError, EOFError) as exc:
         raise InstanceUnreachable(f"instance on port {port}: {exc}") from None
-    finally:
-        socket.setdefaulttimeout(old)
 
 
 def call(conn, *msg, timeout: Optional[float] = None):
