@@ -30,7 +30,7 @@ demo: $(STAMP) java
 	$(PY) -m statekit.demo
 
 test: $(STAMP) java
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow and not cluster" -q
 
 test-native: $(STAMP) java
 	$(PY) -m pytest -m "native" -q
