@@ -240,14 +240,28 @@ def _walk_records(buf, p: int, end: int, count: int) -> None:
             q = p + 1  # attributes: not checked (Kafka ignores them in v2)
             if buf[q] < 0x80:  # timestamp delta
                 q += 1
+            elif buf[q + 1] < 0x80:
+                q += 2
             else:
                 _, q = varint(buf, q, end)
             b = buf[q]
             if b < 0x80:
                 od = (b >> 1) ^ -(b & 1)
                 q += 1
-            else:
-                od, q = varint(buf, q, end)
+            else:   # offset deltas past 63 take two bytes, past 8191 three: inline too
+                b2 = buf[q + 1]
+                if b2 < 0x80:
+                    b = (b & 0x7F) | (b2 << 7)
+                    od = (b >> 1) ^ -(b & 1)
+                    q += 2
+                else:
+                    b3 = buf[q + 2]
+                    if b3 < 0x80:
+                        b = (b & 0x7F) | ((b2 & 0x7F) << 7) | (b3 << 14)
+                        od = (b >> 1) ^ -(b & 1)
+                        q += 3
+                    else:
+                        od, q = varint(buf, q, end)
             if od != i:
                 raise InvalidBatch(f"record {i} has offset delta {od}: deltas must be 0, 1, 2, ...")
             # key, then value: length -1 (null) or >= 0

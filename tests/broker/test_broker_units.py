@@ -115,3 +115,23 @@ def test_config_validation_messages():
         validate_topic_configs({"retention.ms": "soon"})
     assert str(e.value) == "Invalid value soon for configuration retention.ms: Not a number of type LONG"
     assert validate_topic_configs({"cleanup.policy": "delete,compact"}) == {"cleanup.policy": "compact,delete"}
+
+
+def _long_batch(order, ts0=1_700_000_000_000):
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 30)
+    for pos, delta in enumerate(order):     # timestamp deltas of one, two and three bytes too
+        b.append(delta, ts0 + (pos * 7) % 20_000, f"k{pos}".encode(), b"v" * (pos % 300), [])
+    return bytes(b.build())
+
+
+@pytest.mark.parametrize("swap", [None, 10, 100, 9_000])
+def test_offset_deltas_of_one_two_and_three_bytes_are_checked(swap):
+    order = list(range(20_000))
+    if swap is None:
+        assert [h.count for _p, h in R.validate_produce(_long_batch(order))] == [20_000]
+        return
+    order[swap], order[swap + 1] = order[swap + 1], order[swap]
+    with pytest.raises(R.InvalidBatch, match=f"record {swap} has offset delta {swap + 1}"):
+        R.validate_produce(_long_batch(order))
