@@ -92,7 +92,10 @@ class RestoreRow:
         total = self.total
         if not total:
             return 0.0
-        return max(0.0, min(1.0, self.restored / total))
+        # every record read is not a finished restore (the last write, the checkpoint): a bar reaches
+        # 100% when the task is done, not before
+        top = 0.99 if self.status == "restoring" else 1.0
+        return max(0.0, min(top, self.restored / total))
 
     @property
     def rate(self) -> Optional[float]:

@@ -250,6 +250,26 @@ def render_store(m: DashboardModel) -> str:
     return _dash(f"{head}{t}{more}")
 
 
+def _forecast_eta(rnd, forecast, row) -> float | None:
+    """Seconds until ``row``'s task is restored, from the forecast made before the round, while the
+    round has no rate of its own yet: what is left of the task restoring on its instance (tasks
+    open one at a time), the queued tasks ahead of it, and its own."""
+    def left(r):
+        fc = forecast_seconds(forecast, r.task, r.source, r.total) if forecast else None
+        return None if fc is None else fc * (1.0 - r.fraction)
+
+    mine = left(row)
+    if mine is None:
+        return None
+    if row.status == "restoring":
+        return mine
+    mates = [r for r in rnd.rows.values() if r.instance == row.instance and r is not row]
+    ahead = [r for r in mates if r.status == "restoring" or (
+        r.status == "queued" and (r.queued_at or 0, r.task) < (row.queued_at or 0, row.task))]
+    others = [left(r) for r in ahead]
+    return None if any(x is None for x in others) else mine + sum(others)
+
+
 def render_restore_table(rnd, forecast=None) -> str:
     """The rows of one restore round (also what the replay shows at its cursor)."""
     rows = rnd.ordered()
@@ -269,9 +289,16 @@ def render_restore_table(rnd, forecast=None) -> str:
         if r.status == "done":
             eta = f"took {fmt_secs(r.seconds)}"
         elif r.status == "restoring":
-            eta = fmt_eta(rnd.eta(r))
+            q = rnd.eta(r)
+            if q is None:      # no progress report yet in this round: what the forecast says is left
+                q = _forecast_eta(rnd, forecast, r)
+                eta = "–" if q is None else f"≈ {fmt_eta(q)}"
+            else:
+                eta = fmt_eta(q)
         elif r.status == "queued":
             q = rnd.eta(r)
+            if q is None:
+                q = _forecast_eta(rnd, forecast, r)
             eta = "–" if q is None else fmt_eta(q) if q < 1 else f"≈ {fmt_eta(q)}"
         else:
             eta = "–"

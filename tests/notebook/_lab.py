@@ -164,9 +164,24 @@ def open_notebook(page, lab, name: str, file_browser: bool = True) -> None:
     page.wait_for_timeout(500)
 
 
-def run_all(page) -> None:
-    """Run every cell (fire and forget: the command resolves only when all have run)."""
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }")
+_STARTED_JS = ("() => Array.from(document.querySelectorAll('.jp-Notebook .jp-InputPrompt'))"
+               ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))")
+
+
+def run_all(page, timeout: float = 30.0) -> None:
+    """Run every cell (fire and forget: the command resolves only when all have run), and see a
+    cell start: a Run All sent while JupyterLab was still settling was sometimes dropped, and the
+    test then waited its whole timeout for a notebook that never ran."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _attempt in range(3):
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }")
+        try:
+            page.wait_for_function(_STARTED_JS, timeout=timeout * 1000)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"Run All started no cell in {3 * timeout:.0f} s")
 
 
 def outputs_text(page) -> list[str]:

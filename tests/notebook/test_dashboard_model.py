@@ -462,3 +462,13 @@ def test_the_badge_shows_the_exception_of_a_long_error_line():
     m = DashboardModel()
     m.update(Snapshot(t=0, state="ERROR", app_error=line))
     assert m.badge_reason() == "map values failed: ZeroDivisionError: division by zero"
+
+
+def test_a_restoring_task_that_read_every_record_is_not_shown_done():
+    from kernel_ext.dashboard.restore import RestoreRow, StoreProgress
+
+    r = RestoreRow(task="0_0", instance=0, source="scratch", status="restoring",
+                   stores={"counts": StoreProgress(total=1000, restored=1000)})
+    assert r.fraction == 0.99        # the last write and the checkpoint are still to come
+    r.status = "done"
+    assert r.fraction == 1.0

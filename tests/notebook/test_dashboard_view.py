@@ -267,3 +267,29 @@ def test_the_forecast_before_a_restore_is_shown_and_then_beside_it():
     assert "<th class='' title='the restore forecast made before this round began'>forecast</th>" in \
         d.view.restore.value
     assert "≈ 0.2 s" in v and "forecast before: ≈ 0.2 s of replay" in v
+
+
+def test_before_a_round_has_a_rate_the_eta_comes_from_the_forecast():
+    # a fast restore ends before its first progress report: the ETA column said "–" all along
+    from kernel_ext.dashboard.restore import RestoreRound
+    from kernel_ext.dashboard.view import render_restore_table
+
+    t = time.time()
+    rnd = RestoreRound(t, 3)
+    for e in (ev.RestoreQueued(task="0_0", instance=0, source="scratch", to_replay=1000, generation=3, ts=t),
+              ev.RestoreQueued(task="0_1", instance=0, source="scratch", to_replay=500, generation=3, ts=t),
+              ev.RestoreQueued(task="1_0", instance=1, source="scratch", to_replay=9, generation=3, ts=t),
+              ev.RestoreStarted(task="0_0", instance=0, store="counts", start_offset=0, end_offset=1000,
+                                to_replay=1000, source="scratch", ts=t + 0.1)):
+        rnd.feed(e)
+    fc = {"rows": [{"task": "0_0", "source": "scratch", "records": 1000, "seconds": 4.0},
+                   {"task": "0_1", "source": "scratch", "records": 500, "seconds": 3.0}]}
+    cells = {}
+    for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", render_restore_table(rnd, fc), re.S)[1:]:
+        tds = [html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+        cells[tds[0]] = tds
+    eta = 6          # the ETA column (the forecast column is 7)
+    assert cells["0_0"][eta] == "≈ 4 s"       # restoring, nothing replayed yet: all of its forecast
+    assert cells["0_1"][eta] == "≈ 7 s"       # queued behind 0_0 on instance 0: 4 s + its own 3 s
+    assert cells["1_0"][eta] == "–"           # no forecast for it: unknown, not made up
+    assert render_restore_table(rnd).count("≈") == 0    # without a forecast nothing is guessed
