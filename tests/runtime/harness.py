@@ -92,8 +92,17 @@ def store_as_dict(app, store) -> dict:
     return {k: int(v) for k, v in zip(df["key"], df["value"])}
 
 
-def build_app(name, broker, state_dir, seed, engine="local", clicks=True, **over):
-    """A word count (with a sink) and a windowed click count, sized by the seed."""
+_n = [0]
+
+
+def unique(prefix: str) -> str:
+    """An app or topic name no other test of the session uses (they share one broker)."""
+    _n[0] += 1
+    return f"{prefix}{_n[0]}-{int(time.time() * 1000) % 100000}"
+
+
+def seeded_app(name, broker, state_dir, seed, engine="local", **over):
+    """An App sized by the seed: partitions, instances, standbys, record cache and warmup knobs."""
     import statekit
 
     rnd = random.Random(seed)
@@ -102,7 +111,12 @@ def build_app(name, broker, state_dir, seed, engine="local", clicks=True, **over
               acceptable_recovery_lag=rnd.choice([0, 40, 10_000]), max_warmup_replicas=rnd.choice([1, 2]))
     kw["standby_replicas"] = rnd.choice([0, 1]) if kw["instances"] > 1 else 0
     kw.update(over)
-    app = statekit.App(name, bootstrap=broker.bootstrap, state_dir=state_dir, engine=engine, **kw)
+    return statekit.App(name, bootstrap=broker.bootstrap, state_dir=state_dir, engine=engine, **kw)
+
+
+def build_app(name, broker, state_dir, seed, engine="local", clicks=True, **over):
+    """A word count (with a sink) and a windowed click count, sized by the seed."""
+    app = seeded_app(name, broker, state_dir, seed, engine, **over)
     (app.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w).count(store="counts")
      .to_stream().to("counts-out", value_serde="int64"))
     if clicks:

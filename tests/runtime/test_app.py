@@ -12,6 +12,7 @@ import time
 import pytest
 
 import statekit
+from harness import unique
 from statekit import events as ev
 from statekit.contracts import TaskId
 from statekit.errors import BrokerUnreachable, ProcessorError, StatekitError, TopologyError, UnknownTopic
@@ -20,25 +21,6 @@ from statekit.runtime.lifecycle import AppState
 
 LINES = ["the quick brown fox", "jumps over the lazy dog", "a stream of words", "the state of the art",
          "kafka streams keeps state", "rocksdb holds the store", "a b c d e f g", "the end"]
-
-
-@pytest.fixture
-def kafka(shared_broker):
-    from statekit.kafka import Kafka
-
-    k = Kafka(shared_broker.bootstrap)
-    try:
-        yield k
-    finally:
-        k.close()
-
-
-_n = [0]
-
-
-def unique(prefix):
-    _n[0] += 1
-    return f"{prefix}{_n[0]}-{int(time.time() * 1000) % 100000}"
 
 
 def send_lines(kafka, topic, lines, parts=2):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import collections
 import os
 import random
-import time
 
 import pytest
 
 import harness as H
+from harness import unique
 import statekit
 from statekit import events as ev
 from statekit.contracts import TaskId
@@ -21,25 +21,6 @@ from statekit.runtime.coordinator import MembershipError
 from statekit.runtime.lifecycle import AppState
 from statekit.runtime.placement import PlacementError, prepare, resolve_placement
 from statekit.runtime.query_replicas import StaleRead
-
-
-@pytest.fixture
-def kafka(shared_broker):
-    from statekit.kafka import Kafka
-
-    k = Kafka(shared_broker.bootstrap)
-    try:
-        yield k
-    finally:
-        k.close()
-
-
-_n = [0]
-
-
-def unique(prefix):
-    _n[0] += 1
-    return f"{prefix}{_n[0]}-{int(time.time() * 1000) % 100000}"
 
 
 def one_line(err) -> str:

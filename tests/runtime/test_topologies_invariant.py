@@ -24,7 +24,7 @@ import random
 
 import pytest
 
-from harness import run_membership_schedule
+from harness import run_membership_schedule, seeded_app
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location(
@@ -71,15 +71,7 @@ def build(app):
 
 
 def make_app(name, broker, state_dir, seed, engine="local", **over):
-    import statekit
-
-    rnd = random.Random(seed)
-    kw = dict(partitions=rnd.choice([2, 3, 4]), instances=rnd.choice([1, 2, 3, 3]),
-              cache_bytes=rnd.choice([0, 2048, 10 << 20]), probing_rebalance_interval=0.3,
-              acceptable_recovery_lag=rnd.choice([0, 40, 10_000]), max_warmup_replicas=rnd.choice([1, 2]))
-    kw["standby_replicas"] = rnd.choice([0, 1]) if kw["instances"] > 1 else 0
-    kw.update(over)
-    app = statekit.App(name, bootstrap=broker.bootstrap, state_dir=state_dir, engine=engine, **kw)
+    app = seeded_app(name, broker, state_dir, seed, engine, **over)
     build(app)
     return app
 
