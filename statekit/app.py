@@ -717,6 +717,14 @@ class App:
                                 f"{self.name}) before {what}")
         return co
 
+    def _settled_false(self) -> bool:
+        """False, once the app's state tells why: the coordinator marks the last member dead a
+        moment before it tells the app, and whoever hears False should find ERROR already."""
+        co = self._coordinator
+        if co is not None and not co.stopped and not co.live():
+            self._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 10)
+        return False
+
     def _wait_drained(self, timeout: Optional[float]) -> bool:
         """Until every task is open with nothing spooled; False when no instance can do it."""
         co = self._coordinator
@@ -724,7 +732,9 @@ class App:
         while True:
             if co is None or co.stopped:
                 return True
-            if not co.live() or self.state == AppState.ERROR:
+            if not co.live():
+                return self._settled_false()
+            if self.state == AppState.ERROR:
                 return False
             if co.tasks_ready(fresh=True):
                 return True
@@ -764,7 +774,7 @@ class App:
                         if self.state == AppState.NOT_RUNNING:
                             return True
                         raise self._error or self._one_line(exc) from None
-                    return False
+                    return self._settled_false()
             if not self._wait_drained(left()):
                 if self.state == AppState.ERROR and isinstance(self._error, ProcessorError):
                     raise self._error
