@@ -37,19 +37,24 @@ DOWN = code("""
 %statekit down
 """)
 
-# Workshop-scale state: a million bank accounts, one movement each (the `accounts` generator's first
-# KEYS records visit every account once), written by the fast produce path. The test suite runs the
-# tour with fewer accounts (STATEKIT_TOUR_KEYS); `make demo` and JupyterLab use the full size.
-ACCOUNTS = """
+# Workshop-scale state: bank accounts, one movement each (the `accounts` generator's first KEYS
+# records visit every account once), written by the fast produce path. 2.5 million where a restore
+# from scratch is timed (02, 03: a million keys restore in under two seconds here), a million
+# elsewhere. The test suite runs the tour with fewer accounts (STATEKIT_TOUR_KEYS); `make demo` and
+# JupyterLab use the full size.
+TOUR_KEYS, RESTORE_TOUR_KEYS = 1_000_000, 2_500_000
+
+ACCOUNTS_CELL = """
 import os
 from collections import Counter
 from statekit.datagen import accounts_reference
 
-KEYS = int(os.environ.get("STATEKIT_TOUR_KEYS", "1000000"))
-%statekit produce accounts --generator accounts --seed 1 --limit {KEYS} --keys {KEYS} --wait
+KEYS = int(os.environ.get("STATEKIT_TOUR_KEYS", "{default}"))
+%statekit produce accounts --generator accounts --seed 1 --limit {{KEYS}} --keys {{KEYS}} --wait
 expected = Counter(accounts_reference(seed=1, limit=KEYS, keys=KEYS)[0])   # account -> movements
-print(f"{KEYS:,} movements of {len(expected):,} accounts")
+print(f"{{KEYS:,}} movements of {{len(expected):,}} accounts")
 """
+ACCOUNTS = ACCOUNTS_CELL.format(default=TOUR_KEYS)
 
 # The forecast before a crash: App.restore_forecast(), per task and way back, and per instance a line.
 FORECAST = """
@@ -179,11 +184,11 @@ in plain Python checks it. The app here runs as **one instance**, so a crash sto
     md("""
 ## Workshop-scale state
 
-A million bank accounts, one movement each: the store counts movements per account, so it ends up
-with a million rows, and each task's compacted changelog with a quarter of them. That is what a
-restore from scratch replays. (The generator writes pre-encoded record batches: a few seconds.)
+2.5 million bank accounts, one movement each: the store counts movements per account, so it ends
+up with 2.5 million rows, and each task's compacted changelog with a quarter of them. That is what a
+restore from scratch replays: seconds of work, long enough to watch. (The generator writes pre-encoded record batches: a few seconds.)
 """),
-    code(ACCOUNTS),
+    code(ACCOUNTS_CELL.format(default=RESTORE_TOUR_KEYS)),
     code("""
 %%statekit app bank --partitions 4
 (app.stream("accounts", value_serde="json")
@@ -361,23 +366,23 @@ print("OK")
 """),
     code("%statekit stop temps"),
     md("""
-## At workshop scale: a million accounts
+## At workshop scale: 2.5 million accounts
 
-The same story where it costs seconds. A million accounts get a movement each, then a fifth of
+The same story where it costs seconds. 2.5 million accounts get a movement each, then a fifth of
 them a second one, in two micro-batches: two commits, so the changelog gets a record per account
-and then one more per account moved again — 1.2 million records for a million live keys, until the
+and then one more per account moved again — 3 million records for 2.5 million live keys, until the
 cleaner keeps only the latest of each.
 """),
     code("""
 import os
 from statekit.datagen import accounts_reference
-KEYS = int(os.environ.get("STATEKIT_TOUR_KEYS", "1000000"))
+KEYS = int(os.environ.get("STATEKIT_TOUR_KEYS", "RESTORE_TOUR_KEYS"))
 MOVES = KEYS + KEYS // 5
 %statekit produce ledger --generator accounts --seed 21 --limit {MOVES} --keys {KEYS} --wait
 k = Kafka()   # the changelog in 1 MB segments, so the cleaner has closed segments to work on
 k.ensure_topic("bank-movements-changelog", 4, {"cleanup.policy": "compact", "segment.bytes": str(1 << 20)})
 k.close()
-"""),
+""".replace("RESTORE_TOUR_KEYS", str(RESTORE_TOUR_KEYS))),
     code("""
 %%statekit app bank --partitions 4
 (app.stream("ledger", value_serde="json")

@@ -1076,13 +1076,17 @@ class App:
         """Before anything crashes: how long each task's restore would take now — from its
         checkpoint, from a standby or warmup (a promotion), from scratch — and, per instance, what
         its death would cost ("if instance 0 died now: ≈ 4.1 s from scratch, 0.2 s from its
-        standby"). ``apply_rate`` (records/s) defaults to the last full-speed restore's."""
+        standby"). ``apply_rate`` (records/s) defaults to the last full-speed restore's, else to
+        a calibration the task's instance makes (a real restore of part of the changelog)."""
         from statekit.runtime.forecasts import forecast, last_apply_rate
 
         co = self._require_started("restore_forecast")
-        rate = apply_rate or last_apply_rate(self.events(types="restore_end"))
+        rate, source = apply_rate, "given"
+        if rate is None:
+            rate, source = last_apply_rate(self.events(types="restore_end")), "last restore"
         return forecast(self.name, co.assignment, co.statuses(fresh=True), self.subplans, self.kafka,
-                        self.layout, apply_rate=rate)
+                        self.layout, apply_rate=rate, rate_source=source if rate else None,
+                        calibrator=getattr(co, "calibrate", None))
 
     def task_status(self) -> dict:
         """``{task: {instance, role, state, source, last_batch, backlog, ...}}`` as the instances

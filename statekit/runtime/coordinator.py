@@ -584,6 +584,24 @@ class Coordinator:
                 self._refresh_statuses()
             return dict(self._statuses)
 
+    def calibrate(self, topic: str, partition: int) -> Optional[float]:
+        """Restore records/s as the instance owning ``partition``'s task measures it (None when
+        no live instance answers)."""
+        with self._lock:
+            owners = [i for t, i in (self.assignment.active.items() if self.assignment else ())
+                      if t.partition == partition]
+            for i in owners + self.live():
+                m = self.members.get(i)
+                if m is None or not m.live:
+                    continue
+                try:
+                    reply = self._call(m, "calibrate", topic, partition, timeout=120)
+                except InstanceUnreachable:
+                    continue
+                if reply[0] == "ok":
+                    return float(reply[1])
+        return None
+
     def tasks_ready(self, fresh: bool = False) -> bool:
         """Every active task is open and running, with no spooled batch waiting (the spools are
         read from the control directory, so a batch an engine spooled a moment ago counts)."""

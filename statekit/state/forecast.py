@@ -11,9 +11,11 @@ applies what it reads at a rate that depends on this machine and on the records.
   record batch headers (``Kafka.count_records``) when the range is at most ``SCAN_MAX`` offsets;
   past that, and off the embedded broker, the offset span: an upper bound (``exact=False``);
 * seconds = records / apply rate, where the rate is the one given, else the rate of the last
-  full-speed restore of this process (``restore.last_restore_rate``), else a calibration: up to
-  ``CALIBRATE_RECORDS`` records of the task's own changelog read, decoded, replayed and written
-  into a throw-away RocksDB exactly as a restore does (cached per process and changelog).
+  full-speed restore of this process (``restore.last_restore_rate``), else a calibration: a real
+  restore (``restore_stores``) of up to ``CALIBRATE_RECORDS`` offsets of the task's own changelog
+  into a throw-away RocksDB, timed as a restore times itself (cached per process and changelog).
+  A sample much smaller than the task would overstate the rate: RocksDB takes the first memtables
+  two to four times faster than the rest, once flushes and level-0 compactions begin.
 
 ``forecast_task`` is what ``App.restore_forecast()`` calls once per task and source (scratch,
 checkpoint, standby).
@@ -25,15 +27,16 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from statekit.errors import UnknownTopic
-from statekit.state.restore import (RESTORE_FETCH_BYTES, StoreReplay, last_restore_rate,
-                                    meta_key)
+from statekit.state.restore import (NO_BATCH, RESTORE_FETCH_BYTES, StoreReplay,
+                                    last_restore_rate, meta_key)
 
-CALIBRATE_RECORDS = 120_000
+CALIBRATE_RECORDS = 1_000_000  # offsets: a restore of up to this many is measured whole
+CALIBRATE_MIN = 40_000       # a changelog shorter than this is calibrated on synthetic records
 SCAN_MAX = 2_000_000  # offsets: a range up to this long is counted from batch headers
-_calibrated: dict = {}  # (bootstrap, topic, partition) -> records/s
+_calibrated: dict = {}  # (bootstrap, topic, partition) -> (records/s, offsets measured, busy)
 _lock = threading.Lock()
 
 
@@ -107,14 +110,17 @@ def _partition_stats(broker_dir: Optional[str], topics: Iterable[str], partition
 
 def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
                   positions: Optional[dict] = None, *, source: Optional[str] = None,
-                  apply_rate: Optional[float] = None,
+                  apply_rate: Optional[float] = None, rate_source: Optional[str] = None,
+                  calibrator: Optional[Callable[[str, int], Optional[float]]] = None,
                   broker_dir: Optional[str] = None) -> TaskForecast:
     """How long restoring task ``task`` of ``application`` would take now.
 
     ``positions``: ``{store: changelog offset | None}`` where the local copy stands (a checkpoint,
     or a standby's ``positions()``); None or a missing store = from scratch. ``source`` labels the
     positions ("checkpoint" by default, "standby", ...); without positions it is "scratch".
-    ``apply_rate``: records/s (default: the last restore's, else a calibration). ``broker_dir``:
+    ``apply_rate``: records/s (default: the last restore's, else a calibration), labelled
+    ``rate_source`` ("given" by default). ``calibrator(topic, partition)``: the calibration, done
+    where the restore would run (an instance); None or no answer: in this process. ``broker_dir``:
     the embedded broker's data dir for exact counts (default: found when ``kafka`` talks to the
     default embedded broker)."""
     from statekit.state.task import changelog_topic
@@ -156,12 +162,15 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
         per_store[spec.name] = StoreForecast(spec.name, t, start, end, max(0, n), exact)
     records = sum(s.records for s in per_store.values())
     if apply_rate is not None:
-        rate, rate_source = float(apply_rate), "given"
+        rate, rate_source = float(apply_rate), rate_source or "given"
     elif last_restore_rate() is not None:
         rate, rate_source = last_restore_rate(), "last restore"
     else:
         biggest = max(per_store.values(), key=lambda s: s.end_offset - s.start_offset, default=None)
-        rate = calibrate(kafka, biggest.topic if biggest else None, task)
+        topic = biggest.topic if biggest else None
+        rate = calibrator(topic, task) if calibrator is not None and topic is not None else None
+        if rate is None:
+            rate = calibrate(kafka, topic, task)
         rate_source = "calibrated"
     if records == 0:
         src = "none"
@@ -174,29 +183,60 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
 
 
 def calibrate(kafka, topic: Optional[str], partition: int = 0,
-              records: int = CALIBRATE_RECORDS) -> float:
-    """Records/s of the restore path on this machine: up to ``records`` records of ``topic``
-    (a changelog; synthetic records when it has too few) read, decoded, replayed and written into
-    a throw-away RocksDB as a restore does. Cached per process and changelog."""
-    key = (kafka.bootstrap, topic, partition)
-    with _lock:
-        if key in _calibrated:
-            return _calibrated[key]
-    rate = None
+              records: int = CALIBRATE_RECORDS, busy: bool = False) -> float:
+    """Records/s of a restore on this machine, measured by doing one: up to ``records`` offsets of
+    ``topic`` (a changelog; synthetic records when it has too few) restored by ``restore_stores``
+    itself — read_committed Fetches, column decoding, WriteBatches sized as a restore sizes them —
+    into a throw-away RocksDB, first record to last, as a restore's metrics time it. The whole
+    partition is the sample: RocksDB takes the first few memtables at two to four times the rate
+    of the rest (flushes, then level-0 compactions share the CPU), so a sample smaller than the
+    task would promise a restore much faster than the real one. Cached per process and changelog
+    until the changelog grows by a quarter; ``busy`` (the process is processing batches beside
+    it: a measurement says little) keeps the cached rate and calibrates only when there is none,
+    and such a rate is measured again once the process is idle."""
+    begin = end = 0
     if topic is not None:
         try:
             begin, end = kafka.offsets_many([topic], partition)[topic]
         except UnknownTopic:
             begin = end = 0
-        if end - begin >= 40_000:
-            rate = _measure(lambda: kafka.read(topic, partition, begin, min(end, begin + records),
-                                               columns=True, max_bytes=RESTORE_FETCH_BYTES))
-    if rate is None:
-        batches = _synthetic(records)
-        rate = _measure(lambda: _decoding(batches))
+    span = min(end - begin, records)
+    key = (kafka.bootstrap, topic, partition)
     with _lock:
-        _calibrated[key] = rate
+        hit = _calibrated.get(key)
+        if hit is not None:
+            rate, sampled, was_busy = hit
+            if busy:   # batches share the CPU: a measurement now says little, keep the last one
+                return rate
+            if not was_busy and span <= sampled * 5 // 4:
+                return rate
+    if span >= CALIBRATE_MIN:
+        rate = _measure_restore(kafka, topic, partition, begin, begin + span)
+    else:
+        rate = _measure(lambda: _decoding(_synthetic(CALIBRATE_MIN)))
+    with _lock:
+        _calibrated[key] = (rate, span, busy)
     return rate
+
+
+def _measure_restore(kafka, topic: str, partition: int, start: int, end: int) -> float:
+    from statekit.state.restore import restore_stores
+    from statekit.stores import StoreSpec, build_stores
+
+    d = tempfile.mkdtemp(prefix="statekit-calibrate-")
+    try:
+        _stores, db = build_stores([StoreSpec("calibrate", logging=False)], task_dir=d,
+                                   cache_bytes=0, sync=False)
+        try:
+            metrics, _batch = restore_stores(db, kafka, partition,
+                                             {"calibrate": (topic, start, end, NO_BATCH, "scratch")},
+                                             remember=False)
+        finally:
+            db.close()
+        m = metrics["calibrate"]
+        return m.rate if m.rate > 0 else 1_000_000.0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _synthetic(n: int) -> list:
@@ -236,10 +276,9 @@ def _decoding(batches: list):
         yield _Decoded(cols, pos)
 
 
-def _measure(make_reader, warm: int = 20_000) -> float:
-    """Records/s of replaying and writing what ``make_reader()`` yields; the first ``warm``
-    records are not timed (first allocations, caches, the first Fetch: a restore pays them once,
-    a short calibration would count them many times over)."""
+def _measure(make_reader) -> float:
+    """Records/s of replaying and writing what ``make_reader()`` yields (a changelog too short
+    to measure on: synthetic batches, decoded and written as a restore does)."""
     from statekit.stores import StoreSpec, build_stores
 
     d = tempfile.mkdtemp(prefix="statekit-calibrate-")
@@ -249,25 +288,16 @@ def _measure(make_reader, warm: int = 20_000) -> float:
         try:
             rp = StoreReplay("calibrate", 0)
             mk = meta_key("calibrate")
-            reader = make_reader()
-            t0 = None
-            timed_from = 0
-            for chunk in reader:
-                if t0 is None and rp.records_read >= warm:
-                    t0, timed_from = time.perf_counter(), rp.records_read
+            t0 = time.perf_counter()
+            for chunk in make_reader():
                 keys, values = rp.feed_columns(chunk.columns, chunk.next_offset)
                 db.write_batch_columns("calibrate", keys, values, {mk: rp.meta()})
             keys, values = rp.release_held_columns()
             db.write_batch_columns("calibrate", keys, values, {mk: rp.meta()})
-            if t0 is None:   # fewer records than the warm-up: time nothing but the last write
-                t0, timed_from = time.perf_counter(), rp.records_read
             dt = time.perf_counter() - t0
-            close = getattr(reader, "close", None)
-            if close is not None:
-                close()
         finally:
             db.close()
-        n = rp.records_read - timed_from
+        n = rp.records_read
         return n / dt if dt > 0 and n > 0 else 1_000_000.0
     finally:
         shutil.rmtree(d, ignore_errors=True)

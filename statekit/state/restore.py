@@ -378,12 +378,14 @@ def last_restore_rate() -> Optional[float]:
 
 
 def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, crash=None,
-                   max_bytes: int | None = None, exclude=(), rate: float | None = None
-                   ) -> tuple[dict, int]:
+                   max_bytes: int | None = None, exclude=(), rate: float | None = None,
+                   remember: bool = True) -> tuple[dict, int]:
     """Replay every store of ``plan`` (``{store: (topic, start_offset, end_offset, base_batch,
     replayed_from)}``) into ``db``. Returns ``({store: RestoreMetrics}, task_batch)``. Stores in
     ``exclude`` (changelogs created just now, empty) do not take part in settling the batch.
     ``rate``: at most this many changelog records per second over the whole task (teaching).
+    ``remember``: an unthrottled restore's rate becomes ``last_restore_rate()`` (not a forecast's
+    calibration).
 
     Each Fetch response (``max_bytes``, default ``RESTORE_FETCH_BYTES``) is decoded column-wise
     and applied in WriteBatches of up to ``PROGRESS_RECORDS`` records (about ``PROGRESS_S`` of
@@ -449,7 +451,7 @@ def restore_stores(db, kafka, partition: int, plan: dict, *, listener=None, cras
         m.duration_s = time.perf_counter() - t0
     read = sum(m.records_restored for m in metrics.values())
     took = sum(m.duration_s for m in metrics.values())
-    if pacer is None and read >= MEASURE_MIN and took > 0:
+    if remember and pacer is None and read >= MEASURE_MIN and took > 0:
         global _last_rate
         _last_rate = (read / took, read)
     # every store read: settle the latest batch

@@ -151,7 +151,21 @@ class TaskHost:
         except Exception:  # noqa: BLE001 - an estimate; a missing topic means nothing to replay
             return None
 
+    def calibrate(self, topic: str, partition: int) -> float:
+        """Restore records/s measured in this process, where a restore would run: a forecast
+        measured in the notebook's kernel competes with the dashboard for the GIL."""
+        from statekit.kafka import Kafka
+        from statekit.state.forecast import calibrate
+
+        k = Kafka(self.spec.bootstrap)
+        busy = time.monotonic() - self._last_fragment < 2.0   # batches share the CPU with it
+        try:
+            return calibrate(k, topic, partition, busy=busy)
+        finally:
+            k.close()
+
     _k = None
+    _last_fragment = float("-inf")
 
     def _kafka(self):
         if self._k is None:
@@ -310,6 +324,7 @@ class TaskHost:
         """Take one fragment of a micro-batch of a task: keep it until the batch's last fragment
         arrives, then process the batch; spool the batch when the task cannot process it now (see
         the module docstring)."""
+        self._last_fragment = time.monotonic()
         t = TaskId.parse(task)
         with self._lock:
             slot = self.slots.get(t)

@@ -139,6 +139,9 @@ class InstanceServer:
             if op == "stop":
                 self.host.stop()
                 return ("ok",)
+            if op == "calibrate":
+                _, topic, partition = msg
+                return ("ok", self.host.calibrate(topic, int(partition)))
             if op == "ping":
                 return ("ok", os.getpid())
             return ("error", f"unknown call {op!r}")

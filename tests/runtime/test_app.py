@@ -469,10 +469,16 @@ def test_restore_forecast_names_the_records_a_restore_then_reads(shared_broker, 
         send_lines(kafka, topic, LINES * 3)
         app.start(max_records_per_trigger=5)
         assert app.process_all_available()
+        from statekit.state import forecast as F
+
+        F.clear_calibration()
         f = app.restore_forecast()
         df = f.frame
         assert set(df.source) == {"scratch", "checkpoint", "standby"} and set(df.task) == {"0_0", "0_1"}
         assert all(df.seconds >= 0) and all(df.apply_rate > 0)
+        # no restore yet: one calibration, made by an instance (where a restore runs), not here
+        assert set(df.rate_source) == {"calibrated"} and df.apply_rate.nunique() == 1
+        assert F._calibrated == {}
         victim = 0
         mine = sorted(str(t) for t in app.assignment.active_tasks(victim))
         line = f.line(victim)

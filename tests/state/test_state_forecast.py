@@ -189,3 +189,38 @@ def test_the_forecast_is_within_a_factor_of_two_of_a_real_restore(broker, tmp_pa
             raise AssertionError("; ".join(seen))
     finally:
         k.close()
+
+
+def test_a_calibration_is_measured_again_when_the_changelog_grows_or_the_process_becomes_idle(
+        broker, monkeypatch):
+    k = Kafka(broker.bootstrap)
+    topic = "cal-counts-changelog"
+    measured = []
+
+    def fake_measure(kafka, t, partition, start, end):
+        measured.append(end - start)
+        return 1000.0 * len(measured)
+
+    def grow_to(n):
+        have = k.end_offsets(topic)[0]
+        for lo in range(have, n, 5_000):
+            k.send(topic, 0, [(b"k%d" % i, b"v", []) for i in range(lo, min(n, lo + 5_000))])
+
+    try:
+        k.ensure_topic(topic, 1)
+        monkeypatch.setattr(F, "_measure_restore", fake_measure)
+        F.clear_calibration()
+        grow_to(F.CALIBRATE_MIN)
+        assert F.calibrate(k, topic, 0, busy=True) == 1000.0        # none yet: measured, busy
+        grow_to(2 * F.CALIBRATE_MIN)
+        assert F.calibrate(k, topic, 0, busy=True) == 1000.0        # busy: the last one is kept
+        assert F.calibrate(k, topic, 0) == 2000.0                   # idle: measured again
+        grow_to(2 * F.CALIBRATE_MIN + F.CALIBRATE_MIN // 2)         # grown by a quarter
+        assert F.calibrate(k, topic, 0) == 2000.0
+        grow_to(3 * F.CALIBRATE_MIN)                                # by half: measured again
+        assert F.calibrate(k, topic, 0) == 3000.0
+        # every measurement restored the whole partition, from its first offset
+        assert measured == [F.CALIBRATE_MIN, 2 * F.CALIBRATE_MIN, 3 * F.CALIBRATE_MIN]
+    finally:
+        F.clear_calibration()
+        k.close()
