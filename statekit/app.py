@@ -1072,12 +1072,13 @@ class App:
         return lag_frame(lag_rows(self.name, co.assignment, co.statuses(fresh=True), self.subplans,
                                   self.kafka, self.layout))
 
-    def restore_forecast(self, apply_rate: Optional[float] = None):
+    def restore_forecast(self, apply_rate: Optional[float] = None, settle: float = 5.0):
         """Before anything crashes: how long each task's restore would take now — from its
         checkpoint, from a standby or warmup (a promotion), from scratch — and, per instance, what
         its death would cost ("if instance 0 died now: ≈ 4.1 s from scratch, 0.2 s from its
         standby"). ``apply_rate`` (records/s) defaults to the last full-speed restore's, else to
-        a calibration the task's instance makes (a real restore of part of the changelog)."""
+        a calibration the task's instance makes (a real restore of the changelog), which waits up
+        to ``settle`` seconds for a quiet machine when it has no rate measured on one yet."""
         from statekit.runtime.forecasts import forecast, last_apply_rate
 
         co = self._require_started("restore_forecast")
@@ -1086,7 +1087,12 @@ class App:
             rate, source = last_apply_rate(self.events(types="restore_end")), "last restore"
         return forecast(self.name, co.assignment, co.statuses(fresh=True), self.subplans, self.kafka,
                         self.layout, apply_rate=rate, rate_source=source if rate else None,
-                        calibrator=getattr(co, "calibrate", None))
+                        calibrator=self._calibrator(co, settle))
+
+    @staticmethod
+    def _calibrator(co, settle: float):
+        cal = getattr(co, "calibrate", None)
+        return None if cal is None else (lambda topic, partition: cal(topic, partition, settle))
 
     def task_status(self) -> dict:
         """``{task: {instance, role, state, source, last_batch, backlog, ...}}`` as the instances

@@ -8,6 +8,7 @@ table cells never wrap or clip (`white-space: nowrap`, the panels sized to their
 """
 from __future__ import annotations
 
+import functools
 import html
 import json
 import threading
@@ -823,6 +824,20 @@ class DashboardView:
         display(self.root)
 
 
+def _no_wait(forecast):
+    """``restore_forecast`` as a refresh calls it: never waiting for a quiet machine to calibrate
+    on (the forecast of a busy machine stands until a quiet one is measured)."""
+    import inspect
+
+    if not callable(forecast):
+        return None
+    try:
+        takes = "settle" in inspect.signature(forecast).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return functools.partial(forecast, settle=0.0) if takes else forecast
+
+
 class LiveDashboard:
     """Snapshot → model → view, every `interval` seconds, in a daemon thread.
 
@@ -842,7 +857,7 @@ class LiveDashboard:
         self.feed = EventFeed(app)
         # changelog figures scan the broker's segments: every few seconds, not every refresh
         self.changelog_fn = Throttled(changelog_fn, heavy_interval) if changelog_fn is not None else None
-        fc = getattr(app, "restore_forecast", None)   # reads the changelogs' figures: every 5 s
+        fc = _no_wait(getattr(app, "restore_forecast", None))   # reads the changelogs: every 5 s
         self.forecast_fn = Throttled(lambda: forecast_data(fc()), heavy_interval) if callable(fc) else None
         self.store_cache = StoreCache()  # a store is read again only after a commit
         self.stores = stores

@@ -584,22 +584,28 @@ class Coordinator:
                 self._refresh_statuses()
             return dict(self._statuses)
 
-    def calibrate(self, topic: str, partition: int) -> Optional[float]:
+    def calibrate(self, topic: str, partition: int, settle: float = 0.0) -> Optional[float]:
         """Restore records/s as the instance owning ``partition``'s task measures it (None when
-        no live instance answers)."""
+        no live instance answers). On a connection of its own: a calibration takes a second or
+        more, and status calls must not wait for it."""
         with self._lock:
             owners = [i for t, i in (self.assignment.active.items() if self.assignment else ())
                       if t.partition == partition]
-            for i in owners + self.live():
-                m = self.members.get(i)
-                if m is None or not m.live:
-                    continue
-                try:
-                    reply = self._call(m, "calibrate", topic, partition, timeout=120)
-                except InstanceUnreachable:
-                    continue
-                if reply[0] == "ok":
-                    return float(reply[1])
+            ports = [(m.process.port) for m in (self.members.get(i) for i in owners + self.live())
+                     if m is not None and m.live and m.process is not None]
+        for port in ports:
+            try:
+                conn = connect(port, self._key)
+            except InstanceUnreachable:
+                continue
+            try:
+                reply = call(conn, "calibrate", topic, partition, settle, timeout=120 + settle)
+            except InstanceUnreachable:
+                continue
+            finally:
+                conn.close()
+            if reply[0] == "ok":
+                return float(reply[1])
         return None
 
     def tasks_ready(self, fresh: bool = False) -> bool:

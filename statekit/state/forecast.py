@@ -22,6 +22,7 @@ checkpoint, standby).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -35,6 +36,10 @@ from statekit.state.restore import (NO_BATCH, RESTORE_FETCH_BYTES, StoreReplay,
 
 CALIBRATE_RECORDS = 1_000_000  # offsets: a restore of up to this many is measured whole
 CALIBRATE_MIN = 40_000       # a changelog shorter than this is calibrated on synthetic records
+# the rest of the machine busier than this (cores): no calibration now. An idle app costs about
+# 0.4 of a core here (Spark polling its source, the broker), a cleaner pass or a compaction one.
+BUSY_CORES = 0.4 * (os.cpu_count() or 1)
+QUIET_PROBE_S = 0.25
 SCAN_MAX = 2_000_000  # offsets: a range up to this long is counted from batch headers
 _calibrated: dict = {}  # (bootstrap, topic, partition) -> (records/s, offsets measured, busy)
 _lock = threading.Lock()
@@ -183,17 +188,21 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
 
 
 def calibrate(kafka, topic: Optional[str], partition: int = 0,
-              records: int = CALIBRATE_RECORDS, busy: bool = False) -> float:
+              records: int = CALIBRATE_RECORDS, busy=False, settle: float = 0.0) -> float:
     """Records/s of a restore on this machine, measured by doing one: up to ``records`` offsets of
     ``topic`` (a changelog; synthetic records when it has too few) restored by ``restore_stores``
     itself — read_committed Fetches, column decoding, WriteBatches sized as a restore sizes them —
-    into a throw-away RocksDB, first record to last, as a restore's metrics time it. The whole
-    partition is the sample: RocksDB takes the first few memtables at two to four times the rate
-    of the rest (flushes, then level-0 compactions share the CPU), so a sample smaller than the
-    task would promise a restore much faster than the real one. Cached per process and changelog
-    until the changelog grows by a quarter; ``busy`` (the process is processing batches beside
-    it: a measurement says little) keeps the cached rate and calibrates only when there is none,
-    and such a rate is measured again once the process is idle."""
+    into a throw-away RocksDB, first record to last, as a restore's metrics time it.
+
+    The whole partition is the sample: RocksDB takes the first few memtables at two to four times
+    the rate of the rest (flushes, then level-0 compactions share the CPU), so a sample smaller
+    than the task would promise a restore much faster than the real one. And the machine must be
+    quiet: beside a micro-batch, the broker's cleaner or a store's compaction a calibration
+    measured a third of the rate. So a rate is measured when the machine is quiet (``busy``, a
+    bool or a callable: the caller knows it is not), cached per process and changelog until the changelog grows by a
+    quarter; when it is not quiet, the cached rate stands; with none cached, or only one measured
+    while busy, this waits up to ``settle`` seconds for quiet, then measures anyway (and will
+    measure again when it is quiet)."""
     begin = end = 0
     if topic is not None:
         try:
@@ -204,19 +213,45 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     key = (kafka.bootstrap, topic, partition)
     with _lock:
         hit = _calibrated.get(key)
-        if hit is not None:
-            rate, sampled, was_busy = hit
-            if busy:   # batches share the CPU: a measurement now says little, keep the last one
-                return rate
-            if not was_busy and span <= sampled * 5 // 4:
-                return rate
+    if hit is not None and not hit[2] and span <= hit[1] * 5 // 4:
+        return hit[0]
+    deadline = time.monotonic() + (settle if hit is None or hit[2] else 0.0)
+    while True:
+        if busy() if callable(busy) else busy:
+            quiet = False
+            time.sleep(QUIET_PROBE_S)
+        else:
+            quiet = _others_busy(QUIET_PROBE_S) <= BUSY_CORES
+        if quiet or time.monotonic() >= deadline:
+            break
+    if hit is not None and not quiet:
+        return hit[0]
     if span >= CALIBRATE_MIN:
         rate = _measure_restore(kafka, topic, partition, begin, begin + span)
     else:
         rate = _measure(lambda: _decoding(_synthetic(CALIBRATE_MIN)))
     with _lock:
-        _calibrated[key] = (rate, span, busy)
+        _calibrated[key] = (rate, span, not quiet)
     return rate
+
+
+def _others_busy(window: float) -> float:
+    """Cores the machine spent over ``window`` seconds on anything but this thread (Linux
+    ``/proc/stat``; elsewhere 0: nothing known)."""
+    def used():
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:9]]
+            return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            return None
+
+    u0, t0, w0 = used(), time.thread_time(), time.monotonic()
+    time.sleep(window)
+    u1 = used()
+    if u0 is None or u1 is None:
+        return 0.0
+    return max(0.0, (u1 - u0) - (time.thread_time() - t0)) / max(1e-3, time.monotonic() - w0)
 
 
 def _measure_restore(kafka, topic: str, partition: int, start: int, end: int) -> float:

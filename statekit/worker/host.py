@@ -151,16 +151,18 @@ class TaskHost:
         except Exception:  # noqa: BLE001 - an estimate; a missing topic means nothing to replay
             return None
 
-    def calibrate(self, topic: str, partition: int) -> float:
+    def calibrate(self, topic: str, partition: int, settle: float = 0.0) -> float:
         """Restore records/s measured in this process, where a restore would run: a forecast
         measured in the notebook's kernel competes with the dashboard for the GIL."""
         from statekit.kafka import Kafka
         from statekit.state.forecast import calibrate
 
         k = Kafka(self.spec.bootstrap)
-        busy = time.monotonic() - self._last_fragment < 2.0   # batches share the CPU with it
+        def busy():   # batches share the CPU with it
+            return time.monotonic() - self._last_fragment < 2.0
+
         try:
-            return calibrate(k, topic, partition, busy=busy)
+            return calibrate(k, topic, partition, busy=busy, settle=settle)
         finally:
             k.close()
 

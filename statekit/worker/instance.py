@@ -140,8 +140,8 @@ class InstanceServer:
                 self.host.stop()
                 return ("ok",)
             if op == "calibrate":
-                _, topic, partition = msg
-                return ("ok", self.host.calibrate(topic, int(partition)))
+                _, topic, partition, settle = msg
+                return ("ok", self.host.calibrate(topic, int(partition), float(settle)))
             if op == "ping":
                 return ("ok", os.getpid())
             return ("error", f"unknown call {op!r}")

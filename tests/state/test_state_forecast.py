@@ -191,15 +191,19 @@ def test_the_forecast_is_within_a_factor_of_two_of_a_real_restore(broker, tmp_pa
         k.close()
 
 
-def test_a_calibration_is_measured_again_when_the_changelog_grows_or_the_process_becomes_idle(
+def test_a_calibration_is_measured_on_a_quiet_machine_and_again_when_the_changelog_grows(
         broker, monkeypatch):
     k = Kafka(broker.bootstrap)
     topic = "cal-counts-changelog"
-    measured = []
+    measured, others = [], {"cores": 0.0}
 
     def fake_measure(kafka, t, partition, start, end):
         measured.append(end - start)
         return 1000.0 * len(measured)
+
+    def fake_others(window):
+        time.sleep(0.02)
+        return others["cores"]
 
     def grow_to(n):
         have = k.end_offsets(topic)[0]
@@ -209,18 +213,31 @@ def test_a_calibration_is_measured_again_when_the_changelog_grows_or_the_process
     try:
         k.ensure_topic(topic, 1)
         monkeypatch.setattr(F, "_measure_restore", fake_measure)
+        monkeypatch.setattr(F, "_others_busy", fake_others)
         F.clear_calibration()
-        grow_to(F.CALIBRATE_MIN)
-        assert F.calibrate(k, topic, 0, busy=True) == 1000.0        # none yet: measured, busy
-        grow_to(2 * F.CALIBRATE_MIN)
-        assert F.calibrate(k, topic, 0, busy=True) == 1000.0        # busy: the last one is kept
-        assert F.calibrate(k, topic, 0) == 2000.0                   # idle: measured again
-        grow_to(2 * F.CALIBRATE_MIN + F.CALIBRATE_MIN // 2)         # grown by a quarter
+        n = F.CALIBRATE_MIN
+        grow_to(n)
+        others["cores"] = 1.5                                    # the machine is busy
+        assert F.calibrate(k, topic, 0) == 1000.0                # nothing cached: measured anyway
+        grow_to(2 * n)
+        assert F.calibrate(k, topic, 0) == 1000.0                # still busy: it stands
+        t0 = time.monotonic()
+        assert F.calibrate(k, topic, 0, settle=0.5) == 1000.0    # waited for quiet, in vain
+        assert time.monotonic() - t0 >= 0.5
+        others["cores"] = 0.1
+        assert F.calibrate(k, topic, 0, busy=True) == 1000.0     # the caller has batches to run
+        assert F.calibrate(k, topic, 0) == 2000.0                # quiet: measured again
+        grow_to(2 * n + n // 2)                                  # grown by a quarter
         assert F.calibrate(k, topic, 0) == 2000.0
-        grow_to(3 * F.CALIBRATE_MIN)                                # by half: measured again
+        grow_to(3 * n)                                           # by half ...
+        others["cores"] = 1.5
+        t0 = time.monotonic()
+        assert F.calibrate(k, topic, 0, settle=5) == 2000.0      # ... on a busy machine: no wait
+        assert time.monotonic() - t0 < 1.0
+        others["cores"] = 0.1
         assert F.calibrate(k, topic, 0) == 3000.0
         # every measurement restored the whole partition, from its first offset
-        assert measured == [F.CALIBRATE_MIN, 2 * F.CALIBRATE_MIN, 3 * F.CALIBRATE_MIN]
+        assert measured == [n, 2 * n, 3 * n]
     finally:
         F.clear_calibration()
         k.close()
