@@ -208,10 +208,12 @@ def format_report(results: list[NotebookResult]) -> str:
             lines.append(f"         {e}")
     restores = [(r.name, p) for r in results for p in r.reports if p.get("name") == "restore"]
     for name, p in restores:
-        fc = p.get("forecast_seconds")
-        lines += ["", f"  {name}: restore from scratch after a disk loss: {p.get('restore_seconds')} s of "
+        fc, took = p.get("forecast_seconds"), p.get("restore_seconds")
+        ratio = (f", measured {took / fc:.2f}x the forecast"
+                 if isinstance(took, (int, float)) and isinstance(fc, (int, float)) and fc > 0 else "")
+        lines += ["", f"  {name}: restore from scratch after a disk loss: {took} s of "
                       f"restore work, {p.get('records_replayed'):,} changelog records replayed"
-                      + (f" (forecast before the crash: {fc} s)" if fc is not None else "")]
+                      + (f" (forecast before the crash: {fc} s{ratio})" if fc is not None else "")]
         for t in p.get("per_task") or []:
             rate = t.get("records/s")
             fc = t.get("forecast s")
