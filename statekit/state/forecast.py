@@ -215,7 +215,9 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
         hit = _calibrated.get(key)
     if hit is not None and not hit[2] and span <= hit[1] * 5 // 4:
         return hit[0]
-    deadline = time.monotonic() + (settle if hit is None or hit[2] else 0.0)
+    # a short changelog restores in milliseconds whatever the load: not worth waiting for
+    wait = settle if (hit is None or hit[2]) and span >= CALIBRATE_MIN else 0.0
+    deadline = time.monotonic() + wait
     while True:
         if busy() if callable(busy) else busy:
             quiet = False
