@@ -40,8 +40,10 @@ CALIBRATE_MIN = 40_000       # a changelog shorter than this is calibrated on sy
 # 0.4 of a core here (Spark polling its source, the broker), a cleaner pass or a compaction one.
 BUSY_CORES = 0.4 * (os.cpu_count() or 1)
 QUIET_PROBE_S = 0.25
+SETTLE_AGAIN_S = 30.0        # after waiting in vain for a quiet machine, no waiting for this long
 SCAN_MAX = 2_000_000  # offsets: a range up to this long is counted from batch headers
 _calibrated: dict = {}  # (bootstrap, topic, partition) -> (records/s, offsets measured, busy)
+_waited_in_vain: dict = {}  # (bootstrap, topic, partition) -> when a wait for quiet began
 _lock = threading.Lock()
 
 
@@ -202,7 +204,8 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     bool or a callable: the caller knows it is not), cached per process and changelog until the changelog grows by a
     quarter; when it is not quiet, the cached rate stands; with none cached, or only one measured
     while busy, this waits up to ``settle`` seconds for quiet, then measures anyway (and will
-    measure again when it is quiet)."""
+    measure again when it is quiet). After a wait in vain, it does not wait again for
+    ``SETTLE_AGAIN_S``: a machine busy with a steady producer would hold up every forecast."""
     begin = end = 0
     if topic is not None:
         try:
@@ -215,9 +218,14 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
         hit = _calibrated.get(key)
     if hit is not None and not hit[2] and span <= hit[1] * 5 // 4:
         return hit[0]
-    # a short changelog restores in milliseconds whatever the load: not worth waiting for
+    # a short changelog restores in milliseconds whatever the load: not worth waiting for; and
+    # a machine that stayed busy through one wait is not waited for again for a while
     wait = settle if (hit is None or hit[2]) and span >= CALIBRATE_MIN else 0.0
-    deadline = time.monotonic() + wait
+    with _lock:
+        if time.monotonic() - _waited_in_vain.get(key, float("-inf")) < SETTLE_AGAIN_S:
+            wait = 0.0
+    t_wait = time.monotonic()
+    deadline = t_wait + wait
     while True:
         if busy() if callable(busy) else busy:
             quiet = False
@@ -226,6 +234,9 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
             quiet = _others_busy(QUIET_PROBE_S) <= BUSY_CORES
         if quiet or time.monotonic() >= deadline:
             break
+    if wait and not quiet:
+        with _lock:
+            _waited_in_vain[key] = t_wait
     if hit is not None and not quiet:
         return hit[0]
     if span >= CALIBRATE_MIN:
@@ -344,6 +355,7 @@ def clear_calibration() -> None:
     """Forget calibrated rates (tests; or after the machine's load changed)."""
     with _lock:
         _calibrated.clear()
+        _waited_in_vain.clear()
 
 
 __all__ = ["forecast_task", "calibrate", "clear_calibration", "TaskForecast", "StoreForecast",

@@ -224,6 +224,9 @@ def test_a_calibration_is_measured_on_a_quiet_machine_and_again_when_the_changel
         t0 = time.monotonic()
         assert F.calibrate(k, topic, 0, settle=0.5) == 1000.0    # waited for quiet, in vain
         assert time.monotonic() - t0 >= 0.5
+        t0 = time.monotonic()
+        assert F.calibrate(k, topic, 0, settle=5) == 1000.0      # and does not wait again soon
+        assert time.monotonic() - t0 < 1.0
         others["cores"] = 0.1
         assert F.calibrate(k, topic, 0, busy=True) == 1000.0     # the caller has batches to run
         assert F.calibrate(k, topic, 0) == 2000.0                # quiet: measured again
