@@ -115,6 +115,7 @@ def _replay_after_restart(bootstrap, kafka, tmp_path, name, min_deltas, chunks):
         app.stop()
 
 
+@pytest.mark.slow   # 21 s: `make test-native` and `make test-slow` run it, `make test` has no room
 def test_snapshot_interval_changes_replay(native_broker, native_spark, tmp_path):
     from statekit.kafka import Kafka
 
