@@ -201,10 +201,10 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     than the task would promise a restore much faster than the real one. And the machine must be
     quiet: beside a micro-batch, the broker's cleaner or a store's compaction a calibration
     measured a third of the rate. So a rate is measured when the machine is quiet (``busy``, a
-    bool or a callable: the caller knows it is not), cached per process and changelog until the changelog grows by a
-    quarter; when it is not quiet, the cached rate stands; with none cached, or only one measured
-    while busy, this waits up to ``settle`` seconds for quiet, then measures anyway (and will
-    measure again when it is quiet). After a wait in vain, it does not wait again for
+    bool or a callable: the caller knows it is not), cached per process and changelog until the
+    changelog grows by a quarter; when it is not quiet, the cached rate stands; with none cached,
+    or only one measured while busy, this waits up to ``settle`` seconds for quiet, then measures
+    anyway (and will measure again when it is quiet). After a wait in vain, it does not wait again for
     ``SETTLE_AGAIN_S``: a machine busy with a steady producer would hold up every forecast."""
     begin = end = 0
     if topic is not None:
