@@ -53,3 +53,15 @@ def shared_broker(tmp_path_factory):
         yield handle
     finally:
         handle.stop()
+
+
+@pytest.fixture
+def kafka(shared_broker):
+    """A statekit Kafka client on the session's shared broker, closed after the test."""
+    from statekit.kafka import Kafka
+
+    k = Kafka(shared_broker.bootstrap)
+    try:
+        yield k
+    finally:
+        k.close()

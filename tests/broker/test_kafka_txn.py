@@ -9,12 +9,8 @@ from statekit.kafka import Kafka, ProducerFenced
 
 
 @pytest.fixture
-def k(shared_broker):
-    client = Kafka(shared_broker.bootstrap)
-    try:
-        yield client
-    finally:
-        client.close()
+def k(kafka):
+    return kafka   # the shared-broker client of tests/conftest.py, by this module's short name
 
 
 def _records(k, topic, partition, isolation):

@@ -9,18 +9,6 @@ if HERE not in sys.path:
 import pytest
 
 
-@pytest.fixture
-def kafka(shared_broker):
-    """A statekit Kafka client on the session's shared broker."""
-    from statekit.kafka import Kafka
-
-    k = Kafka(shared_broker.bootstrap)
-    try:
-        yield k
-    finally:
-        k.close()
-
-
 @pytest.fixture(scope="session")
 def spark_session():
     """One local SparkSession for the runtime's Spark tests, stopped (JVM included) at the end."""

@@ -8,13 +8,6 @@ from statekit.errors import BrokerUnreachable, UnknownTopic
 from statekit.kafka import Kafka, resolve_bootstrap
 
 
-@pytest.fixture
-def kafka(shared_broker):
-    k = Kafka(shared_broker.bootstrap)
-    yield k
-    k.close()
-
-
 def test_send_read_roundtrip(kafka):
     assert kafka.ensure_topic("kc-rt", 2, {"cleanup.policy": "compact"}) is True
     assert kafka.ensure_topic("kc-rt", 2) is False

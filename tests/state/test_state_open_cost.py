@@ -5,20 +5,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 import statehelpers as H
 from statekit.kafka import Kafka
 from statekit.state import TaskState, checkpoint
 
 SEED = 5
-
-
-@pytest.fixture
-def kafka(shared_broker):
-    k = Kafka(shared_broker.bootstrap)
-    yield k
-    k.close()
 
 
 class _Counting:

@@ -10,18 +10,10 @@ import pytest
 
 import statehelpers as H
 from statekit.errors import BrokerUnreachable, StatekitError
-from statekit.kafka import Kafka
 from statekit.state import TaskState, checkpoint
 
 SEED = 11
 N = 5
-
-
-@pytest.fixture
-def kafka(shared_broker):
-    k = Kafka(shared_broker.bootstrap)
-    yield k
-    k.close()
 
 
 def _open(kafka, state_dir, app, **kw):
