@@ -46,6 +46,13 @@ class AppStateError(StatekitError):
     """An operation that the application's current state does not allow."""
 
 
+class CopartitionError(StatekitError):
+    """A source topic's partition count is not the application's task count."""
+
+
+DEFAULT_PARTITIONS = 4
+
+
 class NoLiveInstance(StatekitError):
     """Every instance is dead: nothing processes until one is revived (or the app restarted)."""
 
@@ -103,7 +110,7 @@ class App:
     ``executor_state_dir``: the tasks' state root on every executor host (default
     ``$STATEKIT_EXECUTOR_STATE_DIR``, else under Spark's local dirs)."""
 
-    def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: int = 4,
+    def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: Optional[int] = None,
                  instances: int = 1, standby_replicas: int = 0, state_dir: Optional[str] = None,
                  commit_interval: Optional[float] = None, cache_bytes: int = 10 << 20,
                  engine: Any = "changelog", acceptable_recovery_lag: int = 10_000,
@@ -114,7 +121,8 @@ class App:
                  executor_state_dir: Optional[str] = None):
         if not name or any(c in name for c in "/\\ "):
             raise StatekitError(f"app name {name!r} must be a non-empty word (it prefixes topic names)")
-        for what, v, low in (("partitions", partitions, 1), ("instances", instances, 1),
+        for what, v, low in (("partitions", 1 if partitions is None else partitions, 1),
+                             ("instances", instances, 1),
                              ("standby_replicas", standby_replicas, 0),
                              ("acceptable_recovery_lag", acceptable_recovery_lag, 0),
                              ("max_warmup_replicas", max_warmup_replicas, 0)):
@@ -137,7 +145,8 @@ class App:
                                 f"not {processing_guarantee!r}")
         self.processing_guarantee = processing_guarantee
         self.name = name
-        self.partitions = int(partitions)
+        self._partitions = None if partitions is None else int(partitions)
+        self._partitions_given = partitions is not None
         self.initial_instances = int(instances)
         self.settings = Settings(standby_replicas=int(standby_replicas),
                                  acceptable_recovery_lag=int(acceptable_recovery_lag),
@@ -243,6 +252,51 @@ class App:
         if not self._subplans:
             self._set_plan(self.plan or self._compile())
         return self._subplans
+
+    @property
+    def partitions(self) -> int:
+        """Tasks per sub-topology (= changelog partitions). A task reads its own partition of every
+        source topic, so by default it is the source topics' partition count."""
+        if self._partitions is None:
+            counts = self._source_partitions()
+            if counts:
+                self._partitions = max(counts.values())
+                self.check_copartitioned(counts)
+            else:
+                self._partitions = DEFAULT_PARTITIONS
+        return self._partitions
+
+    @partitions.setter
+    def partitions(self, n: int) -> None:
+        self._partitions = int(n)
+
+    def _source_partitions(self) -> dict:
+        """{external source topic: its partition count} (topics that exist)."""
+        topics = self.kafka.topics()
+        plan = self.plan or self._compile()
+        repart = set(getattr(plan, "repartition_topics", ()) or ())
+        out = {}
+        for p in self.subplans.values():
+            for src in p.sources:
+                t = getattr(src, "topic", None)
+                if t and t not in repart and t in topics:
+                    out[t] = int(topics[t])
+        return out
+
+    def check_copartitioned(self, counts: Optional[dict] = None) -> None:
+        """Every source topic must have one partition per task: a task reads its own partition of
+        each (Kafka Streams' co-partitioning). Refused in one line that says what to do."""
+        counts = self._source_partitions() if counts is None else counts
+        n = self.partitions
+        for topic, have in sorted(counts.items()):
+            if have != n:
+                given = "" if self._partitions_given else " (the largest source topic's)"
+                raise CopartitionError(
+                    f"source topic '{topic}' has {have} partition(s) but app '{self.name}' runs "
+                    f"{n} task(s) per sub-topology{given}: a task reads its own partition of every "
+                    f"source, so each needs {n}; give the app partitions={have}, or create "
+                    f"'{topic}' with {n} partitions (%statekit produce {topic} --partitions {n} "
+                    f"...)")
 
     def tasks(self) -> list[TaskId]:
         """Every task: one per partition of every sub-topology."""
@@ -353,6 +407,7 @@ class App:
                         f"source topic '{topic}' does not exist on {self.bootstrap}: {hint}create it "
                         f"first (%statekit produce {topic} ... in a notebook, or "
                         f"statekit.datagen.produce('{topic}', ...))")
+        self.check_copartitioned()
 
     def _ensure_topics(self, sink: str) -> None:
         from statekit.state.task import changelog_configs

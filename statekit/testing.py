@@ -9,17 +9,17 @@ TopologyTestDriver).
         assert driver.get_store("counts").get("a") == 2
         driver.advance_wall_clock(60_000)            # wall-clock punctuators fire
 
-It runs the real thing: the plan's stage 1 (`Plan.shuffle`), the task processors with their stores
-(RocksDB in a temporary directory, record caches, change-logging into an in-memory changelog you can
-read with `changelog(store)`), and commits after each batch. Inputs are serialized with the source
+It runs the real thing: the task processors of each sub-topology with their stores (RocksDB in a
+temporary directory, record caches, change-logging into an in-memory changelog you can read with
+`changelog(store)`), fed `Records` batches as a task is, and commits after each batch. Inputs are serialized with the source
 serdes and outputs with the sink serdes (then read back), so a serde mistake shows here as it would
 in a real run. One task per sub-topology; the records written to a repartition topic are fed to the
 next sub-topology at once (and a foreign-key join's answers back to the first), until nothing is left.
 
 `pipe_input` processes one record as one micro-batch, like Kafka's driver, so a cached aggregation
 forwards every update; `pipe_batch` processes several records as one micro-batch per sub-topology
-(in the order the engines use: timestamp, topic, offset), so it forwards once per key, as a real
-commit interval would.
+(in the order a task uses: each topic in input order, topics merged by timestamp), so it forwards
+once per key, as a real commit interval would.
 """
 from __future__ import annotations
 
@@ -68,9 +68,10 @@ class _Context:
     def get_store(self, name: str):
         return self._task.stores[name]
 
-    def forward(self, topic: str, key, value) -> None:
-        ts = self.proc.rec.timestamp if self.proc is not None else None
-        self.outputs.append((topic, key, value, ts))
+    def forward(self, topic: str, key, value, timestamp=None) -> None:
+        if timestamp is None and self.proc is not None:
+            timestamp = self.proc.rec.timestamp
+        self.outputs.append((topic, key, value, timestamp))
 
     def wall_clock_ms(self) -> int:
         return self._task.driver.wall_clock
@@ -91,17 +92,20 @@ class _Task:
         self.batches = 0
 
     def run(self, records: list, punctuate: bool = True) -> list:
-        """One micro-batch: shuffle records (stage 1), process, punctuate, flush, commit.
-        Returns the forwarded outputs [(topic, key, value, timestamp)]."""
-        shuffled = []
+        """One micro-batch of (source index, key bytes, value bytes, timestamp, partition, offset)
+        records: process, punctuate, flush, commit. Returns the forwarded outputs
+        [(topic, key, value, timestamp)]."""
+        from statekit.topology.records import Records
+
+        by_src: dict = {}
         for si, kb, vb, ts, part, off in records:
-            for _task, rec in self.plan.shuffle(si, kb, vb, ts, part, off, 1):
-                shuffled.append(rec)
+            by_src.setdefault(si, []).append((si, part, off, ts, kb, vb))
+        batch = Records.merge([Records.from_rows(r) for _si, r in sorted(by_src.items())])
         ctx = _Context(self, self.batches)
         try:
             proc = self.plan.new_processor(ctx)
             ctx.proc = proc
-            proc.process_records(shuffled)
+            proc.process_batch(batch)
             if punctuate:
                 proc.punctuate_wall_clock(self.driver.wall_clock)
             proc.flush()
@@ -204,18 +208,16 @@ class TopologyTestDriver:
 
     def pipe_batch(self, records: Iterable) -> None:
         """Process (topic, key, value[, timestamp]) records as one micro-batch per sub-topology,
-        sorted as the engines sort a batch (timestamp, then input order)."""
+        in the order a task processes a batch (each topic in input order, topics merged by
+        timestamp)."""
         self._check_open()
         by_task: dict = {}
-        seq = 0
         for r in records:
             topic, key, value = r[0], r[1], r[2]
             ts = r[3] if len(r) > 3 else None
             for i, rec in self._encode(topic, key, value, ts):
-                by_task.setdefault(i, []).append(((rec[3], seq), rec))
-                seq += 1
-        queue = deque((i, [rec for _k, rec in sorted(recs, key=lambda x: x[0])])
-                      for i, recs in sorted(by_task.items()))
+                by_task.setdefault(i, []).append(rec)
+        queue = deque(sorted(by_task.items()))
         self._drain(queue, per_record=False)
 
     def _drain(self, queue: deque, per_record: bool) -> None:
@@ -232,7 +234,6 @@ class TopologyTestDriver:
         topics to the sub-topologies that read them). Returns [(task index, records)]."""
         outputs = task.run(records)
         fed: dict = {}
-        seq = 0
         for topic, k, v, ts in outputs:
             serdes = task.plan.sink_serdes(topic)
             kb = None if k is None else serdes[0].to_bytes(k)
@@ -246,10 +247,8 @@ class TopologyTestDriver:
             off = self._offsets.get(topic, 0)
             self._offsets[topic] = off + 1
             for j, si in self._readers.get(topic, ()):
-                fed.setdefault(j, []).append(((ts, seq), (si, kb, vb, ts, 0, off)))
-                seq += 1
-        return [(j, [r for _k, r in (recs if per_record else sorted(recs, key=lambda x: x[0]))])
-                for j, recs in sorted(fed.items())]
+                fed.setdefault(j, []).append((si, kb, vb, ts, 0, off))
+        return sorted(fed.items())
 
     def _check_outputs(self, plan, outputs: list) -> None:
         """Serialize every output with its sink serdes first: a bad one fails the batch (one line)."""

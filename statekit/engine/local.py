@@ -1,11 +1,11 @@
 """A tiny in-process engine: runs a topology `Plan` over Python lists of records, no Spark.
 
-The same path as the Spark engine, minus Spark: every input record is serialized with its source's
-serdes, goes through `Plan.shuffle` (stage 1: pre-shuffle steps, task = murmur2 of the key bytes),
-each task's records are sorted as the Spark engine sorts them (timestamp, source, partition, offset,
-sequence) and handed to `statekit.worker.task.run_task_batch` with an incrementing batch id (each
-task opened, run and closed in this process). Stores, changelogs, commits and restoration are the
-real ones, so the whole stack is testable in seconds:
+The same task path as the Spark engine, minus Spark and Kafka sources: every input record is
+serialized with its source's serdes and goes to task = its source partition (given, else Kafka's
+default partitioner on the key bytes, 0 without key), each task's part of the batch is a `Records`
+in Kafka Streams' order, handed to `statekit.worker.task.run_task_batch` with an incrementing batch
+id (each task opened, run and closed in this process). Stores, changelogs, commits and restoration
+are the real ones, so the whole stack is testable in seconds:
 
     eng = LocalEngine(plan, "wordcount", broker.bootstrap, state_dir=tmp, partitions=4)
     out = eng.run_batch([("lines", None, "a b a", 1000), ("lines", None, "b", 1001)])
@@ -26,13 +26,12 @@ from statekit.worker.task import WorkerSpec, run_task_batch, store_specs
 class LocalEngine:
     def __init__(self, plan, application: str, bootstrap: str, state_dir: str, partitions: int = 2, *,
                  cache_bytes: int = 10 << 20, control_dir: Optional[str] = None, events: bool = False,
-                 source_partitions: int = 1, task_instances: Optional[dict] = None,
+                 task_instances: Optional[dict] = None,
                  state_dirs: Optional[dict] = None, first_batch_id: int = 0) -> None:
         self.plan = plan
         self.application = application
         self.bootstrap = bootstrap
         self.partitions = int(partitions)
-        self.source_partitions = int(source_partitions)
         self.state_dir = state_dir
         self.state_dirs = dict(state_dirs or {})
         self.task_instances = dict(task_instances or {})
@@ -56,19 +55,29 @@ class LocalEngine:
         return EventPublisher(self.bootstrap, self.application).publish
 
     def task_fn(self, task: int, batch_id: int, records) -> list:
-        return run_task_batch(self.spec, TaskId(0, task), batch_id, records,
-                              state_dir=self.state_dir_for(task),
-                              instance=self.task_instances.get(task), publish=self._publisher())
+        """Run one task's batch; its outputs [(topic, key bytes, value bytes)]."""
+        from statekit.worker.task import StreamTask
+
+        t = StreamTask(self.spec, TaskId(0, task), self.state_dir_for(task),
+                       instance=self.task_instances.get(task),
+                       publish=self._publisher() or (lambda e: None))
+        try:
+            t.process(batch_id, records)
+            return t.flat_outputs()
+        finally:
+            t.close(reason="stopped")
 
     # -- input -----------------------------------------------------------------------------------
     def _encode(self, records: Iterable) -> dict:
-        """{task: [record tuples]} for one batch of input records.
+        """{task: Records} for one batch of input records.
 
-        An input record is (topic, key, value[, timestamp[, source_partition]]) with Python key and
+        An input record is (topic, key, value[, timestamp[, partition]]) with Python key and
         value (serialized here with the source's serdes); the timestamp defaults to the position in
-        the input, the source partition to murmur2(key bytes) % source_partitions (0 without key)."""
+        the input, the partition (= the task) to murmur2(key bytes) % partitions (0 without key)."""
+        from statekit.topology.records import Records
+
         plan = self.plan
-        by_task: dict = {}
+        rows: dict = {}
         for i, r in enumerate(records):
             topic, key, value = r[0], r[1], r[2]
             ts = int(r[3]) if len(r) > 3 and r[3] is not None else i
@@ -79,12 +88,15 @@ class LocalEngine:
             if len(r) > 4 and r[4] is not None:
                 part = int(r[4])
             else:
-                part = 0 if kb is None else partition_for(kb, self.source_partitions)
+                part = 0 if kb is None else partition_for(kb, self.partitions)
             off = self._offsets.get((topic, part), 0)
             self._offsets[(topic, part)] = off + 1
-            for seq, (task, rec) in enumerate(plan.shuffle(si, kb, vb, ts, part, off, self.partitions)):
-                by_task.setdefault(task, []).append(((rec[3], si, rec[1], rec[2], seq), rec))
-        return {t: [rec for _k, rec in sorted(recs, key=lambda x: x[0])] for t, recs in by_task.items()}
+            for s in plan.sources:
+                if s.topic == topic:
+                    rows.setdefault(part, {}).setdefault(s.index, []).append(
+                        (s.index, part, off, ts, kb, vb))
+        return {t: Records.merge([Records.from_rows(r) for _si, r in sorted(by_src.items())])
+                for t, by_src in rows.items()}
 
     # -- running ---------------------------------------------------------------------------------
     def run_tasks(self, batch_id: int, by_task: dict) -> list:

@@ -7,10 +7,10 @@ restoration, exactly-once state) behaves as on Spark:
   an *offset log* and a *commit log* in the query checkpoint directory, as Spark does: the offset
   range of batch ``b`` is written before ``b`` runs, ``commits/b`` after it finished. A new query on
   the same checkpoint first re-runs the last batch that has no commit, with the same id and ranges;
-* stage 1 (``Plan.shuffle`` per record) runs in that thread; stage 2 hands each task's records,
-  ordered as the Spark engine orders them, to the instance that owns the task
-  (``statekit.worker.router``), all tasks of a batch at once. The instances are real processes:
-  a crash kills one of them, never this query.
+* each task's part of a batch — the offset ranges of its partition — goes to the instance that
+  owns the task (``statekit.worker.exchange``), all tasks of a batch at once; the instance reads
+  its ranges from Kafka itself, as on Spark. The instances are real processes: a crash kills one
+  of them, never this query.
 
 ``RunningQuery`` surface: ``stop()``, ``abort()``, ``is_active``, ``exception()``,
 ``process_all_available(timeout)``, ``recent_progress``, ``last_batch_id``, ``status()``.
@@ -325,9 +325,12 @@ class LocalQuery:
         return {k: e for k, (s, e) in _ranges_from_json(body["ranges"]).items()} if body else {}
 
     def _run_batch(self, batch: int, ranges: dict) -> None:
+        from statekit.worker.exchange import range_records, split
+
         self._trigger_active = True
         t0 = time.perf_counter()
-        by_task, n_in = self._shuffle(ranges)
+        by_task = split(ranges, self.run.partitions)
+        n_in = sum(range_records(r) for r in by_task.values())
         self._deliver(batch, by_task)
         self.commits.put(batch, {"ts": time.time()})
         dt = time.perf_counter() - t0
@@ -339,40 +342,14 @@ class LocalQuery:
             "input_rows_per_second": (n_in / since) if since > 0 else 0.0,
             "processed_rows_per_second": (n_in / dt) if dt > 0 else 0.0,
             "batch_duration_ms": dt * 1000.0, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "wall": time.time(), "tasks": {t: len(r) for t, r in by_task.items()},
+            "wall": time.time(), "tasks": {t: range_records(r) for t, r in by_task.items()},
         })
         self._trigger_active = False
 
-    def _shuffle(self, ranges: dict) -> tuple:
-        """Stage 1: ``Plan.shuffle`` per record; each task's records in the Spark engine's order."""
-        plan = self.run.plan
-        index_of: dict = {}
-        for s in plan.sources:
-            index_of.setdefault(s.topic, []).append(s.index)
-        n = self.run.partitions
-        keyed: dict = {}
-        records = 0
-        for (topic, p), (s, e) in sorted(ranges.items()):
-            if e <= s:
-                continue
-            for chunk in self._kafka.read(topic, p, s, e, isolation=self.run.isolation):
-                for off, ts, kb, vb, _h in chunk.records:
-                    if off >= e:
-                        break
-                    records += 1
-                    for si in index_of.get(topic, ()):
-                        for seq, (task, rec) in enumerate(plan.shuffle(si, kb, vb, ts, p, off, n)):
-                            keyed.setdefault(task, []).append(((ts, si, p, off, seq), rec))
-        # processing order, each record with its source index and sequence (the fragment format)
-        by_task = {t: [tuple(r) + (k[1], k[4]) for k, r in sorted(recs, key=lambda x: x[0])]
-                   for t, recs in keyed.items()}
-        return by_task, records
-
     def _deliver(self, batch: int, by_task: dict) -> None:
-        """Stage 2: every task's records to its owner at once; a failed task fails the batch."""
+        """Every task's ranges to its owner at once; a failed task fails the batch."""
         from statekit.contracts import TaskId
-        from statekit.worker.protocol import records_to_ipc
-        from statekit.worker.router import deliver
+        from statekit.worker.exchange import deliver
 
         publish = None
         if self.run.events:
@@ -381,8 +358,8 @@ class LocalQuery:
             publish = EventPublisher(self.run.bootstrap, self.run.app).publish
         sub = int(self.run.subtopology)
         futures = [self._pool.submit(deliver, self.run.control_dir, TaskId(sub, t), batch,
-                                     records_to_ipc(recs), publish)
-                   for t, recs in sorted(by_task.items())]
+                                     ranges, publish)
+                   for t, ranges in sorted(by_task.items())]
         first = None
         for f in futures:
             try:

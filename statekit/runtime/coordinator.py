@@ -611,7 +611,7 @@ class Coordinator:
     def tasks_ready(self, fresh: bool = False) -> bool:
         """Every active task is open and running, with no spooled batch waiting (the spools are
         read from the control directory, so a batch an engine spooled a moment ago counts)."""
-        from statekit.worker.spool import backlog
+        from statekit.worker.exchange import backlog
 
         if self.assignment is None or backlog(os.path.join(self.control.path, "spool")):
             return False

@@ -29,6 +29,9 @@ class _NoSink:
     def append(self, store, key, value):
         raise StatekitError("a standby replica does not process records: promote it first")
 
+    def extend(self, store, keys, values):
+        self.append(store, None, None)
+
 
 class StandbyReplica:
     def __init__(self, application: str, task_id: int, specs, *, state_dir: str,

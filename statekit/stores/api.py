@@ -76,6 +76,8 @@ class ChangelogSink(Protocol):
 
     def append(self, store: str, key: bytes, value: Optional[bytes]) -> None: ...
 
+    def extend(self, store: str, keys: list, values: list) -> None: ...
+
 
 class RecordingSink:
     """An in-memory changelog for tests and benches: `records` is a list of (store, key, value)."""
@@ -86,6 +88,9 @@ class RecordingSink:
 
     def append(self, store: str, key: bytes, value: Optional[bytes]) -> None:
         self.records.append((store, key, value))
+
+    def extend(self, store: str, keys: list, values: list) -> None:
+        self.records.extend(zip([store] * len(keys), keys, values))
 
     def for_store(self, store: str) -> list:
         return [(k, v) for s, k, v in self.records if s == store]
@@ -128,6 +133,16 @@ class StoreBase:
         if old is None:
             self.put(key, value)
         return old
+
+    def get_many(self, keys: list) -> list:
+        """The values of `keys` (None where absent), in order. Layers override it to read in bulk."""
+        get = self.get
+        return [get(k) for k in keys]
+
+    def put_many(self, keys: list, values: list) -> None:
+        """`put` each key (distinct keys). Layers override it to write in bulk."""
+        for k, v in zip(keys, values):
+            self.put(k, v)
 
     def delete(self, key: bytes) -> Optional[bytes]:
         old = self.get(key)
@@ -198,8 +213,11 @@ class SortedKeys:
     def added(self, key: bytes) -> None:
         self._new.append(key)
 
-    def removed(self) -> None:
-        self._stale += 1
+    def added_many(self, keys) -> None:
+        self._new.extend(keys)
+
+    def removed(self, n: int = 1) -> None:
+        self._stale += n
 
     def reset(self) -> None:
         self._sorted = sorted(self._d)

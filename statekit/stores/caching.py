@@ -76,6 +76,27 @@ class CachingStore(StoreBase):
                 self._evict()
         return v
 
+    def get_many(self, keys: list) -> list:
+        """Cached values, the misses from below in one bulk read. The misses are not cached: a
+        bulk reader (an aggregation applied per key) writes them right after."""
+        e = self._entries
+        if not e:
+            self.misses += len(keys)
+            return self.inner.get_many(keys)
+        out = [e.get(k, _MISS) for k in keys]
+        miss = [i for i, v in enumerate(out) if v is _MISS]
+        self.misses += len(miss)
+        self.hits += len(keys) - len(miss)
+        if miss:
+            for i, v in zip(miss, self.inner.get_many([keys[i] for i in miss])):
+                out[i] = v
+        if len(miss) < len(keys):
+            move = e.move_to_end
+            for k, v in zip(keys, out):
+                if k in e:
+                    move(k)
+        return out
+
     def scan(self, lo: Optional[bytes] = None, hi: Optional[bytes] = None) -> Iterator[KV]:
         e = self._entries
         keys = self._keys.keys_in(lo, hi)
@@ -112,44 +133,85 @@ class CachingStore(StoreBase):
         if c.used > c.max_bytes:
             self._evict()
 
+    def put_many(self, keys: list, values: list) -> None:
+        """`put` of distinct keys in bulk: the same entries, dirty marks, LRU order and byte count
+        as one put after the other, with the evictions forwarded below in one bulk write."""
+        e = self._entries
+        dirty = self._dirty
+        vbytes = sum(len(v) for v in values if v is not None)
+        if not e or e.keys().isdisjoint(keys):
+            self._keys.added_many(keys)
+            delta = sum(map(len, keys)) + ENTRY_OVERHEAD * len(keys) + vbytes
+        else:
+            old = [e.get(k, _MISS) for k in keys]
+            new = [k for k, o in zip(keys, old) if o is _MISS]
+            self._keys.added_many(new)
+            move = e.move_to_end
+            for k, o in zip(keys, old):
+                if o is not _MISS:
+                    move(k)
+            delta = (sum(map(len, new)) + ENTRY_OVERHEAD * len(new) + vbytes
+                     - sum(len(o) for o in old if o is not _MISS and o is not None))
+        e.update(zip(keys, values))
+        dirty.update(dict.fromkeys(keys))
+        c = self.cache
+        c.used += delta
+        if c.used > c.max_bytes:
+            self._evict()
+
     def delete(self, key: bytes) -> Optional[bytes]:
         old = self.get(key)
         self.put(key, None)
         return old
 
     def _evict(self) -> None:
+        """Drop least recently used entries until the task is within budget; the dirty ones among
+        them go below (to the changelog and the store) in one bulk write."""
         c = self.cache
         e = self._entries
         dirty = self._dirty
-        while c.used > c.max_bytes and e:
-            k, v = e.popitem(last=False)
-            self._keys.removed()
-            c.used -= len(k) + ENTRY_OVERHEAD + (0 if v is None else len(v))
-            self.evictions += 1
+        pop = e.popitem
+        fk, fv = [], []
+        n = 0
+        used = c.used
+        while used > c.max_bytes and e:
+            k, v = pop(last=False)
+            n += 1
+            used -= len(k) + ENTRY_OVERHEAD + (0 if v is None else len(v))
             if k in dirty:
                 del dirty[k]
-                self.forwarded += 1
-                self._inner_put(k, v)
+                fk.append(k)
+                fv.append(v)
+        c.used = used
+        self._keys.removed(n)
+        self.evictions += n
+        if fk:
+            self.forwarded += len(fk)
+            if len(fk) == 1:
+                self._inner_put(fk[0], fv[0])
+            else:
+                self.inner.put_many(fk, fv)
 
     def flush(self) -> None:
-        """Forward every dirty entry downstream (first-dirtied first); entries stay, now clean,
-        except tombstones, which leave the cache."""
+        """Forward every dirty entry downstream (first-dirtied first, in one bulk write); entries
+        stay, now clean, except tombstones, which leave the cache."""
         dirty = self._dirty
         if dirty:
             e = self._entries
-            put = self._inner_put
-            tomb = []
-            for k in dirty:
-                v = e[k]
-                put(k, v)
-                if v is None:
-                    tomb.append(k)
+            keys = list(dirty)
+            values = [e[k] for k in keys]
+            if len(keys) == 1:
+                self._inner_put(keys[0], values[0])
+            else:
+                self.inner.put_many(keys, values)
             self.forwarded += len(dirty)
             dirty.clear()
-            for k in tomb:
-                del e[k]
-                self._keys.removed()
-                self.cache.used -= len(k) + ENTRY_OVERHEAD
+            if None in values:
+                for k, v in zip(keys, values):
+                    if v is None:
+                        del e[k]
+                        self._keys.removed()
+                        self.cache.used -= len(k) + ENTRY_OVERHEAD
         self.flushes += 1
         self.inner.flush()
 

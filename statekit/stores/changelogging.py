@@ -35,6 +35,19 @@ class ChangeLoggingStore(StoreBase):
         self._append(self.name, key, value)
         self.logged += 1
 
+    def get_many(self, keys: list) -> list:
+        return self.inner.get_many(keys)
+
+    def put_many(self, keys: list, values: list) -> None:
+        self.inner.put_many(keys, values)
+        extend = getattr(self.sink, "extend", None)   # (a sink may only have append)
+        if extend is not None:
+            extend(self.name, keys, values)
+        else:
+            for k, v in zip(keys, values):
+                self._append(self.name, k, v)
+        self.logged += len(keys)
+
     def put_if_absent(self, key: bytes, value: bytes) -> Optional[bytes]:
         old = self.inner.get(key)
         if old is None:

@@ -30,6 +30,10 @@ class MemoryStore(OverlayStore):
     def _committed_count(self) -> int:
         return len(self._data)
 
+    def _committed_get_many(self, keys: list) -> list:
+        get = self._data.get
+        return [get(k) for k in keys]
+
     def commit(self) -> None:
         """Apply the pending writes (TaskDB.commit calls this after its RocksDB batch, if any)."""
         ranges, items = self._pending_ops()

@@ -37,6 +37,10 @@ class OverlayStore(StoreBase):
     def _committed_count(self) -> int:
         raise NotImplementedError
 
+    def _committed_get_many(self, keys: list) -> list:
+        get = self._committed_get
+        return [get(k) for k in keys]
+
     # -- reads -----------------------------------------------------------------------------
     def get(self, key: bytes) -> Optional[bytes]:
         v = self._ov.get(key, _MISS)
@@ -45,6 +49,20 @@ class OverlayStore(StoreBase):
         if self._ranges and self._deleted_by_range(key):
             return None
         return self._committed_get(key)
+
+    def get_many(self, keys: list) -> list:
+        """Pending values first; the rest from the committed data in one multi-get."""
+        ov = self._ov
+        if not ov and not self._ranges:
+            return self._committed_get_many(keys)
+        out = [ov.get(k, _MISS) for k in keys]
+        miss = [i for i, v in enumerate(out) if v is _MISS]
+        if miss:
+            found = self._committed_get_many([keys[i] for i in miss])
+            ranged = self._ranges and self._deleted_by_range
+            for i, v in zip(miss, found):
+                out[i] = None if ranged and ranged(keys[i]) else v
+        return out
 
     def scan(self, lo: Optional[bytes] = None, hi: Optional[bytes] = None) -> Iterator[KV]:
         ov = self._ov
@@ -82,6 +100,14 @@ class OverlayStore(StoreBase):
         if key not in ov:
             self._ovkeys.added(key)
         ov[key] = value
+
+    def put_many(self, keys: list, values: list) -> None:
+        ov = self._ov
+        if ov:
+            self._ovkeys.added_many([k for k in keys if k not in ov])
+        else:
+            self._ovkeys.added_many(keys)
+        ov.update(zip(keys, values))
 
     def delete_range(self, lo: bytes, hi: Optional[bytes]) -> None:
         """Delete every key in [lo, hi) (pending, like every write). Retention drops segments so."""

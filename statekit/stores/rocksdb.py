@@ -129,6 +129,12 @@ class RocksDBStore(OverlayStore):
     def _committed_get(self, key: bytes) -> Optional[bytes]:
         return self._cf_get(key)
 
+    def _committed_get_many(self, keys: list) -> list:
+        if len(keys) < 16:
+            get = self._cf_get
+            return [get(k) for k in keys]
+        return self._cf_get(keys)       # rocksdict: a list of keys is one MultiGet
+
     def _committed_scan(self, lo: Optional[bytes], hi: Optional[bytes]) -> Iterator[KV]:
         if self._cf is None:
             self._closed()
@@ -151,10 +157,15 @@ class RocksDBStore(OverlayStore):
             else:
                 wb.delete_range(lo, hi, h)
             n += 1
+        keys = list(self._ov)
+        values = list(self._ov.values())
+        if None not in values:            # the common case: puts only, no Python loop
+            _drain(map(wb.put, keys, values, _repeat(h)), 0)
+            return n + len(keys)
         put = wb.put
         delete = wb.delete
         get = self._cf_get
-        for k, v in items:
+        for k, v in zip(keys, values):
             if v is None:
                 if get(k) is not None:  # no tombstone for a key RocksDB never had
                     delete(k, h)

@@ -1,38 +1,36 @@
-"""Bulk aggregation: a micro-batch's records of one cached aggregation applied per key, at once.
+"""Bulk aggregation: a micro-batch's records of one cached aggregation applied column-wise, per key.
 
 With the record cache on, an aggregation forwards once per key per commit (the latest value, at
 flush, in first-update order, with the metadata of the key's last record). Nothing between the
 records of a batch can see the aggregation's intermediate values when its store is its own (no other
-step reads it, no join looks it up, no processor declares it): its results wait in the holder until
-flush. So the task can collect the batch's records for that aggregation and apply them per key,
-touching each key's store entry once (one get, one put) instead of once per record — the result, the
-outputs and their order are the same:
+step reads it, no join looks it up, no processor declares it) and a source feeds it directly: its
+results wait until flush. So the task hands that source's records to the aggregation as columns and
+it touches each key's store entry once — one multi-get for the batch's keys, one bulk write — and
+the results, the outputs and their order are those of one record at a time:
 
-* count: the records of a key are counted at C speed (`collections.Counter` over the keys'
-  pickles; values are not even unpickled, only checked against None);
-* reduce / aggregate: the user's function still gets every record, in the batch's order (offset
-  order within a partition), and between two calls the aggregate goes through the store's value
-  serde, as it would through the store, so the function sees exactly the values it would see one
-  record at a time.
+* count: counted per key bytes at C speed; values are never decoded (a null check on the bytes);
+* reduce / aggregate: the user's function still gets every record of a key, in offset order, on
+  decoded values; between two calls the aggregate goes through the store's value serde, as it would
+  through the store;
+* the key's bytes are the source's when the source and the store share a key serde (and, for JSON,
+  the bytes are the canonical encoding); otherwise each distinct key is decoded and encoded once;
+* at flush the held results go on as columns when the next steps are `to_stream()` and a sink with
+  the store's serdes (no object is made per key), else one key at a time as before.
 
-A route is applied in bulk when it leads straight into such an aggregation (`TaskProcessor` decides,
-see `bulk_routes`); the host's per-record callback (crash directives) turns bulk off for the batch.
-When every route of the task is applied in bulk and no stream-time punctuator waits, the task does
-not even loop over the records: they are handed over as they are (`TaskProcessor.process_records`).
+A host that crashes "after N records" cuts the batch in two `process_batch` calls; applying the two
+halves one after the other stores and forwards the same as applying the whole.
 """
 from __future__ import annotations
 
-import pickle
+import struct
 from collections import Counter
-from operator import itemgetter
 
 from statekit.errors import StatekitError
 from statekit.topology import graph as g
+from statekit.topology.graph import same_serde, serde_label
 from statekit.topology.steps import _fail
 
-_LOADS = pickle.loads
-_NONE = pickle.dumps(None, pickle.HIGHEST_PROTOCOL)
-_KP, _VP = itemgetter(4), itemgetter(5)
+_Q = struct.Struct(">q")
 
 
 def _getter_nodes(t) -> list:
@@ -46,10 +44,9 @@ def _getter_nodes(t) -> list:
 
 
 def bulk_routes(tp) -> dict:
-    """{route index: _BulkAggregate} for the routes that lead straight into an aggregation that can
-    be applied in bulk (see the module docstring)."""
+    """{route (= source index): BulkAggregate} for the sources whose records go straight into an
+    aggregation that can be applied in bulk (see the module docstring)."""
     plan = tp.plan
-    out = {}
     read = set()
     for m in plan.nodes:
         if m.table is not None:
@@ -58,93 +55,199 @@ def bulk_routes(tp) -> dict:
     for m in plan.nodes:
         for d in m.stores:
             users.setdefault(d.name, set()).add(m.name)
+    out = {}
     for r in plan.routes:
-        n = plan._by_name[r.target]
-        if n.kind != g.AGGREGATE or n.name in read or len(users.get(n.stores[0].name, ())) != 1:
+        src = plan._by_name[r.target]
+        if src.kind != g.SOURCE or len(src.children) != 1:
             continue
-        if not (tp.record_cache and n.stores[0].caching):
+        n = src.children[0]
+        if n.kind != g.AGGREGATE or n.parents() != [src] or n.name in read:
             continue
-        out[r.index] = _BulkAggregate(tp, n, tp._route_topic[r.index])
+        if len(users.get(n.stores[0].name, ())) != 1 or not n.stores[0].caching:
+            continue
+        out[r.index] = BulkAggregate(tp, n, r.source_index)
     return out
 
 
-class _BulkAggregate:
-    __slots__ = ("tp", "n", "store", "held", "op", "fn", "topic", "records", "roundtrip")
+def _kind(serde) -> str:
+    return serde_label(serde)
 
-    def __init__(self, tp, n, topic: str) -> None:
+
+class BulkAggregate:
+    """One aggregation fed in bulk by one source; `apply` per batch (or half batch), `forward` at
+    flush."""
+
+    def __init__(self, tp, n, source_index: int) -> None:
+        from statekit.topology.graph import resolve_serde
+
         self.tp = tp
         self.n = n
-        self.store = tp.store(n.stores[0].name)
-        self.held = tp.held_of(n)   # its holder (built already): the dict flush() forwards from
         self.op = n.params["op"]
         self.fn = n.fn
-        self.topic = topic
-        self.records: list = []   # the batch's record tuples (route, partition, offset, ts, kp, vp)
-        vs = getattr(self.store, "value_serde", None)
-        self.roundtrip = None if vs is None else (vs.to_bytes, vs.from_bytes)
+        src = tp.plan.sources[source_index]
+        self.topic = src.topic
+        self.source_index = source_index
+        top = tp.store(n.stores[0].name)
+        self.top = top
+        self.bytes_store = top.inner                # the bytes stack under the metered layer
+        self.src_kdec = resolve_serde(src.key_serde).from_bytes
+        self.vdec = tp._decoder(source_index, 1)
+        self.kser, self.vser = top.key_serde, top.value_serde
+        self.kenc, self.kdec = top.key_serde.to_bytes, top.key_serde.from_bytes
+        self.venc, self.vdec_store = top.value_serde.to_bytes, top.value_serde.from_bytes
+        self.same_key = same_serde(src.key_serde, n.stores[0].key_serde or "json")
+        self.json_key = _kind(n.stores[0].key_serde or "json") == "json"
+        self.null_value = b"null" if _kind(src.value_serde) == "json" else None
+        self.int64 = _kind(n.stores[0].value_serde) in ("int64", "long")
+        # what flush forwards, in first-update order: per store key bytes, its position
+        self._pos: dict = {}
+        self._keys: list = []      # store key bytes
+        self._new: list = []       # new value bytes (None: deleted)
+        self._old: list = []       # value bytes before the batch
+        self._meta: list = []      # (timestamp, offset, partition) of the key's last record
+        self.sink = self._columnar_sink()
 
-    def apply(self) -> None:
-        recs, self.records = self.records, []
-        if not recs:
-            return
-        if self.op == "count":
-            self._count(recs)
+    # -- keys ------------------------------------------------------------------------------------
+    def _canonical(self, kb: bytes) -> bool:
+        """Are these JSON key bytes what the store's serde writes (so a query finds them)?"""
+        c = kb[:1]
+        if c == b'"':
+            return kb.isascii() and b"\\" not in kb and kb.count(b'"') == 2 and kb[-1:] == b'"'
+        return kb.isdigit() or (c == b"-" and kb[1:].isdigit() and kb[1:2] != b"0")
+
+    def _store_keys(self, kbs: list) -> list:
+        """The store's key bytes for the source's key bytes."""
+        if self.same_key and (not self.json_key or all(map(self._canonical, set(kbs)))):
+            return kbs
+        conv: dict = {}
+        dec, enc = self.src_kdec, self.kenc
+        out = []
+        for kb in kbs:
+            sk = conv.get(kb)
+            if sk is None:
+                sk = conv[kb] = enc(dec(kb))
+            out.append(sk)
+        return out
+
+    # -- applying --------------------------------------------------------------------------------
+    def apply(self, records, idx) -> None:
+        """Apply the records at positions `idx` of `records` (None: all of them)."""
+        if idx is None:
+            keys, values = records.keys, records.values
+            stamps, offs, parts = records.timestamps, records.offsets, records.partitions
         else:
-            self._fold(recs)
+            keys = [records.keys[i] for i in idx]
+            values = [records.values[i] for i in idx]
+            stamps = [records.timestamps[i] for i in idx]
+            offs = [records.offsets[i] for i in idx]
+            parts = [records.partitions[i] for i in idx]
+        if not keys:
+            return
+        keep = None
+        if None in keys:
+            keep = [kb is not None for kb in keys]
+        if self.op == "count" and (None in values or (self.null_value is not None
+                                                      and self.null_value in values)):
+            nv = self.null_value
+            vk = [vb is not None and vb != nv for vb in values]
+            keep = vk if keep is None else [a and b for a, b in zip(keep, vk)]
+        if keep is not None:
+            self.tp.skipped_null += keep.count(False)
+            sel = [i for i, k in enumerate(keep) if k]
+            keys = [keys[i] for i in sel]
+            values = [values[i] for i in sel]
+            stamps = [stamps[i] for i in sel]
+            offs = [offs[i] for i in sel]
+            parts = [parts[i] for i in sel]
+            if not keys:
+                return
+        skeys = self._store_keys(keys)
+        if self.op == "count":
+            self._count(skeys, stamps, offs, parts)
+        else:
+            self._fold(skeys, keys, values, stamps, offs, parts)
 
-    def _key(self, kp):
-        memo = self.tp._loads_memo
-        k = memo.get(kp)
-        if k is None:
-            k = _LOADS(kp)
-            if type(k) is str and len(kp) <= 80 and len(memo) < (1 << 16):
-                memo[kp] = k
-        return k
+    def _hold(self, uniq: list, news: list, olds: list, last: dict, stamps, offs, parts) -> None:
+        pos, keys_, new_, old_, meta = self._pos, self._keys, self._new, self._old, self._meta
+        if not pos:   # the first (usually only) apply of the batch: columns as they are
+            pos.update(zip(uniq, range(len(uniq))))
+            keys_.extend(uniq)
+            new_.extend(news)
+            old_.extend(olds)
+            meta.extend((stamps[i], offs[i], parts[i]) for i in map(last.__getitem__, uniq))
+            return
+        for kb, nb, ob in zip(uniq, news, olds):
+            i = last[kb]
+            p = pos.get(kb)
+            if p is None:
+                pos[kb] = len(keys_)
+                keys_.append(kb)
+                new_.append(nb)
+                old_.append(ob)
+                meta.append((stamps[i], offs[i], parts[i]))
+            else:
+                new_[p] = nb
+                meta[p] = (stamps[i], offs[i], parts[i])
 
-    def _count(self, recs: list) -> None:
-        tp = self.tp
-        kps = list(map(_KP, recs))
-        nulls = kps.count(_NONE) + list(map(_VP, recs)).count(_NONE)
-        if nulls:
-            recs = [r for r in recs if r[4] != _NONE and r[5] != _NONE]
-            tp.skipped_null += len(kps) - len(recs)
-            kps = list(map(_KP, recs))
-        counts = Counter(kps)                      # first-appearance order
-        last = dict(zip(kps, recs))                # each key's last record
-        get, put, held, topic = self.store.get, self.store.put, self.held, self.topic
-        for kp, c in counts.items():
-            k = self._key(kp)
-            old = get(k)
-            new = c if old is None else old + c
-            put(k, new)
-            _r, part, off, ts, _kp, _vp = last[kp]
-            h = held.get(k)
-            held[k] = (new, old if h is None else h[1], ts, off, part, topic)
+    def _count(self, skeys: list, stamps, offs, parts) -> None:
+        counts = Counter(skeys)                      # first-appearance order
+        uniq = list(counts)
+        last = dict(zip(skeys, range(len(skeys))))   # each key's last record
+        store = self.bytes_store
+        olds = store.get_many(uniq)
+        if self.int64:
+            unpack, pack = _Q.unpack, _Q.pack
+            if olds.count(None) == len(olds):
+                news = [pack(c) for c in counts.values()]
+            else:
+                news = [pack(c if o is None else unpack(o)[0] + c)
+                        for o, c in zip(olds, counts.values())]
+        else:
+            dec, enc = self.vdec_store, self.venc
+            news = [enc(c if o is None else dec(o) + c) for o, c in zip(olds, counts.values())]
+        store.put_many(uniq, news)
+        self.top._n_put += len(uniq)
+        self.top._n_get += len(uniq)
+        self._hold(uniq, news, olds, last, stamps, offs, parts)
 
-    def _fold(self, recs: list) -> None:
-        tp = self.tp
+    def _fold(self, skeys, keys, values, stamps, offs, parts) -> None:
+        tp, n, fn = self.tp, self.n, self.fn
         rec = tp.rec
         groups: dict = {}
-        for r in recs:
-            if r[4] == _NONE or r[5] == _NONE:
-                tp.skipped_null += 1
-                continue
-            groups.setdefault(r[4], []).append(r)
-        get, put, held, topic, n = self.store.get, self.store.put, self.held, self.topic, self.n
-        enc_dec = self.roundtrip
+        for i, sk in enumerate(skeys):
+            g_ = groups.get(sk)
+            if g_ is None:
+                groups[sk] = [i]
+            else:
+                g_.append(i)
+        uniq = list(groups)
+        store = self.bytes_store
+        olds = store.get_many(uniq)
+        vdec, kdec = self.vdec, self.kdec
+        sdec, senc = self.vdec_store, self.venc
         reduce = self.op == "reduce"
-        fn = self.fn
+        news, keep_uniq, keep_olds, last = [], [], [], {}
         saved = (rec.topic, rec.partition, rec.offset, rec.timestamp)
-        rec.topic = topic
+        rec.topic = self.topic
         try:
-            for kp, items in groups.items():
-                k = self._key(kp)
-                old = acc = get(k)
-                for i, (_r, part, off, ts, _kp, vp) in enumerate(items):
-                    v = _LOADS(vp)
-                    rec.partition, rec.offset, rec.timestamp = part, off, ts
-                    if i and acc is not None and enc_dec is not None:
-                        acc = enc_dec[1](enc_dec[0](acc))    # what the store would give back
+            for sk, ob in zip(uniq, olds):
+                pos = groups[sk]
+                k = kdec(sk)
+                acc = None if ob is None else sdec(ob)
+                first = True
+                for i in pos:
+                    rec.partition, rec.offset, rec.timestamp = parts[i], offs[i], stamps[i]
+                    try:
+                        v = vdec(values[i])
+                    except Exception as e:
+                        raise tp._undecodable(self.source_index, parts[i], offs[i], keys[i],
+                                              values[i], e) from e
+                    if v is None:
+                        tp.skipped_null += 1
+                        continue
+                    if not first and acc is not None:
+                        acc = sdec(senc(acc))            # what the store would give back
+                    first = False
                     try:
                         if reduce:
                             acc = v if acc is None else fn(acc, v)
@@ -154,9 +257,64 @@ class _BulkAggregate:
                         raise
                     except Exception as e:
                         raise _fail(n, rec, k, v, e) from e
-                put(k, acc)
-                _r, part, off, ts, _kp, _vp = items[-1]
-                h = held.get(k)
-                held[k] = (acc, old if h is None else h[1], ts, off, part, topic)
+                    last[sk] = i
+                if first:
+                    continue                             # every value of the key was None
+                keep_uniq.append(sk)
+                keep_olds.append(ob)
+                news.append(None if acc is None else senc(acc))
         finally:
             rec.topic, rec.partition, rec.offset, rec.timestamp = saved
+        if not keep_uniq:
+            return
+        store.put_many(keep_uniq, news)
+        self.top._n_put += len(keep_uniq)
+        self.top._n_get += len(uniq)
+        self._hold(keep_uniq, news, keep_olds, last, stamps, offs, parts)
+
+    # -- forwarding at flush ---------------------------------------------------------------------
+    def _columnar_sink(self):
+        """(topic, repartition) when the steps after the aggregation are to_stream() and a sink
+        writing the store's key and value bytes unchanged; None otherwise."""
+        kids = self.n.children
+        if len(kids) != 1 or kids[0].kind != g.TO_STREAM or len(kids[0].children) != 1:
+            return None
+        sink = kids[0].children[0]
+        if sink.kind != g.SINK or sink.params.get("changes"):
+            return None
+        store = self.n.stores[0]
+        if not (same_serde(sink.key_serde, store.key_serde or "json")
+                and same_serde(sink.value_serde, store.value_serde or "json")):
+            return None
+        return sink.params["topic"]
+
+    def forward(self, down, send_old: bool) -> int:
+        """Forward the held results (flush): columns to the sink, or one key at a time."""
+        keys, news, olds, meta = self._keys, self._new, self._old, self._meta
+        self._pos, self._keys, self._new, self._old, self._meta = {}, [], [], [], []
+        if not keys:
+            return 0
+        kids = self.n.children
+        if not kids:
+            return len(keys)
+        tp = self.tp
+        if self.sink is not None and hasattr(tp.context, "forward_columns"):
+            if None in news:   # a deleted key forwards a tombstone only if it existed before
+                sel = [i for i, (nb, ob) in enumerate(zip(news, olds))
+                       if nb is not None or ob is not None]
+                keys = [keys[i] for i in sel]
+                news = [news[i] for i in sel]
+                meta = [meta[i] for i in sel]
+            tp.context.forward_columns(self.sink, keys, news, [m[0] for m in meta])
+            return len(keys)
+        rec = tp.rec
+        kdec, vdec = self.kdec, self.vdec_store
+        n = 0
+        for kb, nb, ob, (ts, off, part) in zip(keys, news, olds, meta):
+            if nb is None and ob is None:
+                continue
+            n += 1
+            rec.topic, rec.partition, rec.offset, rec.timestamp = self.topic, part, off, ts
+            down(kdec(kb), (None if nb is None else vdec(nb),
+                            None if (ob is None or not send_old) else vdec(ob)))
+        return n

@@ -3,12 +3,16 @@
 1. Store names are resolved (explicit names first, then readable generated ones).
 2. The graph is cloned (compiling twice, or with another application name, never changes the
    builder's graph) and checked: windows, suppressions, processors' punctuators.
-3. Repartitions. Inside a task, a step that needs its input partitioned by key (an aggregation, a
-   join, a store lookup: `graph.KEY_DEPENDENT`) must not see records whose key was changed in that
-   task (by a map, a process step, a windowed aggregation, a table's group_by...): the records go
-   out through a *repartition topic* `<application>-<name>-repartition` (a sink of this part of the
-   topology) and come back in as a source, partitioned by their new key — Kafka Streams' rule. Key
-   changes before the first task step need none: the engine's shuffle partitions them anyway.
+3. Repartitions. A task is its source partition, as in Kafka Streams: its records arrive
+   partitioned by their key as the producer wrote it, and every step runs in the task. A step that
+   needs its input partitioned by key (an aggregation, a join, a store lookup:
+   `graph.KEY_DEPENDENT`) must not see records whose key was changed before it (by a map, a
+   group_by, a process step, a windowed aggregation, a table's group_by...): the records go out
+   through a *repartition topic* `<application>-<name>-repartition` (a sink of this part of the
+   topology) and come back in as a source, partitioned by their new key — Kafka Streams' rule.
+   `engine_shuffle=True` compiles for an engine that partitions records itself between the
+   stateless steps and the task (Spark's own state store, `statekit.NativeApp`): key changes before
+   the first keyed step then need no topic.
 4. Sub-topologies: the connected parts of the graph once repartition topics cut it (flow edges,
    table lookups and shared stores connect), in topological order (upstream first). Each becomes a
    `Plan` with one shuffle, as before; a topology without repartition topics is one Plan.
@@ -32,7 +36,7 @@ RESERVED_PREFIX = "_"
 NULL_KEY_OK = {g.STREAM_JOIN, g.FK_RECEIVE}
 
 
-def compile_plan(builder, application: Optional[str] = None) -> Plan:
+def compile_plan(builder, application: Optional[str] = None, *, engine_shuffle: bool = False) -> Plan:
     if not builder.nodes:
         raise TopologyError("the topology is empty: read a topic with builder.stream(...) or "
                             "builder.table(...)")
@@ -42,13 +46,14 @@ def compile_plan(builder, application: Optional[str] = None) -> Plan:
     nodes = _clone(builder.nodes)
     _check_suppressions(nodes)
     _probe_processors(nodes)
-    _insert_repartitions(nodes, application)
-    post = _phases(nodes)
+    _insert_repartitions(nodes, application, engine_shuffle)
+    post = _phases(nodes, engine_shuffle)
     _check_partitioning(nodes, post)
     _mark_send_old(nodes)
     _check_sink_serdes(nodes)
     comps = _components(nodes)
-    subplans = [_subplan(i, comp, decls, post, application) for i, comp in enumerate(comps)]
+    subplans = [_subplan(i, comp, decls, post, application, engine_shuffle)
+                for i, comp in enumerate(comps)]
     if len(subplans) == 1:
         return subplans[0]
     return Plan.composite(subplans, application)
@@ -215,13 +220,15 @@ def _probe_processors(nodes: list) -> None:
 
 # -- repartitions ---------------------------------------------------------------------------------------
 
-def _phases(nodes: list) -> dict:
-    """post[name]: the node runs in a task (after the shuffle). A node runs in the task when it needs
-    keyed input, runs user processors or writes a sink, or follows a node that runs in the task."""
+def _phases(nodes: list, engine_shuffle: bool = False) -> dict:
+    """post[name]: the node runs in a task. Without an engine shuffle every node does (the task reads
+    its source partition). With one, a node runs in the task when it needs keyed input, runs user
+    processors or writes a sink, or follows a node that runs in the task; the others run before the
+    engine's shuffle."""
     post: dict[str, bool] = {}
     for n in nodes:   # parents first
-        post[n.name] = (n.kind in g.KEY_DEPENDENT or n.kind in (g.PROCESS, g.SINK)
-                        or any(post[p.name] for p in n.parents()))
+        post[n.name] = (not engine_shuffle or n.kind in g.KEY_DEPENDENT
+                        or n.kind in (g.PROCESS, g.SINK) or any(post[p.name] for p in n.parents()))
     return post
 
 
@@ -264,9 +271,9 @@ def _repartition_name(n: Node) -> str:
     return n.name.lower()
 
 
-def _insert_repartitions(nodes: list, application: Optional[str]) -> None:
+def _insert_repartitions(nodes: list, application: Optional[str], engine_shuffle: bool) -> None:
     while True:
-        post = _phases(nodes)
+        post = _phases(nodes, engine_shuffle)
         rekeyed, part = _keying(nodes, post)
         hit = None
         for n in nodes:
@@ -290,7 +297,7 @@ def _insert_repartitions(nodes: list, application: Optional[str]) -> None:
         if application is None:
             raise TopologyError(
                 f"{_where(n)} needs its records partitioned by key, but {_where(rk)} changed the "
-                f"key in the task: this topology needs a repartition topic "
+                f"key before it: this topology needs a repartition topic "
                 f"(<application>-{name}-repartition); compile it with the application name, "
                 f"builder.compile(application=...)")
         _insert(nodes, p, n, application, name)
@@ -300,7 +307,7 @@ def _insert(nodes: list, p: Node, n: Node, application: str, name: str) -> None:
     """Replace the edge p -> n by p -> sink(topic) ... source(topic) -> n."""
     topic = f"{application}-{name}-repartition"
     changes = p.kind in g.TABLE_KINDS
-    vs = RepartitionSerde(p.value_serde, changes)
+    vs = RepartitionSerde(p.value_serde) if changes else p.value_serde
     params = {"topic": topic, "repartition": True, "changes": changes,
               "keep_null_keys": n.kind in NULL_KEY_OK}
     sink = Node(name=f"KSTREAM-SINK-{name}-repartition", kind=g.SINK, parent=p,
@@ -541,7 +548,8 @@ def _sccs(n: int, deps: dict) -> list:
     return out
 
 
-def _subplan(idx: int, comp: list, decls: list, post: dict, application) -> Plan:
+def _subplan(idx: int, comp: list, decls: list, post: dict, application,
+             engine_shuffle: bool = False) -> Plan:
     names = {n.name for n in comp}
     sources: list[SourceSpec] = []
     src_index: dict = {}
@@ -567,7 +575,9 @@ def _subplan(idx: int, comp: list, decls: list, post: dict, application) -> Plan
             reach[n.name] = seen
     routes: list[RouteSpec] = []
     have = set()
-    for n in comp:
+    if not engine_shuffle:   # no shuffle: a route per source, straight into the task
+        routes = [RouteSpec(s.index, s.index, s.node, s.key_serde, False) for s in sources]
+    for n in comp if engine_shuffle else ():
         if not post[n.name]:
             continue
         for p in n.parents():
@@ -591,5 +601,6 @@ def _subplan(idx: int, comp: list, decls: list, post: dict, application) -> Plan
     rp = [s.topic for s in sources if s.internal] + [s.topic for s in sinks.values() if s.internal]
     return Plan(sources=sources, store_decls=used, sinks=list(sinks.values()), routes=routes,
                 nodes=comp, post={k: v for k, v in post.items() if k in names},
-                subtopology_index=idx, repartition_topics=rp, application=application)
+                subtopology_index=idx, repartition_topics=rp, application=application,
+                engine_shuffle=engine_shuffle)
 

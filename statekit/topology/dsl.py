@@ -84,13 +84,14 @@ class TopologyBuilder:
                       f"{topic}-table")
         return KTable(self, node)
 
-    def compile(self, application: Optional[str] = None):
+    def compile(self, application: Optional[str] = None, *, engine_shuffle: bool = False):
         """Check the graph and return its `Plan`. `application` names the internal topics
         (`<application>-<name>-repartition`): a topology that needs one (a key change before a
-        stateful step inside a task) cannot compile without it."""
+        stateful step) cannot compile without it. `engine_shuffle`: for an engine that partitions
+        records by key itself (see `statekit.topology.compile`)."""
         from statekit.topology.compile import compile_plan
 
-        return compile_plan(self, application)
+        return compile_plan(self, application, engine_shuffle=engine_shuffle)
 
     def describe(self, application: Optional[str] = None) -> dict:
         """describe() of the plan; without an application, internal topics show `<application>`."""

@@ -1,33 +1,23 @@
 """The `Plan`: what an engine runs, engine-agnostic and picklable (compile.py builds it).
 
-A plan has two halves around exactly one shuffle (one Kafka Streams sub-topology, whose
-repartition by key is the engine's shuffle):
+A plan is one Kafka Streams sub-topology. Its tasks are its source partitions: task p reads
+partition p of every source topic (the sources of a sub-topology are co-partitioned: the App checks
+that they have as many partitions as the application has tasks), and every step of the plan runs in
+the task, from the source records on. A key change before a step that needs its records partitioned
+by key goes through a repartition topic `<application>-<name>-repartition`, as in Kafka Streams:
+`compile()` then returns a plan whose `subtopologies` are the plans to run (upstream first), each
+with this same interface; a repartition topic is a sink of the sub-topology before it and a stream
+source of the one after it. Without repartition topics `plan.subtopologies == [plan]`.
 
-* pre-shuffle — the stateless steps from each source up to the first step that needs its records
-  partitioned by key (an aggregation, a table's materialization, a join) or that runs in a task
-  (process, sinks). Engines run it where the records are read (Spark stage 1).
-* the task — everything after: stores, joins, processors and sinks, one `TaskProcessor` per task.
+A task runs its micro-batch with `new_processor(context).process_batch(records)`, `records` a
+`statekit.topology.records.Records` (the batch column-wise, in processing order). Keys and values
+inside the plan are Python objects; bytes only at the edges (the source, store and sink serdes).
+A *route* is how records of a source enter the task: one per source (its source node).
 
-A topology that changes a key inside a task before another stateful step has several
-*sub-topologies*, joined by repartition topics `<application>-<name>-repartition`: `compile()` then
-returns a plan whose `subtopologies` are the plans to run (upstream first), each with this same
-interface; a repartition topic is a sink of the sub-topology before it and a stream source of the
-one after it. Without repartition topics `plan.subtopologies == [plan]`.
-
-Each edge that crosses the shuffle is a *route* (usually one per source; more when a source branches
-before the shuffle). A route knows the key serde whose bytes pick the task
-(`statekit.partition.partition_for(key_bytes, partitions)`, the same function interactive queries use
-with the store's key serde).
-
-Engines use the bytes-level pair:
-
-    for task, record in plan.shuffle(source_index, key_bytes, value_bytes, timestamp, partition,
-                                     offset, partitions):
-        ...  # ship `record` (a tuple of ints and bytes) to task `task`
-    # in the task: statekit.worker.task.StreamTask.process(batch_id, records)
-
-`record` = (route, source_partition, offset, timestamp, key_pickle, value_pickle): the Python key and
-value pickled for the trip through the shuffle only (never stored: stores use their serdes).
+`engine_shuffle=True` plans (`compile(..., engine_shuffle=True)`, for Spark's own state store
+engine) keep an engine-side shuffle instead: their stateless steps before the first keyed step run
+where the records are read (`pre_shuffle_routed`), their routes are the edges across that shuffle,
+and each route names the key serde whose bytes pick the task.
 
 Forwarding rule (see `TaskProcessor`): an aggregation whose store has caching on (the default) in a
 task with a record cache (`context.cache_bytes > 0`) forwards, at `TaskProcessor.flush()` (once per
@@ -36,11 +26,10 @@ with caching off it forwards every update as it happens — Kafka Streams' KTabl
 """
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from statekit.errors import ProcessorError, TopologyError
+from statekit.errors import TopologyError
 from statekit.partition import partition_for
 from statekit.topology import graph as g
 from statekit.topology.graph import Node, StoreDecl, resolve_serde, serde_label
@@ -48,14 +37,6 @@ from statekit.topology.steps import _abbrev, _fanout, _Rec, _stateless, describe
 
 if TYPE_CHECKING:
     from statekit.topology.task import TaskProcessor
-
-_DUMPS = pickle.dumps
-_LOADS = pickle.loads
-_PROTO = pickle.HIGHEST_PROTOCOL
-
-_NONE_PICKLE = _DUMPS(None, _PROTO)
-_MEMO_MAX = 1 << 16          # entries per shuffle memo (key bytes -> task, str -> pickle)
-_PICKLE_MEMO_LEN = 64        # only str keys/values this short have their pickle memoized
 
 # node kinds that need the task's internal `_task` store (stream time, outbox, meta)
 _TASK_STORE_KINDS = {g.WINDOW_AGGREGATE, g.SESSION_AGGREGATE, g.SLIDING_AGGREGATE, g.STREAM_JOIN,
@@ -71,7 +52,7 @@ class SourceSpec:
     key_serde: Any
     value_serde: Any
     node: str
-    internal: bool = False   # a repartition topic (its values carry their timestamp)
+    internal: bool = False   # a repartition topic (written by another sub-topology)
 
 
 @dataclass(frozen=True)
@@ -84,14 +65,14 @@ class SinkSpec:
 
 @dataclass(frozen=True)
 class RouteSpec:
-    """One edge across the shuffle: records of `source_index` that reach `target` (a task node)."""
+    """How records of `source_index` enter the task: at `target`, its source node (with an engine
+    shuffle: the first task node after the stateless steps, `key_serde` picking the task)."""
 
     index: int
     source_index: int
     target: str
-    key_serde: Any       # its bytes pick the task
-    keyed: bool          # the target needs a key: records with a None key are dropped (as Kafka
-                         # Streams skips them); otherwise a None key goes to task partition % N
+    key_serde: Any       # the bytes that partition the route's records
+    keyed: bool          # (engine shuffle) the target needs a key: None keys are dropped there
 
 
 class Plan:
@@ -108,7 +89,8 @@ class Plan:
     new_processor raise; run each of `plan.subtopologies`."""
 
     def __init__(self, sources, store_decls, sinks, routes, nodes, post, subtopology_index: int = 0,
-                 repartition_topics=(), application: Optional[str] = None) -> None:
+                 repartition_topics=(), application: Optional[str] = None,
+                 engine_shuffle: bool = False) -> None:
         self.sources: list[SourceSpec] = sources
         self.store_decls: list[StoreDecl] = store_decls
         self.sinks: list[SinkSpec] = sinks
@@ -118,15 +100,12 @@ class Plan:
         self.subtopology_index = subtopology_index
         self.repartition_topics: list = list(repartition_topics)
         self.application = application
+        self.engine_shuffle = bool(engine_shuffle)
         self._subs: Optional[list] = None     # composite plans only
         self._by_name = {n.name: n for n in nodes}
-        self._internal_src = [s.internal for s in sources]
         self._stores = None
         self._pre = None
         self._serdes = None
-        self._task_memo = None          # {partitions: {key bytes: task}} (shuffle's memo)
-        self._pickle_memo: dict = {}    # {short str: its pickle}
-        self._route_to_bytes = None
 
     @classmethod
     def composite(cls, subplans: list, application: Optional[str]) -> "Plan":
@@ -151,7 +130,8 @@ class Plan:
             for t in sp.repartition_topics:
                 if t not in topics:
                     topics.append(t)
-        plan = cls(sources, decls, list(sinks.values()), [], nodes, post, 0, topics, application)
+        plan = cls(sources, decls, list(sinks.values()), [], nodes, post, 0, topics, application,
+                   subplans[0].engine_shuffle)
         plan.subtopology_index = None
         plan._subs = list(subplans)
         return plan
@@ -162,20 +142,9 @@ class Plan:
         st["_stores"] = None
         st["_pre"] = None
         st["_serdes"] = None
-        st["_task_memo"] = None
-        st["_pickle_memo"] = {}
-        st["_route_to_bytes"] = None
         return st
 
     def __setstate__(self, st):
-        st.setdefault("_task_memo", None)
-        st.setdefault("_pickle_memo", {})
-        st.setdefault("_route_to_bytes", None)
-        st.setdefault("_subs", None)
-        st.setdefault("subtopology_index", 0)
-        st.setdefault("repartition_topics", [])
-        st.setdefault("application", None)
-        st.setdefault("_internal_src", [getattr(s, "internal", False) for s in st["sources"]])
         self.__dict__.update(st)
 
     # -- sub-topologies --------------------------------------------------------------------------
@@ -266,10 +235,13 @@ class Plan:
     def source_serdes(self, source_index: int):
         return self._serde_cache()["src"][source_index]
 
-    # -- stage 1 --------------------------------------------------------------------------------
+    # -- the engine-side stateless steps (engine_shuffle plans) ---------------------------------
     def _pre_funcs(self):
         if self._pre is None:
             self._runnable("shuffle")
+            if not self.engine_shuffle:
+                raise TopologyError("this plan runs every step in its tasks (compile it with "
+                                    "engine_shuffle=True for an engine that shuffles)")
             rec = _Rec()
             out: list = []  # the (route, key, value) of the current call
             route_of = {(r.source_index, r.target): r.index for r in self.routes}
@@ -296,8 +268,6 @@ class Plan:
                            partition: Optional[int] = None, offset: Optional[int] = None) -> list:
         """[(route, key, value)]: the stateless steps before the shuffle, for one source record."""
         rec, out, funcs = self._pre_funcs()
-        if self.sources[source_index].internal:
-            timestamp, value = value
         rec.topic = self.sources[source_index].topic
         rec.partition, rec.offset, rec.timestamp = partition, offset, timestamp
         out.clear()
@@ -314,99 +284,11 @@ class Plan:
         for _r, k, v in self.pre_shuffle_routed(source_index, key, value, timestamp):
             yield k, v
 
-    def shuffle(self, source_index: int, key_bytes: Optional[bytes], value_bytes: Optional[bytes],
-                timestamp: int, partition: int, offset: int, partitions: int) -> list:
-        """Stage 1 at the bytes level: decode with the source serdes, run pre_shuffle, pick the task.
-        Returns a list of (task, record) (iterate it); `record` is what run_task_batch takes.
-
-        A repartition topic's record carries its event time in its value: that time, not the Kafka
-        record's, is the record's timestamp (`record[3]`).
-
-        Hot path (once per source record): the task of a key's bytes is memoized per `partitions`
-        (murmur2 in Python is the expensive part; a bounded dict, cleared when full), and so is the
-        pickle of a short `str` key or value (words repeat)."""
-        rec, out, funcs = self._pre or self._pre_funcs()   # (a composite plan refuses here)
-        ks, vs = self.source_serdes(source_index)
-        try:
-            key = None if key_bytes is None else ks.from_bytes(key_bytes)
-            value = None if value_bytes is None else vs.from_bytes(value_bytes)
-        except Exception as e:
-            src = self.sources[source_index]
-            raise ProcessorError(
-                f"cannot decode a record of {src.topic} partition {partition} offset {offset} with "
-                f"serdes {serde_label(src.key_serde)}/{serde_label(src.value_serde)}: "
-                f"{type(e).__name__}: {e} (key={_abbrev(key_bytes)} value={_abbrev(value_bytes)})") from e
-        if self._internal_src[source_index]:
-            timestamp, value = value   # a repartition record carries its event time
-        rec.topic = self.sources[source_index].topic
-        rec.partition, rec.offset, rec.timestamp = partition, offset, timestamp
-        out.clear()
-        funcs[source_index](key, value)
-        if not out:
-            return []
-        memo = self._task_memo.get(partitions) if self._task_memo is not None else None
-        if memo is None:
-            memo = self._memo_for(partitions)
-        pk = self._pickle_memo
-        to_bytes = self._route_to_bytes or self._route_encoders()
-        result = []
-        for r, k, v in out:
-            if k is None:
-                if self.routes[r].keyed:
-                    continue  # Kafka Streams skips records with a null key before keyed steps
-                task = partition % partitions
-                kp = _NONE_PICKLE
-            else:
-                try:
-                    kb = to_bytes[r](k)
-                except Exception as e:
-                    out.clear()
-                    raise ProcessorError(
-                        f"key {_abbrev(k)} ({type(k).__name__}) from {self.sources[source_index].topic} "
-                        f"partition {partition} offset {offset} cannot be serialized with key serde "
-                        f"{serde_label(self.routes[r].key_serde)!r} to pick its task; pass key_serde= "
-                        f"to the map/group_by that made it: {type(e).__name__}: {e}") from e
-                task = memo.get(kb)
-                if task is None:
-                    if len(memo) >= _MEMO_MAX:
-                        memo.clear()
-                    task = memo[kb] = partition_for(kb, partitions)
-                if type(k) is str and len(k) <= _PICKLE_MEMO_LEN:
-                    kp = pk.get(k)
-                    if kp is None:
-                        if len(pk) >= _MEMO_MAX:
-                            pk.clear()
-                        kp = pk[k] = _DUMPS(k, _PROTO)
-                else:
-                    kp = _DUMPS(k, _PROTO)
-            if v is k:
-                vp = kp
-            elif type(v) is str and len(v) <= _PICKLE_MEMO_LEN:
-                vp = pk.get(v)
-                if vp is None:
-                    if len(pk) >= _MEMO_MAX:
-                        pk.clear()
-                    vp = pk[v] = _DUMPS(v, _PROTO)
-            else:
-                vp = _DUMPS(v, _PROTO)
-            result.append((task, (r, partition, offset, timestamp, kp, vp)))
-        out.clear()
-        return result
-
-    def _memo_for(self, partitions: int) -> dict:
-        if self._task_memo is None:
-            self._task_memo = {}
-        return self._task_memo.setdefault(partitions, {})
-
-    def _route_encoders(self) -> list:
-        self._route_to_bytes = [s.to_bytes for s in self._serde_cache()["route"]]
-        return self._route_to_bytes
-
     def task_for_key(self, key: Any, partitions: int, key_serde: Any) -> int:
         """The task owning `key` (interactive queries): partition_for(serde bytes)."""
         return partition_for(resolve_serde(key_serde).to_bytes(key), partitions)
 
-    # -- stage 2 --------------------------------------------------------------------------------
+    # -- the task ---------------------------------------------------------------------------------
     def new_processor(self, context) -> "TaskProcessor":
         """A task's processor. `context` has task_id, batch_id, get_store(name),
         forward(sink_topic, key, value) and optionally stream_time (int, -1 when unknown),
@@ -574,15 +456,3 @@ def _lookup_stores(t: Node) -> list:
     if t.kind == g.SUPPRESS:
         return [t.stores[0].name] + _lookup_stores(t.parent)
     return [t.stores[0].name] if t.stores else []
-
-
-def __getattr__(name):   # statekit.topology.plan.TaskProcessor / compile_plan (their old home)
-    if name == "TaskProcessor":
-        from statekit.topology.task import TaskProcessor
-
-        return TaskProcessor
-    if name == "compile_plan":
-        from statekit.topology.compile import compile_plan
-
-        return compile_plan
-    raise AttributeError(name)

@@ -75,51 +75,37 @@ def _get_opt(data: bytes, pos: int, dec) -> tuple:
 
 
 class RepartitionSerde(CompositeSerde):
-    """Values of a repartition topic: `(timestamp, value)` — the record's event time travels with it,
-    so a windowed step after the repartition sees the same time as before — or, for a table's
-    changes (`changes=True`), `(timestamp, (new, old))`. Layout: the 8-byte timestamp, then the
-    value (or new and old) length-prefixed (-1: None), each with the inner serde."""
+    """Values of a repartition topic that carries a table's changes: `(new, old)`, each
+    length-prefixed (-1: None) with the inner serde (Kafka Streams' ChangedSerializer). A stream's
+    repartition topic needs none: its values are written with the stream's own serde and its event
+    time is the Kafka record's timestamp, as Kafka Streams writes them."""
 
     kind = "repartition"
 
-    def __init__(self, inner: Any = "json", changes: bool = False) -> None:
+    def __init__(self, inner: Any = "json", changes: bool = True) -> None:
         super().__init__(inner)
-        self.changes = bool(changes)
-        if self.changes:
-            self.name = f"repartition-changes({serde_label(self.inners[0])})"
+        self.changes = True
+        self.name = f"repartition-changes({serde_label(self.inners[0])})"
 
     def __getstate__(self):
-        return dict(super().__getstate__(), changes=self.changes)
+        return dict(super().__getstate__(), changes=True)
 
     def __setstate__(self, st):
         super().__setstate__(st)
-        self.changes = st.get("changes", False)
-
-    def __eq__(self, other):
-        return super().__eq__(other) and other.changes == self.changes
-
-    def __hash__(self):
-        return hash((super().__hash__(), self.changes))
+        self.changes = True
 
     def to_bytes(self, obj) -> bytes:
-        ts, value = obj
         enc = self._inner()[0].to_bytes
-        parts = [_q.pack(int(ts))]
-        if self.changes:
-            _put_opt(parts, enc, value[0])
-            _put_opt(parts, enc, value[1])
-        else:
-            _put_opt(parts, enc, value)
+        parts: list = []
+        _put_opt(parts, enc, obj[0])
+        _put_opt(parts, enc, obj[1])
         return b"".join(parts)
 
     def from_bytes(self, data: bytes):
         dec = self._inner()[0].from_bytes
-        ts = _q.unpack_from(data, 0)[0]
-        v, pos = _get_opt(data, 8, dec)
-        if self.changes:
-            old, _ = _get_opt(data, pos, dec)
-            return ts, (v, old)
-        return ts, v
+        new, pos = _get_opt(data, 0, dec)
+        old, _ = _get_opt(data, pos, dec)
+        return new, old
 
 
 class JoinSideKeySerde(CompositeSerde):

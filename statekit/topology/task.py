@@ -4,9 +4,10 @@ Spark-native engine) runs for one task and one micro-batch.
 Host protocol, per micro-batch::
 
     proc = plan.new_processor(ctx)          # ctx: task_id, batch_id, get_store(name),
-                                            #      forward(topic, key, value), stream_time,
-                                            #      cache_bytes, meta (persisted with the commit)
-    n = proc.process_records(records, on_record)   # stream-time punctuators fire in here
+                                            #      forward(topic, key, value, timestamp),
+                                            #      forward_columns(topic, keys, values, timestamps),
+                                            #      stream_time, cache_bytes, meta (persisted)
+    n = proc.process_batch(records)         # a `Records`; stream-time punctuators fire in here
     proc.punctuate_wall_clock(now_ms)       # wall-clock punctuators, once per batch
     proc.flush()                            # cached aggregations forward (once per key)
     proc.close()
@@ -17,8 +18,6 @@ records, holds back what cached aggregations forward until flush(), and runs pun
 """
 from __future__ import annotations
 
-import pickle
-from operator import itemgetter
 from typing import Any, Optional
 
 from statekit.errors import ProcessorError, StatekitError
@@ -27,16 +26,16 @@ from statekit.topology.graph import Node
 from statekit.topology.processor import ProcessorContext
 from statekit.topology.steps import _fail, _fanout, _Rec, _stateless, describe_step
 
-_LOADS = pickle.loads
-_TS = itemgetter(3)
 _MEMO_MAX = 1 << 16
-_LOADS_MEMO_BYTES = 80       # only pickles this short are memoized (to a str) in a task's batch
+_MEMO_BYTES = 80             # only values this short are memoized (decoded once per batch)
+_IMMUTABLE = (str, int, float, bool, bytes)
 
 
 class TaskProcessor:
-    """The task half of a plan, for one task and one batch. `process(route, key, value, timestamp,
-    offset, partition)` runs a record through the task's steps; `process_record(record)` takes the
-    tuples `Plan.shuffle` yields. `stream_time` is the highest timestamp seen (persist it).
+    """The task half of a plan, for one task and one batch. `process_batch(records)` runs a
+    `Records` batch (bytes, decoded here with the source serdes, each record once);
+    `process(route, key, value, timestamp, offset, partition)` one record of Python objects (an
+    engine that decodes itself). `stream_time` is the highest timestamp seen (persist it).
     `flush()` at the end of the batch (before its commit) forwards what cached aggregations held
     back; `close()` flushes too, then closes the user processors.
 
@@ -58,9 +57,10 @@ class TaskProcessor:
 
     Table sources (`builder.table`) and joins forward every update either way.
 
-    Bulk aggregation: with caching on, an aggregation fed straight by a route and whose store nothing
-    else reads gets a batch's records at once, per key (`statekit.topology.bulk`); what it stores and
-    forwards is the same. `TaskProcessor.bulk_aggregation = False` turns it off (benches compare).
+    Bulk aggregation: with caching on, an aggregation fed straight by a source and whose store
+    nothing else reads gets a batch's records at once, column-wise, per key
+    (`statekit.topology.bulk`); what it stores and forwards is the same.
+    `TaskProcessor.bulk_aggregation = False` turns it off (benches and tests compare).
 
     Time: `stream_time` is the task's (the highest record timestamp it has seen; time windows and
     stream-time punctuators use it). Joins, session and sliding windows and suppression keep their
@@ -89,18 +89,16 @@ class TaskProcessor:
         self._processors: list = []
         self._entry = {}
         self._held: list = []      # (node index, node, {key: (new, first old, ts, off, part, topic)}, down, send_old)
-        self._loads_memo: dict = {}
+        self._memo: dict = {}       # short value bytes -> decoded immutable value, per source serde
         self._getters: dict = {}
         self.punctuation = None    # statekit.topology.punctuation.Punctuation, on first schedule()
         self._next_stream_punct = float("inf")
         self._build()
         self._bulk = None        # {route: bulk.BulkAggregate}, the routes applied per key at once
-        self._bulk_all = False   # ... and they are all the routes
-        if self.bulk_aggregation and self.record_cache:
+        if self.bulk_aggregation and self.record_cache and not plan.engine_shuffle:
             from statekit.topology.bulk import bulk_routes
 
             self._bulk = bulk_routes(self) or None
-            self._bulk_all = self._bulk is not None and len(self._bulk) == len(self._entry)
 
     # -- stores and helpers the operators use ----------------------------------------------------
     def store(self, name: str):
@@ -208,11 +206,13 @@ class TaskProcessor:
         return build(self, n, down)
 
     def _sink(self, n: Node):
+        """A sink forwards (topic, key, value, the record's timestamp): a repartition record keeps
+        its event time as its Kafka timestamp, as Kafka Streams writes it."""
         topic = n.params["topic"]
         fwd = self.context.forward
-        if not n.params.get("repartition"):
-            return lambda k, v: fwd(topic, k, v)
         rec = self.rec
+        if not n.params.get("repartition"):
+            return lambda k, v: fwd(topic, k, v, rec.timestamp)
         keep_null = n.params.get("keep_null_keys", False)
         tp = self
 
@@ -220,7 +220,7 @@ class TaskProcessor:
             if k is None and not keep_null:
                 tp.skipped_null += 1    # a None key cannot be partitioned for a keyed step
                 return
-            fwd(topic, k, (rec.timestamp, v))
+            fwd(topic, k, v, rec.timestamp)
         return f
 
     def _process_node(self, n: Node, down):
@@ -279,9 +279,13 @@ class TaskProcessor:
             return 0
         rec = self.rec
         saved = (rec.topic, rec.partition, rec.offset, rec.timestamp)
+        bulk_of = {b.n.name: b for b in (self._bulk or {}).values()}
         n = 0
         try:
-            for _i, _node, held, down, send_old in self._held:
+            for _i, node, held, down, send_old in self._held:
+                b = bulk_of.get(node.name)
+                if b is not None:
+                    n += b.forward(down, send_old)
                 if not held:
                     continue
                 items = list(held.items())
@@ -299,8 +303,9 @@ class TaskProcessor:
     # -- running ---------------------------------------------------------------------------------
     def process(self, route: int, key: Any, value: Any, timestamp: int, offset: int,
                 partition: Optional[int] = None) -> None:
+        """One record of Python objects (an engine that decoded it): the per-record path."""
         rec = self.rec
-        rec.topic = self._topics[self._route_src[route]]
+        rec.topic = self._route_topic[route]
         rec.partition = partition
         rec.offset = offset
         rec.timestamp = timestamp
@@ -311,99 +316,92 @@ class TaskProcessor:
         if self.stream_time >= self._next_stream_punct:
             self.punctuation.fire_stream(self.stream_time)
 
-    def process_record(self, record) -> None:
-        """One tuple from Plan.shuffle: (route, partition, offset, timestamp, key_pickle, value_pickle)."""
-        r, p, o, ts, kp, vp = record
-        self.process(r, _LOADS(kp), _LOADS(vp), ts, o, p)
+    def _decoder(self, si: int, which: int):
+        """bytes -> object with source si's key (0) or value (1) serde, memoizing short immutable
+        results for the batch (words and ids repeat; a dict is never shared between records)."""
+        dec = self.plan.source_serdes(si)[which].from_bytes
+        memo = self._memo.setdefault((si, which), {})
 
-    def process_records(self, records, on_record=None) -> int:
-        """Every tuple of `records` (as process_record), in order; the per-record path of a batch.
-        A short `str` key or value is unpickled once per batch (memoized by its pickle).
-        Stream-time punctuators fire after the record that brings stream time to them. Records of a
-        bulk route are collected and applied per key after the loop (see `statekit.topology.bulk`;
-        not when `on_record` is given: a crash directive counts records one by one).
-        `on_record(n)`, when given, is called after the n-th record. Returns the count."""
+        def decode(b):
+            if b is None:
+                return None
+            v = memo.get(b, memo)
+            if v is not memo:
+                return v
+            v = dec(b)
+            if len(b) <= _MEMO_BYTES and type(v) in _IMMUTABLE and len(memo) < _MEMO_MAX:
+                memo[b] = v
+            return v
+        return decode
+
+    def process_batch(self, records) -> int:
+        """Run a `Records` batch (see `statekit.topology.records`) through the task's steps.
+
+        The records of a source that leads straight into a bulk aggregation are applied column-wise
+        after the others (nothing in the batch can see that aggregation's values before flush);
+        every other record is decoded once with its source's serdes and runs step by step, with
+        stream-time punctuators firing after the record that reaches them. Calling it twice with
+        the two halves of a batch is the same as calling it once with the whole (a crash "after N
+        records" cuts a batch so). Returns the number of records."""
+        n = len(records)
+        if not n:
+            return 0
+        bulk = self._bulk
+        src = records.source
+        if bulk is not None and src is not None and src in bulk \
+                and self._next_stream_punct == float("inf"):
+            top = max(records.timestamps)
+            if top > self.stream_time:
+                self.stream_time = top
+            bulk[src].apply(records, None)
+            self.records += n
+            return n
         rec = self.rec
-        topics = self._route_topic
         entry = self._entry
-        memo = self._loads_memo
-        loads = _LOADS
+        topics = self._route_topic
+        decoders: dict = {}
+        later: dict = {}
         st = self.stream_time
-        bulk = self._bulk if on_record is None else None
-        if bulk is not None and self._bulk_all and self._next_stream_punct == float("inf"):
-            return self._process_all_bulk(records)
-        n = 0
         try:
-            for r, p, o, ts, kp, vp in records:
+            for i, (si, p, o, ts, kb, vb) in enumerate(records.rows()):
                 if ts is not None and ts > st:
                     st = self.stream_time = ts
-                n += 1
-                if bulk is not None:
-                    b = bulk.get(r)
-                    if b is not None:
-                        b.records.append((r, p, o, ts, kp, vp))
-                        if st >= self._next_stream_punct:
-                            self.punctuation.fire_stream(st)
-                        continue
-                k = memo.get(kp)
-                if k is None:
-                    k = loads(kp)
-                    if type(k) is str and len(kp) <= _LOADS_MEMO_BYTES and len(memo) < _MEMO_MAX:
-                        memo[kp] = k
-                if vp == kp and type(k) is str:   # word count: value == key (a str is immutable)
-                    v = k
-                else:
-                    v = memo.get(vp)
-                    if v is None:
-                        v = loads(vp)
-                        if type(v) is str and len(vp) <= _LOADS_MEMO_BYTES and len(memo) < _MEMO_MAX:
-                            memo[vp] = v
-                rec.topic = topics[r]
+                if bulk is not None and si in bulk:
+                    later.setdefault(si, []).append(i)
+                    if st >= self._next_stream_punct:
+                        self.punctuation.fire_stream(st)
+                    continue
+                d = decoders.get(si)
+                if d is None:
+                    d = decoders[si] = (self._decoder(si, 0), self._decoder(si, 1))
+                try:
+                    k = d[0](kb)
+                    v = d[1](vb)
+                except Exception as e:
+                    raise self._undecodable(si, p, o, kb, vb, e) from e
+                rec.topic = topics[si]
                 rec.partition = p
                 rec.offset = o
                 rec.timestamp = ts
-                entry[r](k, v)
+                entry[si](k, v)
                 if st >= self._next_stream_punct:
                     self.punctuation.fire_stream(st)
-                if on_record is not None:
-                    on_record(n)
-            if bulk is not None:
-                for b in bulk.values():
-                    b.apply()
+            for si, idx in later.items():
+                bulk[si].apply(records, idx)
         finally:
             self.records += n
-            if bulk is not None:
-                for b in bulk.values():
-                    b.records.clear()
         return n
 
-    def _process_all_bulk(self, records) -> int:
-        """process_records when every route is applied in bulk and no stream-time punctuator waits:
-        no per-record work at all (the records go to their aggregations as they are)."""
-        recs = records if type(records) is list else list(records)
-        if not recs:
-            return 0
-        stamps = [t for t in map(_TS, recs) if t is not None]
-        if stamps:
-            top = max(stamps)
-            if top > self.stream_time:
-                self.stream_time = top
-        bulk = self._bulk
-        try:
-            if len(bulk) == 1:
-                b = next(iter(bulk.values()))
-                b.records = recs
-                b.apply()
-            else:
-                for t in recs:
-                    bulk[t[0]].records.append(t)
-                for b in bulk.values():
-                    b.apply()
-        finally:
-            self.records += len(recs)
-            for b in bulk.values():
-                b.records = []
-        return len(recs)
+    def _undecodable(self, si: int, partition, offset, kb, vb, e) -> ProcessorError:
+        from statekit.topology.graph import serde_label
+        from statekit.topology.steps import _abbrev
+
+        src = self.plan.sources[si]
+        return ProcessorError(
+            f"cannot decode a record of {src.topic} partition {partition} offset {offset} with "
+            f"serdes {serde_label(src.key_serde)}/{serde_label(src.value_serde)}: "
+            f"{type(e).__name__}: {e} (key={_abbrev(kb)} value={_abbrev(vb)}); pass key_serde=/"
+            f"value_serde= to stream()/table() to read it")
 
     def close(self) -> None:
         self.flush()

@@ -10,9 +10,10 @@ rebalance generation (``assign``); the host
   replayed), else the task restores from its checkpoint or from the whole changelog;
 * starts and stops standby and warmup replicas (threads tailing the changelogs).
 
-A micro-batch for a task (``batch``) is processed at once when the task is open and has nothing
-waiting; otherwise it goes to the task's spool (``statekit.worker.spool``) and the engine moves on.
-Once a task is open its spool is drained in batch order, before any newer batch is processed.
+A micro-batch for a task (``batch``: its offset ranges) is processed at once when the task is open
+and has nothing waiting; otherwise it goes to the task's spool (``statekit.worker.exchange``) and
+the engine moves on. Once a task is open its spool is drained in batch order, before any newer
+batch is processed.
 """
 from __future__ import annotations
 
@@ -25,8 +26,7 @@ from typing import Callable, Optional
 
 from statekit import events as ev
 from statekit.contracts import TaskId, has_state, task_dir
-from statekit.worker.protocol import ipc_count, merge_fragments
-from statekit.worker.spool import Spool
+from statekit.worker.exchange import Spool, range_records
 from statekit.worker.task import StreamTask, WorkerSpec, one_line, store_specs
 
 log = logging.getLogger("statekit.worker")
@@ -299,15 +299,13 @@ class TaskHost:
                     return
 
     def _process_head(self, slot: _Slot, b: int, from_spool: bool) -> Optional[int]:
-        """Process spooled batch ``b`` (the oldest there) if all its fragments are there; None when
-        it is incomplete (or the task failed). A batch the task has applied is dropped."""
+        """Process spooled batch ``b`` (the oldest there); None when the task failed. A batch the
+        task has applied is dropped."""
         if b <= slot.stream.last_batch:
-            slot.spool.remove(b)          # applied: a retried split, or committed before a death
+            slot.spool.remove(b)          # applied: a retried task, or committed before a death
             return 0
-        if not slot.spool.complete(b):
-            return None                   # its other fragments are on their way
         try:
-            n = self._run(slot, b, merge_fragments(slot.spool.fragments(b)), from_spool=from_spool)
+            n = self._run(slot, b, slot.spool.get(b), from_spool=from_spool)
         except Exception as exc:  # noqa: BLE001 - already published as TaskFailed
             if from_spool:
                 slot.state = "failed"
@@ -317,15 +315,13 @@ class TaskHost:
         slot.spool.remove(b)
         return n
 
-    def _run(self, slot: _Slot, batch: int, records: list, from_spool: bool = False) -> int:
-        return len(slot.stream.process(batch, records, from_spool=from_spool))
+    def _run(self, slot: _Slot, batch: int, ranges, from_spool: bool = False) -> int:
+        return slot.stream.process(batch, ranges, from_spool=from_spool)
 
     # -- micro-batches -----------------------------------------------------------------------
-    def batch(self, task, batch: int, generation: Optional[int], fragment: bytes, split: int = 0,
-              splits: int = 1) -> tuple:
-        """Take one fragment of a micro-batch of a task: keep it until the batch's last fragment
-        arrives, then process the batch; spool the batch when the task cannot process it now (see
-        the module docstring)."""
+    def batch(self, task, batch: int, generation: Optional[int], ranges) -> tuple:
+        """Take a task's part of a micro-batch (its offset ranges): process and commit it now, or
+        spool it when the task cannot process it now (see the module docstring)."""
         self._last_fragment = time.monotonic()
         t = TaskId.parse(task)
         with self._lock:
@@ -339,22 +335,17 @@ class TaskHost:
                 return ("failed", slot.error or "the task failed", "ProcessorError")
             running = slot.state == "running"
             if running and batch <= slot.stream.last_batch:
-                return ("done", 0)        # applied already: a split Spark retried
-            waiting = slot.spool.batches()
+                return ("done", 0)        # applied already: a task Spark retried
             try:
-                if running and splits == 1 and not waiting:    # the whole batch, nothing before it
-                    return ("done", self._run(slot, batch, merge_fragments([fragment])))
-                slot.spool.put(batch, fragment, split, splits)
-                if not slot.spool.complete(batch):
-                    return ("stored",)
-                if running and slot.spool.batches()[0] == batch:
-                    return ("done", self._process_head(slot, batch, from_spool=False))
+                if running and not slot.spool.batches():      # nothing before it: run it now
+                    return ("done", self._run(slot, batch, ranges))
+                slot.spool.put(batch, ranges)
             except Exception as exc:  # noqa: BLE001 - the engine reports it (Spark retries)
                 return ("failed", one_line(exc), type(exc).__name__)
             backlog = len(slot.spool.batches())
             self.publish(ev.BatchSpooled(task=str(t), instance=self.instance, batch=batch,
-                                         records=sum(ipc_count(f) for f in slot.spool.fragments(batch)),
-                                         backlog=backlog, generation=self.generation))
+                                         records=range_records(ranges), backlog=backlog,
+                                         generation=self.generation))
             if running and not slot.draining:
                 threading.Thread(target=self._drain, args=(slot,), daemon=True).start()
             return ("spooled", backlog)

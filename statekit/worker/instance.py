@@ -6,7 +6,7 @@ Kafka Streams runs an application as several instances, each a process with its 
 statekit starts them as child processes of the App (``statekit.runtime.supervisor``), so that
 killing one is real: its RocksDB handles, record caches and unsent changelog records die with it,
 and only it dies. The engines hand each task's micro-batches to the instance that owns the task
-(``statekit.worker.router``); the App's coordinator tells instances what they own
+(``statekit.worker.exchange``); the App's coordinator tells instances what they own
 (``assign``), asks how they are doing (``status``) and stops them (``stop``) over the same
 authenticated connection (``statekit.worker.protocol``).
 
@@ -127,8 +127,8 @@ class InstanceServer:
         op = msg[0]
         try:
             if op == "batch":
-                _, task, batch, generation, split, splits, fragment = msg
-                return self.host.batch(task, batch, generation, fragment, split, splits)
+                _, task, batch, generation, ranges = msg
+                return self.host.batch(task, batch, generation, ranges)
             if op == "assign":
                 _, generation, mine, options = msg
                 return ("ok", self.host.assign(generation, mine, options))
@@ -152,13 +152,13 @@ class InstanceServer:
 
 def warm_imports() -> None:
     """What the first micro-batch of a task would otherwise pay for."""
-    import pyarrow  # noqa: F401
-    import pyarrow.ipc  # noqa: F401
+    import numpy  # noqa: F401
 
     import statekit.kafka  # noqa: F401
     import statekit.state  # noqa: F401
     import statekit.stores.rocksdb  # noqa: F401
     import statekit.topology.plan  # noqa: F401
+    import statekit.worker.batch_input  # noqa: F401
     import statekit.worker.host  # noqa: F401
     import statekit.worker.output  # noqa: F401
 

@@ -1,11 +1,13 @@
-"""How the engines and the App talk to instance processes, and the shape of a task's micro-batch.
+"""How the engines and the App talk to instance processes.
 
 Transport: ``multiprocessing.connection`` over TCP on 127.0.0.1, authenticated with the secret in
 ``control/authkey`` (HMAC challenge; the file is 0600), so another user of a shared machine cannot
 drive an instance. A message is a pickled tuple; the first element names the call:
 
-    ("batch", task, batch_id, generation, split, splits, fragment_ipc)   engine -> instance
-        -> ("done", outputs_count) | ("stored",) | ("spooled", backlog)
+    ("batch", task, batch_id, generation, ranges)        engine -> instance
+        ranges: [(topic, partition, start, end)], the task's part of the micro-batch, which the
+        instance reads from Kafka itself (statekit.worker.batch_input)
+        -> ("done", outputs_count) | ("spooled", backlog)
            | ("not_owner", generation) | ("failed", one_line, kind)
     ("assign", generation, assignment_dict, options)     App -> instance
         -> ("ok", {task: how it will open})
@@ -13,14 +15,10 @@ drive an instance. A message is a pickled tuple; the first element names the cal
         -> ("ok", {...}) (see TaskHost.status)
     ("pause_replicas", paused)                           App -> instance
         -> ("ok", [task])
+    ("calibrate", topic, partition, settle)              App -> instance: a restore rate
+        -> ("ok", records_per_second)
     ("stop",)                                            App -> instance: close every task, exit
         -> ("ok",)
-
-A micro-batch of one task travels in *fragments*, one per input split of the micro-batch (the Spark
-engine reads each split of the source in its own Spark task and sends every task its part of it,
-possibly empty; there is no Spark shuffle): Arrow IPC bytes of a table with the columns of
-FRAGMENT_FIELDS. The task processes the batch once it holds all ``splits`` fragments, merged into
-processing order (timestamp, source, partition, offset, sequence) by ``merge_fragments``.
 """
 from __future__ import annotations
 
@@ -28,67 +26,6 @@ import os
 import pickle
 import secrets
 from typing import Optional
-
-BATCH_FIELDS = (("route", "int32"), ("src_partition", "int32"), ("offset", "int64"),
-                ("timestamp", "int64"), ("key", "binary"), ("value", "binary"))
-FRAGMENT_FIELDS = BATCH_FIELDS + (("source_index", "int32"), ("seq", "int32"))
-SORT_KEYS = [("timestamp", "ascending"), ("source_index", "ascending"), ("src_partition", "ascending"),
-             ("offset", "ascending"), ("seq", "ascending")]
-
-
-def fragment_schema():
-    import pyarrow as pa
-
-    return pa.schema([(n, getattr(pa, t)()) for n, t in FRAGMENT_FIELDS])
-
-
-def table_to_ipc(table) -> bytes:
-    """An Arrow table (with the FRAGMENT_FIELDS columns) as IPC stream bytes."""
-    import pyarrow as pa
-
-    table = table.select([n for n, _ in FRAGMENT_FIELDS])
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def columns_to_ipc(columns) -> bytes:
-    """Parallel lists in FRAGMENT_FIELDS order as IPC stream bytes."""
-    import pyarrow as pa
-
-    schema = fragment_schema()
-    arrays = [pa.array(c, f.type) for c, f in zip(columns, schema)]
-    return table_to_ipc(pa.Table.from_arrays(arrays, schema=schema))
-
-
-def records_to_ipc(records) -> bytes:
-    """``[(route, src_partition, offset, timestamp, key, value[, source_index, seq])]``, in
-    processing order, as one fragment (missing sort fields come from the position)."""
-    rows = [r if len(r) == 8 else tuple(r) + (0, i) for i, r in enumerate(records)]
-    cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in FRAGMENT_FIELDS]
-    return columns_to_ipc(cols)
-
-
-def merge_fragments(fragments: list) -> list:
-    """A task's fragments of one micro-batch (IPC bytes) -> its records in processing order:
-    ``[(route, src_partition, offset, timestamp, key, value)]``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    tables = [pa.ipc.open_stream(pa.py_buffer(f)).read_all() for f in fragments]
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return []
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    table = table.take(pc.sort_indices(table, sort_keys=SORT_KEYS))
-    return list(zip(*(table.column(n).to_pandas().tolist() for n, _ in BATCH_FIELDS)))
-
-
-def ipc_count(data: bytes) -> int:
-    import pyarrow as pa
-
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all().num_rows
 
 
 # -- the secret ----------------------------------------------------------------------------------

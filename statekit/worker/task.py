@@ -237,7 +237,9 @@ class _RestoreEvents:
 class _TaskContext:
     """What ``plan.new_processor`` gets: ids, stores, forward, stream time, the record cache size
     (``cache_bytes > 0``: aggregations over caching stores forward on flush) and ``meta``, a
-    JSON-able dict persisted with each commit (processor bookkeeping that must survive a crash)."""
+    JSON-able dict persisted with each commit (processor bookkeeping that must survive a crash).
+    Outputs are kept in forwarding order as segments: Python objects (``forward``) or bytes
+    already in the sink's serdes (``forward_columns``, from a bulk aggregation)."""
 
     def __init__(self, task: TaskId, batch_id, state, stream_time, cache_bytes, meta) -> None:
         self.task = task
@@ -249,13 +251,27 @@ class _TaskContext:
         self.stream_time = stream_time
         self.cache_bytes = cache_bytes
         self.meta = meta
-        self.outputs: list = []
+        self.outputs: list = []     # segments: [topic, encoded?, keys, values, timestamps]
+        self.count = 0
 
     def get_store(self, name: str):
         return self._state.store(name)
 
-    def forward(self, topic: str, key, value) -> None:
-        self.outputs.append((topic, key, value))
+    def forward(self, topic: str, key, value, timestamp=None) -> None:
+        segs = self.outputs
+        if segs and segs[-1][0] == topic and not segs[-1][1]:
+            seg = segs[-1]
+        else:
+            seg = [topic, False, [], [], []]
+            segs.append(seg)
+        seg[2].append(key)
+        seg[3].append(value)
+        seg[4].append(timestamp)
+        self.count += 1
+
+    def forward_columns(self, topic: str, keys: list, values: list, timestamps: list) -> None:
+        self.outputs.append([topic, True, keys, values, timestamps])
+        self.count += len(keys)
 
 
 def _short(x, n=40) -> str:
@@ -263,31 +279,37 @@ def _short(x, n=40) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _serialize_outputs(plan, outputs) -> list:
+def _serialize_outputs(plan, segments) -> list:
+    """Output segments in the sink topics' serdes: ``[(topic, keys, values, timestamps)]``."""
     out = []
     cache: dict = {}
-    for topic, k, v in outputs:
+    for topic, encoded, keys, values, stamps in segments:
+        if encoded:
+            out.append((topic, keys, values, stamps))
+            continue
         sd = cache.get(topic)
         if sd is None:
             sd = cache[topic] = plan.sink_serdes(topic)
-        ks, vs = sd
-        try:
-            kb = None if k is None else ks.to_bytes(k)
-            vb = None if v is None else vs.to_bytes(v)
-        except Exception as e:
-            from statekit.topology.graph import serde_label
+        kenc, venc = sd[0].to_bytes, sd[1].to_bytes
+        kbs, vbs = [], []
+        for k, v in zip(keys, values):
+            try:
+                kbs.append(None if k is None else kenc(k))
+                vbs.append(None if v is None else venc(v))
+            except Exception as e:
+                from statekit.topology.graph import serde_label
 
-            spec = next(s for s in plan.sinks if s.topic == topic)
-            raise ProcessorError(
-                f"cannot serialize an output to {topic} (key={_short(k)} value={_short(v)}) with "
-                f"serdes {serde_label(spec.key_serde)}/{serde_label(spec.value_serde)}: "
-                f"{type(e).__name__}: {e}; pass key_serde=/value_serde= to .to()") from e
-        out.append((topic, kb, vb))
+                spec = next(s for s in plan.sinks if s.topic == topic)
+                raise ProcessorError(
+                    f"cannot serialize an output to {topic} (key={_short(k)} value={_short(v)}) "
+                    f"with serdes {serde_label(spec.key_serde)}/{serde_label(spec.value_serde)}: "
+                    f"{type(e).__name__}: {e}; pass key_serde=/value_serde= to .to()") from e
+        out.append((topic, kbs, vbs, stamps))
     return out
 
 
-def _store_stats(state) -> tuple:
-    cache, rows = {}, {}
+def _cache_stats(state) -> dict:
+    cache = {}
     try:
         stats = state.db.stats() if state.db is not None else {}
     except Exception:
@@ -298,6 +320,11 @@ def _store_stats(state) -> tuple:
         c = dict(st.get("cache") or {})
         c["ops"] = {op: v.get("count") for op, v in st.items() if isinstance(v, dict) and "count" in v}
         cache[name] = c
+    return cache
+
+
+def _store_rows(state) -> dict:
+    rows = {}
     for name, store in state.stores.items():
         if is_task_store(name):
             continue
@@ -305,7 +332,7 @@ def _store_stats(state) -> tuple:
             rows[name] = store.approximate_count()
         except Exception:
             pass
-    return cache, rows
+    return rows
 
 
 def one_line(exc: BaseException) -> str:
@@ -393,26 +420,55 @@ class StreamTask:
         return n
 
     def _route_outputs(self, outputs) -> tuple:
-        """(records for Kafka grouped per partition, outputs for the memory sink)."""
-        from statekit.partition import partition_for
+        """(records for Kafka per (topic, partition), in forwarding order; outputs for the memory
+        sink). A record's partition is Kafka's default partitioner's (all keys of a segment
+        hashed at once); a None key goes to the task's partition."""
+        from statekit.partition import partitions_for
+        from statekit.wire import Columns
 
         to_kafka: dict = {}
         memory = []
         repart = set(self.spec.repartition_topics)
         sink = self.spec.sink
-        for topic, kb, vb in outputs:
+        for topic, kbs, vbs, stamps in outputs:
             if topic in repart or sink == "kafka":
                 n = self._partitions_of(topic)
-                p = self.task.partition % n if kb is None else partition_for(kb, n)
-                to_kafka.setdefault((topic, p), []).append((kb, vb))
+                if None in kbs:
+                    parts = [self.task.partition % n if kb is None else None for kb in kbs]
+                    keyed = [i for i, kb in enumerate(kbs) if kb is not None]
+                    for i, p in zip(keyed, partitions_for([kbs[i] for i in keyed], n)):
+                        parts[i] = p
+                else:
+                    parts = partitions_for(kbs, n)
+                for p, kb, vb, ts in zip(parts, kbs, vbs, stamps):
+                    cols = to_kafka.get((topic, p))
+                    if cols is None:
+                        cols = to_kafka[(topic, p)] = ([], [], [])
+                    cols[0].append(kb)
+                    cols[1].append(vb)
+                    cols[2].append(ts)
             elif sink == "memory":
-                memory.append((topic, kb, vb))
-        return [(t, p, recs) for (t, p), recs in sorted(to_kafka.items())], memory
+                memory.extend(zip([topic] * len(kbs), kbs, vbs))
+        now = int(time.time() * 1000)
+        items = []
+        for (t, p), (ks, vs, ts) in sorted(to_kafka.items()):
+            if None in ts:   # a punctuator's output has no record time: the wall clock's
+                ts = [now if x is None else x for x in ts]
+            items.append((t, p, Columns.of(ks, vs, timestamps=ts)))
+        return items, memory
 
     # -- a micro-batch ---------------------------------------------------------------------
-    def process(self, batch_id: int, records: list, from_spool: bool = False) -> list:
-        """Run and commit one micro-batch; returns its outputs ``[(topic, key_bytes, value_bytes)]``
-        (none for a skipped batch: they were written with its first commit)."""
+    def read_input(self, ranges) -> "Records":
+        """The batch's records from its offset ranges ``[(topic, partition, start, end)]``."""
+        from statekit.worker.batch_input import read_ranges
+
+        return read_ranges(self.state.kafka, self.plan, ranges)
+
+    def process(self, batch_id: int, batch, from_spool: bool = False) -> int:
+        """Run and commit one micro-batch: ``batch`` is its offset ranges (read here) or its
+        `Records`. Returns the number of outputs (none for a skipped batch: they were written with
+        its first commit)."""
+        from statekit.topology.records import Records
         from statekit.worker.output import write_outputs
 
         batch_id = int(batch_id)
@@ -421,11 +477,12 @@ class StreamTask:
         if state.already_applied(batch_id):
             self.publish(ev.BatchSkipped(task=task_s, instance=self.instance, batch=batch_id,
                                          last_batch=state.last_batch))
-            return []
+            return 0
         crash = self.crash
         crash.batch = batch_id
         crash.records = None
         try:
+            records = batch if isinstance(batch, Records) else self.read_input(batch)
             tstore = state.stores.get(self.tstore_name)
             stream_time, meta = -1, {}
             if tstore is not None:
@@ -442,21 +499,23 @@ class StreamTask:
             if threshold is not None and threshold <= 0:
                 crash.check("records", 0)
                 threshold = None  # claimed by another worker
-            on_record = None
-            if threshold is not None:
-                def on_record(i, _t=[threshold]):
-                    if _t[0] is not None and i >= _t[0]:
-                        crash.records = i
-                        crash.check("records", i)
-                        _t[0] = None
-            n = proc.process_records(records, on_record)
+            n = len(records)
+            if threshold is not None and threshold < n:
+                # a crash "after N records": the first N go through, then the directive is
+                # claimed (the process dies here); if another instance claimed it, the rest follow
+                proc.process_batch(records.slice(0, threshold))
+                crash.records = threshold
+                crash.check("records", threshold)
+                proc.process_batch(records.slice(threshold, n))
+            else:
+                proc.process_batch(records)
             punctuate = getattr(proc, "punctuate_wall_clock", None)
             if punctuate is not None:
                 punctuate(int(time.time() * 1000))
             proc.flush()   # cached aggregations forward the latest value per key, once per batch
             proc.close()
             crash.records = n
-            outputs = _serialize_outputs(self.plan, ctx.outputs)
+            outputs = self.last_outputs = _serialize_outputs(self.plan, ctx.outputs)
             to_kafka, memory = self._route_outputs(outputs)
             if tstore is not None:
                 if proc.stream_time >= 0:
@@ -466,7 +525,7 @@ class StreamTask:
             process_ms = (time.perf_counter() - t_proc) * 1000.0
             if memory:
                 write_outputs(self.spec.control.output_dir(task_s), batch_id, memory)
-            cache, rows = _store_stats(state)  # before commit: the cache still holds this batch
+            cache = _cache_stats(state)  # before commit: the cache still holds this batch
             info = state.commit(batch_id, extra=to_kafka)
         except BaseException as exc:
             state.abort()  # drop the uncommitted writes: the batch is replayed
@@ -474,15 +533,20 @@ class StreamTask:
                 self.publish(ev.TaskFailed(task=task_s, instance=self.instance, batch=batch_id,
                                            error=one_line(exc), kind=type(exc).__name__))
             raise
-        rows_after = _store_stats(state)[1]
         self.publish(ev.Committed(
-            task=task_s, instance=self.instance, batch=batch_id, records=n, outputs=len(outputs),
+            task=task_s, instance=self.instance, batch=batch_id, records=n, outputs=ctx.count,
             changelog={k: v for k, v in info.records.items() if not is_task_store(k)},
             offsets={k: v for k, v in info.offsets.items() if not is_task_store(k)},
-            commit_ms=info.ms, process_ms=process_ms, cache=cache, rows=rows_after or rows,
+            commit_ms=info.ms, process_ms=process_ms, cache=cache, rows=_store_rows(state),
             stream_time=proc.stream_time, dropped_late=proc.dropped_late,
             skipped_null=proc.skipped_null, from_spool=from_spool))
-        return outputs
+        return ctx.count
+
+    last_outputs: list = []
+
+    def flat_outputs(self) -> list:
+        """The last processed batch's outputs, ``[(topic, key bytes, value bytes)]`` in order."""
+        return [(t, k, v) for t, ks, vs, _ts in self.last_outputs for k, v in zip(ks, vs)]
 
     def positions(self) -> dict:
         """``{store: changelog offset of the local state}`` (what a restore would start from)."""
@@ -515,12 +579,14 @@ class StreamTask:
         self._release()
 
 
-def run_task_batch(spec: WorkerSpec, task, batch_id: int, records, *, state_dir: str,
-                   instance: Optional[int] = None, publish: Optional[Callable] = None, kafka=None) -> list:
-    """Open ``task`` in ``state_dir``, run one batch, close it (see the module docstring)."""
+def run_task_batch(spec: WorkerSpec, task, batch_id: int, batch, *, state_dir: str,
+                   instance: Optional[int] = None, publish: Optional[Callable] = None,
+                   kafka=None) -> int:
+    """Open ``task`` in ``state_dir``, run one batch (offset ranges or `Records`), close it (see
+    the module docstring)."""
     publish = publish or (lambda e: None)
     t = StreamTask(spec, task, state_dir, instance=instance, publish=publish, kafka=kafka)
     try:
-        return t.process(batch_id, records)
+        return t.process(batch_id, batch)
     finally:
         t.close(reason="stopped")

@@ -1,32 +1,27 @@
 """`SparkEngine`: run a topology `Plan` (one sub-topology) as one Spark Structured Streaming query.
 
-With tasks in instance processes (the default placement), one stage:
+Spark plans the micro-batches (offset ranges of the source topics, in its offset log), gives each
+its id, schedules one Spark task per stream task, retries a failed one, and commits the batch in
+its commit log. A stream task is its source partition (`statekit.topology.plan`), so the query
+needs no shuffle and moves no record: its one stage is
 
-    source     statekit-kafka, every topic of plan.sources in one reader, with its split columns
-               (which input split of the micro-batch a row belongs to, and how many there are)
-    deliver    mapInArrow, one Spark task per input split: plan.shuffle per record (decode,
-               pre_shuffle, task = partition_for(key bytes, N)), then every task's part of the split
-               (possibly empty) goes to the instance that owns the task (statekit.worker.router), all
-               tasks at once; the instance processes a task's micro-batch when it holds all of the
-               batch's fragments, merged in (timestamp, source_index, src_partition, offset, seq)
-               order, commits it and writes its outputs; the call that completes a batch returns once
-               it is committed. batch_id is the micro-batch id Spark replays after a failure
+    source     statekit-kafka with ``tasks=N``: one input partition per stream task, one row each —
+               the task's part of the micro-batch, the offset ranges of its partition of every
+               source topic (`statekit.engine.spark.source`)
+    deliver    mapInArrow: the row goes to the task (`statekit.worker.exchange.deliver`: to the
+               instance that owns it, which reads those ranges from Kafka itself, processes and
+               commits them, and answers once committed; or the task's spool when it cannot take
+               them now). With the ``executors`` placement (a cluster) the task runs right here in
+               the Spark Python worker instead (`engine.spark.executors`)
     sink       noop: the tasks wrote their outputs (Kafka topics, or the memory sink's files)
 
-No Spark shuffle: the instances are the reduce side. With the ``executors`` placement (a cluster)
-the tasks run inside Spark, so the plan keeps Spark's shuffle:
-
-    stage 1    mapInArrow: plan.shuffle per record -> (task, salt, route, source_index,
-               src_partition, offset, timestamp, seq, key, value)
-    shuffle    repartition(N, "salt"): salt = salts(N)[task], so Spark partition p holds task p only
-    stage 2    mapInArrow: task p's records, sorted, run by the task right there
-               (`engine.spark.executors`)
+A record is read once, by the process that owns its task, and decoded there column-wise: the way
+Spark's own Kafka source reads a partition on the executor that runs it. batch_id is the
+micro-batch id Spark replays after a failure, which the task skips once it has applied it.
 
 `RunningQuery` wraps the StreamingQuery; errors come out as one-line `StatekitError`s. Progress can
 be forwarded live to a callback (`start(run, on_progress=fn)`, dicts from `progress_dict`).
-Set STATEKIT_ENGINE_TRACE=/path.jsonl to have workers log per-stage timings.
-
-A task's records travel as Arrow IPC with the columns of `statekit.worker.protocol.FRAGMENT_FIELDS`.
+Set STATEKIT_ENGINE_TRACE=/path.jsonl to have workers log per-task timings.
 """
 from __future__ import annotations
 
@@ -34,13 +29,10 @@ import threading
 import time
 from typing import Callable
 
-from statekit.engine.spark.salt import salts
 from statekit.engine.spark.session import SparkFailure, get_session, one_line
 from statekit.engine.spec import RunSpec
 from statekit.errors import StatekitError
 
-STAGE1_SCHEMA = ("task int, salt int, route int, source_index int, src_partition int, offset long, "
-                 "timestamp long, seq int, key binary, value binary")
 OUTPUT_SCHEMA = "topic string, key binary, value binary"
 
 
@@ -67,21 +59,8 @@ def sink_topics(plan) -> list:
     return [_topic_of(s) for s in getattr(plan, "sinks", ()) or ()]
 
 
-_STAGE1_FIELDS = (("task", "int32"), ("salt", "int32"), ("route", "int32"), ("source_index", "int32"),
-                  ("src_partition", "int32"), ("offset", "int64"), ("timestamp", "int64"),
-                  ("seq", "int32"), ("key", "binary"), ("value", "binary"))
-_SORT_KEYS = [("timestamp", "ascending"), ("source_index", "ascending"), ("src_partition", "ascending"),
-              ("offset", "ascending"), ("seq", "ascending")]
-_EMIT_ROWS = 100_000
-
-
-def _pylist(col) -> list:
-    """An Arrow (chunked) array as a Python list, ~10x faster than `.to_pylist()`."""
-    return col.to_pandas().tolist()
-
-
-def _trace(entry: dict) -> None:
-    """STATEKIT_ENGINE_TRACE=/path.jsonl: workers append per-stage timings (a debugging aid)."""
+def trace(entry: dict) -> None:
+    """STATEKIT_ENGINE_TRACE=/path.jsonl: workers append per-task timings (a debugging aid)."""
     import os
 
     path = os.environ.get("STATEKIT_ENGINE_TRACE")
@@ -92,143 +71,67 @@ def _trace(entry: dict) -> None:
             fh.write(json.dumps(entry) + "\n")
 
 
-def make_stage1(plan, partitions: int):
-    """Stage 1 (mapInArrow, where records are read): `plan.shuffle` per source record."""
-    topics = source_topics(plan)
-    by_topic: dict = {}
-    for i, t in enumerate(topics):
-        by_topic.setdefault(t, []).append(i)
-    salt_of = salts(partitions)
-    n = partitions
+def task_rows(batches):
+    """The (task, ranges) rows of the source's `tasks` mode, from Arrow record batches."""
+    import json
 
-    def stage1(batches):
-        import time as _time
-
-        import pyarrow as pa
-
-        types = [getattr(pa, t)() for _, t in _STAGE1_FIELDS]
-        names = [f for f, _ in _STAGE1_FIELDS]
-        shuffle = plan.shuffle
-        for rb in batches:
-            if rb.num_rows == 0:
-                continue
-            t0 = _time.perf_counter()
-            o_task, o_route, o_src, o_part, o_off, o_ts, o_seq, o_key, o_val = ([] for _ in range(9))
-            for key, value, topic, part, off, ts in zip(
-                    _pylist(rb.column("key")), _pylist(rb.column("value")),
-                    _pylist(rb.column("topic")), _pylist(rb.column("partition")),
-                    _pylist(rb.column("offset")), _pylist(rb.column("ts"))):
-                for si in by_topic.get(topic, ()):
-                    seq = 0
-                    for task, rec in shuffle(si, key, value, ts, part, off, n):
-                        o_task.append(task)
-                        o_route.append(rec[0])
-                        o_src.append(si)
-                        o_part.append(rec[1])
-                        o_off.append(rec[2])
-                        o_ts.append(rec[3])
-                        o_key.append(rec[4])
-                        o_val.append(rec[5])
-                        o_seq.append(seq)
-                        seq += 1
-            if not o_task:
-                continue
-            cols = (o_task, [salt_of[t] for t in o_task], o_route, o_src, o_part, o_off, o_ts, o_seq,
-                    o_key, o_val)
-            out = pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(cols, types)], names=names)
-            _trace({"stage": 1, "rows": rb.num_rows, "records": len(o_task),
-                    "shuffle_s": round(_time.perf_counter() - t0, 3)})
-            yield out
-
-    return stage1
-
-
-def make_stage2(run: RunSpec):
-    """Stage 2 of the ``executors`` placement (one Spark partition = one task): the task runs its
-    micro-batch right here (`engine.spark.executors`)."""
-    from statekit.engine.spark.executors import make_executor_stage2
-
-    return make_executor_stage2(run)
+    for rb in batches:
+        if rb.num_rows == 0:
+            continue
+        for task, ranges in zip(rb.column("task").to_pylist(), rb.column("ranges").to_pylist()):
+            yield int(task), [tuple(r) for r in json.loads(ranges)]
 
 
 def make_deliver(run: RunSpec):
-    """The one stage of the instances placement (see the module docstring): per input split,
-    `plan.shuffle` per record, then each task's fragment to its owner, every task at once."""
-    plan, n = run.plan, run.partitions
-    topics = source_topics(plan)
-    by_topic: dict = {}
-    for i, t in enumerate(topics):
-        by_topic.setdefault(t, []).append(i)
+    """The one stage of the instances placement (see the module docstring): each task's ranges to
+    the instance that owns it."""
     control_dir, sub = run.control_dir, int(run.subtopology)
     app, bootstrap, events = run.app, run.bootstrap, run.events
 
-    def deliver_split(batches):
+    def deliver_tasks(batches):
         import time as _time
-        from concurrent.futures import ThreadPoolExecutor
 
         from pyspark import TaskContext
 
         from statekit.contracts import TaskId
-        from statekit.worker.protocol import columns_to_ipc
-        from statekit.worker.router import deliver
+        from statekit.worker.exchange import deliver
 
-        t0 = _time.perf_counter()
-        shuffle = plan.shuffle
-        cols = [[[] for _ in range(8)] for _ in range(n)]   # per task, FRAGMENT_FIELDS columns
-        split = splits = None
-        rows = 0
-        for rb in batches:
-            if rb.num_rows == 0:
-                continue
-            if split is None:
-                split = int(rb.column("split")[0].as_py())
-                splits = int(rb.column("splits")[0].as_py())
-            for key, value, topic, part, off, ts in zip(
-                    _pylist(rb.column("key")), _pylist(rb.column("value")),
-                    _pylist(rb.column("topic")), _pylist(rb.column("partition")),
-                    _pylist(rb.column("offset")), _pylist(rb.column("ts"))):
-                if off < 0:
-                    continue                 # the marker of a split without records
-                rows += 1
-                for si in by_topic.get(topic, ()):
-                    seq = 0
-                    for task, rec in shuffle(si, key, value, ts, part, off, n):
-                        c = cols[task]
-                        c[0].append(rec[0])
-                        c[1].append(rec[1])
-                        c[2].append(rec[2])
-                        c[3].append(rec[3])
-                        c[4].append(rec[4])
-                        c[5].append(rec[5])
-                        c[6].append(si)
-                        c[7].append(seq)
-                        seq += 1
-        if split is None:
-            return                           # no row at all: Spark planned no split for this batch
         batch_id = int(TaskContext.get().getLocalProperty("streaming.sql.batchId") or -1)
-        t1 = _time.perf_counter()
         publish = None
         if events:
             from statekit.event_bus import EventPublisher
 
             publish = EventPublisher(bootstrap, app).publish
-
-        def one(t):
-            return deliver(control_dir, TaskId(sub, t), batch_id, columns_to_ipc(cols[t]),
-                           publish=publish, split=split, splits=splits)
-
-        with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
-            replies = list(pool.map(one, range(n)))    # the first failure raises here
-        _trace({"stage": "deliver", "split": split, "splits": splits, "batch": batch_id, "rows": rows,
-                "shuffle_s": round(t1 - t0, 3), "deliver_s": round(_time.perf_counter() - t1, 3),
-                "replies": [r[0] for r in replies]})
+        for task, ranges in task_rows(batches):
+            t0 = _time.perf_counter()
+            reply = deliver(control_dir, TaskId(sub, task), batch_id, ranges, publish=publish)
+            trace({"stage": "deliver", "task": task, "batch": batch_id, "ranges": ranges,
+                   "reply": reply[0], "s": round(_time.perf_counter() - t0, 3)})
         return
         yield  # a generator that yields nothing: the instances wrote the outputs
 
-    return deliver_split
+    return deliver_tasks
 
 
 # --- progress ---------------------------------------------------------------------------------------
+
+
+def _offset_span(sources) -> "int | None":
+    """Records a micro-batch read, from its sources' start and end offsets (a statekit query's
+    source yields one row per task, not per record). None when the offsets are not Kafka's."""
+    import json
+
+    total = 0
+    for src in sources or ():
+        try:
+            start, end = (json.loads(x) if isinstance(x, str) else (x or {})
+                          for x in (src.get("startOffset"), src.get("endOffset")))
+            for topic, parts in end.items():
+                for part, off in parts.items():
+                    total += max(0, int(off) - int((start.get(topic) or {}).get(part, 0)))
+        except (TypeError, ValueError, AttributeError):
+            return None
+    return total if sources else None
 
 
 def progress_dict(p) -> dict:
@@ -246,11 +149,14 @@ def progress_dict(p) -> dict:
                  "processedRowsPerSecond": getattr(p, "processedRowsPerSecond", 0.0),
                  "durationMs": dict(getattr(p, "durationMs", {}) or {})}
     d = p.get("durationMs") or {}
+    rows = p.get("numInputRows") or 0
+    records = _offset_span(p.get("sources"))
+    scale = (records / rows) if (records is not None and rows) else 1.0
     return {
         "batch_id": p.get("batchId"),
-        "num_input_rows": p.get("numInputRows") or 0,
-        "input_rows_per_second": p.get("inputRowsPerSecond") or 0.0,
-        "processed_rows_per_second": p.get("processedRowsPerSecond") or 0.0,
+        "num_input_rows": records if records is not None else rows,
+        "input_rows_per_second": (p.get("inputRowsPerSecond") or 0.0) * scale,
+        "processed_rows_per_second": (p.get("processedRowsPerSecond") or 0.0) * scale,
         "batch_duration_ms": d.get("triggerExecution") or 0,
         "duration_ms": dict(d),
         "timestamp": p.get("timestamp"),
@@ -455,7 +361,7 @@ class SparkEngine:
         spark = self.session()
         r = (spark.readStream.format("statekit-kafka")
              .option("bootstrap", run.bootstrap)
-             .option("includeSplits", str(run.extra.get("placement") != "executors").lower())
+             .option("tasks", str(int(run.partitions)))
              .option("topics", ",".join(dict.fromkeys(source_topics(run.plan))))
              .option("startingOffsets", run.starting_offsets)
              .option("isolation.level", run.isolation))
@@ -465,18 +371,12 @@ class SparkEngine:
 
     def build(self, run: RunSpec):
         """The streaming DataFrame of output rows (topic, key, value), not started."""
-        from pyspark.sql import functions as F
-
         src = self.source_frame(run)
-        if run.extra.get("placement") != "executors":
-            src = src.select("key", "value", "topic", "partition", "offset",
-                             F.unix_millis("timestamp").alias("ts"), "split", "splits")
-            return src.mapInArrow(make_deliver(run), OUTPUT_SCHEMA)
-        src = src.select("key", "value", "topic", "partition", "offset",
-                         F.unix_millis("timestamp").alias("ts"))
-        staged = src.mapInArrow(make_stage1(run.plan, run.partitions), STAGE1_SCHEMA)
-        shuffled = staged.repartition(run.partitions, "salt")
-        return shuffled.mapInArrow(make_stage2(run), OUTPUT_SCHEMA)
+        if run.extra.get("placement") == "executors":
+            from statekit.engine.spark.executors import make_executor_stage
+
+            return src.mapInArrow(make_executor_stage(run), OUTPUT_SCHEMA)
+        return src.mapInArrow(make_deliver(run), OUTPUT_SCHEMA)
 
     @staticmethod
     def memory_table_name(run: RunSpec) -> str:
@@ -486,8 +386,6 @@ class SparkEngine:
         if run.partitions < 1:
             raise EngineError("partitions must be >= 1")
         spark = self.session()
-        spark.conf.set("spark.sql.shuffle.partitions", str(run.partitions))
-        spark.conf.set("spark.sql.adaptive.enabled", "false")
         name = run.query_name or run.app
         try:
             out = self.build(run)
@@ -540,4 +438,4 @@ def start(run: RunSpec, on_progress=None) -> RunningQuery:
 
 
 __all__ = ["SparkEngine", "RunningQuery", "RunSpec", "EngineError", "SparkFailure", "start", "launch",
-           "progress_dict", "make_stage1", "make_stage2", "make_deliver"]
+           "progress_dict", "make_deliver", "task_rows", "trace"]

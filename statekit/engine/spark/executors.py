@@ -2,10 +2,11 @@
 it, on whichever executor Spark chose — the placement for a cluster, where the driver's instance
 processes are out of the executors' reach.
 
-Stage 2 (one Spark partition = one task, as in ``engine.make_stage2``) does, per micro-batch,
-what ``statekit.worker.task.run_task_batch`` does: open the task in this executor's state
-directory (restore), skip the batch if its id is already applied, process, commit (changelog records
-and markers, the outputs, one RocksDB WriteBatch, the checkpoint), close. So:
+The query's stage (one Spark partition = one stream task and its offset ranges, see
+``engine.spark.engine``) does, per micro-batch, what ``statekit.worker.task.run_task_batch`` does:
+open the task in this executor's state directory (restore), skip the batch if its id is already
+applied, read its ranges, process, commit (changelog records and markers, the outputs, one RocksDB
+WriteBatch, the checkpoint), close. So:
 
 * a task that lands where its state is replays nothing (or only what other executors committed
   since it last ran here); one that lands elsewhere restores from its changelog, as a Kafka Streams
@@ -202,17 +203,7 @@ def _drop_kafka(bootstrap: str) -> None:
             pass
 
 
-def table_records(tbl) -> list:
-    """A sorted stage-2 Arrow table as the task's ``[(route, src_partition, offset, timestamp, key,
-    value)]``."""
-    from statekit.worker.protocol import BATCH_FIELDS
-
-    if tbl.num_rows == 0:
-        return []
-    return list(zip(*(tbl.column(n).to_pandas().tolist() for n, _ in BATCH_FIELDS)))
-
-
-def run_on_executor(run: RunSpec, task, batch_id: int, records: list) -> int:
+def run_on_executor(run: RunSpec, task, batch_id: int, ranges) -> int:
     """Open ``task`` in this executor's state directory, run one batch, close it. Returns the
     outputs' count. Called in a Spark Python worker."""
     from statekit.errors import BrokerUnreachable, StateLocked
@@ -228,10 +219,9 @@ def run_on_executor(run: RunSpec, task, batch_id: int, records: list) -> int:
     deadline = time.monotonic() + _LOCK_WAIT_S
     while True:
         try:
-            out = run_task_batch(spec, task, batch_id, records, state_dir=root,
-                                 instance=instance_number(eid), publish=publish,
-                                 kafka=_kafka(run.bootstrap))
-            return len(out)
+            return run_task_batch(spec, task, batch_id, ranges, state_dir=root,
+                                  instance=instance_number(eid), publish=publish,
+                                  kafka=_kafka(run.bootstrap))
         except StateLocked:
             # the previous attempt's Python worker is still going away: its lock goes with it
             if time.monotonic() > deadline:
@@ -263,40 +253,28 @@ def _publisher(run: RunSpec):
     return publish
 
 
-def make_executor_stage2(run: RunSpec):
-    """Stage 2 of the ``executors`` placement (see the module docstring): the task's records of the
-    micro-batch, sorted as on instances, processed and committed in this Python worker."""
-    from statekit.engine.spark.engine import _SORT_KEYS, EngineError, _trace
-
+def make_executor_stage(run: RunSpec):
+    """The query's stage on the ``executors`` placement (see the module docstring): each task's
+    micro-batch processed and committed in this Python worker."""
     sub = int(run.subtopology)
 
-    def stage2(batches):
+    def stage(batches):
         import time as _time
 
-        import pyarrow as pa
-        import pyarrow.compute as pc
         from pyspark import TaskContext
 
         from statekit.contracts import TaskId
+        from statekit.engine.spark.engine import task_rows, trace
 
-        t0 = _time.perf_counter()
-        parts = [b for b in batches if b.num_rows]
-        if not parts:
-            return
-        tbl = pa.Table.from_batches(parts)
         ctx = TaskContext.get()
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
-        pid = ctx.partitionId()
-        tasks = pc.unique(tbl.column("task")).to_pylist()
-        if tasks != [pid]:
-            raise EngineError(f"shuffle partition {pid} received tasks {sorted(tasks)}; the salt "
-                              f"mapping does not match this Spark version")
-        tbl = tbl.take(pc.sort_indices(tbl, sort_keys=_SORT_KEYS))
-        n = run_on_executor(run, TaskId(sub, pid), batch_id, table_records(tbl))
-        _trace({"stage": 2, "placement": PLACEMENT, "task": pid, "batch": batch_id,
-                "records": tbl.num_rows, "outputs": n, "attempt": ctx.attemptNumber(),
-                "s": round(_time.perf_counter() - t0, 3)})
+        for task, ranges in task_rows(batches):
+            t0 = _time.perf_counter()
+            n = run_on_executor(run, TaskId(sub, task), batch_id, ranges)
+            trace({"stage": "task", "placement": PLACEMENT, "task": task, "batch": batch_id,
+                   "ranges": ranges, "outputs": n, "attempt": ctx.attemptNumber(),
+                   "s": round(_time.perf_counter() - t0, 3)})
         return
         yield  # a generator that yields nothing: the task wrote its outputs
 
-    return stage2
+    return stage

@@ -245,7 +245,7 @@ def _warm_partition(batches):
 
     import statekit.event_bus  # noqa: F401
     import statekit.topology.plan  # noqa: F401
-    import statekit.worker.router  # noqa: F401
+    import statekit.worker.exchange  # noqa: F401
 
     for b in batches:
         yield b

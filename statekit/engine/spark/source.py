@@ -13,8 +13,15 @@ offset long, timestamp timestamp, timestampType int` (+ `headers array<struct<ke
 binary>>` with `.option("includeHeaders", "true")`; + `split int, splits int` with
 `.option("includeSplits", "true")`: which of the micro-batch's input partitions a row came from, and
 how many there are — every partition then yields at least one row, a marker with offset -1 when its
-range holds no record, so that a reader of each partition always learns both). Offsets are `{topic: {"partition": next
-offset}}` JSON dicts, kept in Spark's checkpoint (the offset log), so a restarted query continues
+range holds no record, so that a reader of each partition always learns both).
+
+`.option("tasks", N)` reads no record: it plans one input partition per stream task p (0..N-1) and
+yields one row `task int, ranges string` for it — the JSON list of `[topic, partition, start, end]`
+ranges of partition p of every topic in the micro-batch (possibly none). statekit's engine runs its
+queries so: each task reads its own ranges where it runs (`statekit.worker.batch_input`), and Spark
+moves no record. Every topic must then have N partitions.
+
+Offsets are `{topic: {"partition": next offset}}` JSON dicts, kept in Spark's checkpoint (the offset log), so a restarted query continues
 where the last committed batch ended. One input partition per Kafka partition range (split further
 with `minPartitions`). `read()` runs in a Python worker and yields pyarrow RecordBatches decoded by
 `statekit.kafka.Kafka.read` (one Fetch pipeline per range, no consumer objects).
@@ -72,9 +79,24 @@ class SourceOptionError(StatekitError):
 SPLIT_FIELDS = [StructField("split", IntegerType(), False), StructField("splits", IntegerType(), False)]
 
 
+TASK_SCHEMA = StructType([StructField("task", IntegerType(), False),
+                          StructField("ranges", StringType(), False)])
+
+
 def kafka_schema(include_headers: bool = False, include_splits: bool = False) -> StructType:
     return StructType(BASE_FIELDS + ([HEADERS_FIELD] if include_headers else [])
                       + (SPLIT_FIELDS if include_splits else []))
+
+
+class TaskRanges(InputPartition):
+    """Stream task `task`'s part of a micro-batch: `ranges`, [(topic, partition, start, end)]."""
+
+    def __init__(self, task: int, ranges: list):
+        self.task, self.ranges = task, ranges
+        super().__init__((task, tuple(map(tuple, ranges))))
+
+    def __repr__(self):
+        return f"TaskRanges({self.task}: {self.ranges})"
 
 
 def _truthy(v) -> bool:
@@ -214,6 +236,7 @@ class _Options:
         self.ending = o.get("endingoffsets", "latest")
         self.include_headers = _truthy(o.get("includeheaders", "false"))
         self.include_splits = _truthy(o.get("includesplits", "false"))
+        self.tasks = int(o.get("tasks") or 0)
         self.min_partitions = int(o.get("minpartitions") or 0)
         # Kafka's isolation.level: read_committed ends at the last stable offset and drops the
         # records of aborted transactions (exactly-once output of an upstream sub-topology)
@@ -232,6 +255,8 @@ class KafkaDataSource(DataSource):
 
     def schema(self):
         o = {str(k).lower(): v for k, v in dict(self.options).items()}
+        if int(o.get("tasks") or 0):
+            return TASK_SCHEMA
         return kafka_schema(_truthy(o.get("includeheaders", "false")),
                             _truthy(o.get("includesplits", "false")))
 
@@ -324,7 +349,22 @@ class _OffsetsMixin:
             out[tp] = off
         return out
 
+    def _task_partitions(self, start: dict, end: dict) -> list:
+        n = self.opts.tasks
+        ranges: dict = {p: [] for p in range(n)}
+        for (t, p), e in sorted(end.items()):
+            s = start.get((t, p), 0)
+            if p >= n:
+                raise SourceOptionError(f"topic {t} has a partition {p} but the query has {n} tasks: "
+                                        f"each task reads its own partition, so every source topic "
+                                        f"needs exactly {n} partitions")
+            if e > s:
+                ranges[p].append([t, p, s, e])
+        return [TaskRanges(p, ranges[p]) for p in range(n)]
+
     def _partitions(self, start: dict, end: dict) -> list:
+        if self.opts.tasks:
+            return self._task_partitions(start, end)
         parts = []
         for tp in sorted(end):
             s, e = start.get(tp, 0), end[tp]
@@ -343,6 +383,8 @@ class _OffsetsMixin:
         return [KafkaPartition(*x, i, len(parts)) for i, x in enumerate(parts)]
 
     def read(self, partition: KafkaPartition):
+        if isinstance(partition, TaskRanges):
+            return iter([(partition.task, json.dumps(partition.ranges))])
         return read_range(self.opts.bootstrap, partition.topic, partition.partition, partition.start,
                           partition.end, self.schema, isolation=self.opts.isolation,
                           split=(partition.split, partition.splits) if self.opts.include_splits

@@ -171,13 +171,13 @@ class NativeApp:
         ``%%statekit app`` calls it when the cell runs."""
         from statekit.engine.spark_native.translate import check_supported
 
-        plan = self.builder.compile(application=self.name)
+        plan = self.builder.compile(application=self.name, engine_shuffle=True)
         check_supported(plan)
         self.plan = plan
         return self
 
     def describe(self):
-        return (self.plan or self.builder.compile()).describe(self.name)
+        return (self.plan or self.builder.compile(engine_shuffle=True)).describe(self.name)
 
     def wait_until_idle(self, timeout: float = 60) -> bool:
         try:

@@ -281,7 +281,7 @@ class _Context:
     def get_store(self, name: str):
         return self._stores[name]
 
-    def forward(self, topic: str, key, value) -> None:
+    def forward(self, topic: str, key, value, timestamp=None) -> None:
         ks, vs = self._sink[topic]
         self._out.append((topic, None if key is None else ks.to_bytes(key),
                           None if value is None else vs.to_bytes(value)))
