@@ -359,7 +359,8 @@ def produce(topic: str, records: Iterable[Record], bootstrap: str | None = None,
     """Send `records` to `topic` (created with `partitions` partitions if missing), keyed records
     to Kafka's default-partitioner partition, at most `rate` records/s, at most `limit` records,
     until `stop` is set. Returns the final progress."""
-    from statekit.kafka import Kafka, resolve_bootstrap
+    from statekit.bootstrap import resolve_bootstrap
+    from statekit.kafka import Kafka
     from statekit.partition import partition_for
 
     own = kafka is None
@@ -418,37 +419,6 @@ def produce(topic: str, records: Iterable[Record], bootstrap: str | None = None,
 FAST_CHUNK = 1 << 18  # records encoded per round; the previous round's acks are awaited meanwhile
 
 
-def _murmur2_partitions(mat, partitions: int):
-    """Kafka's default partitioner (statekit.partition.partition_for) for keys of one length,
-    the rows of the uint8 matrix `mat`, vectorized."""
-    import numpy as np
-
-    n, length = mat.shape
-    m = np.uint32(0x5BD1E995)
-    h = np.full(n, (0x9747B28C ^ length) & 0xFFFFFFFF, np.uint32)
-    w = mat.astype(np.uint32)
-    n4 = length // 4
-    for i in range(n4):
-        k = w[:, 4 * i] | (w[:, 4 * i + 1] << 8) | (w[:, 4 * i + 2] << 16) | (w[:, 4 * i + 3] << 24)
-        k *= m
-        k ^= k >> np.uint32(24)
-        k *= m
-        h *= m
-        h ^= k
-    rem, base = length & 3, n4 * 4
-    if rem == 3:
-        h ^= w[:, base + 2] << 16
-    if rem >= 2:
-        h ^= w[:, base + 1] << 8
-    if rem >= 1:
-        h ^= w[:, base]
-        h *= m
-    h ^= h >> np.uint32(13)
-    h *= m
-    h ^= h >> np.uint32(15)
-    return ((h & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int64)
-
-
 def _digits(x, width: int):
     """Zero-padded ASCII digits of the non-negative ints `x`, as an (n, width) uint8 matrix."""
     import numpy as np
@@ -478,11 +448,13 @@ def _account_keys(ids, keys: int):
 def _account_partitions(keys: int, partitions: int):
     import numpy as np
 
+    from statekit.partition import partitions_of_rows
+
     out = np.empty(keys, np.int64)
     step = 1 << 20
     for lo in range(0, keys, step):
         ids = np.arange(lo, min(keys, lo + step), dtype=np.int64)
-        out[lo:lo + len(ids)] = _murmur2_partitions(_account_keys(ids, keys), partitions)
+        out[lo:lo + len(ids)] = partitions_of_rows(_account_keys(ids, keys), partitions)
     out.flags.writeable = False
     return out
 
@@ -493,7 +465,7 @@ def _accounts_encoded(seed: int, start: int, stop: int, partitions: int, ts: int
     each partition in generation order, byte for byte what `encode(record)` gives."""
     import numpy as np
 
-    from statekit.kafka import encode_batches_flat
+    from statekit.wire import encode_batches_flat
 
     keys = _check_keys(keys)
     ids, amounts = _accounts_range(seed, keys, start, stop)
@@ -546,7 +518,7 @@ def _accounts_encoded(seed: int, start: int, stop: int, partitions: int, ts: int
 
 def _records_encoded(records: list, partitions: int, ts: int, rr) -> list:
     """The general path: records walked in Python, encoded in bulk per partition."""
-    from statekit.kafka import encode_batches
+    from statekit.wire import encode_batches
     from statekit.partition import partition_for
 
     by_part: dict[int, list] = {}
@@ -574,7 +546,8 @@ def produce_fast(topic: str, generator: str = "accounts", seed: int = 42, limit:
     record batches with raw Produce requests; the next round is encoded while the broker writes
     the previous one. Returns the final progress (also given to `progress` after each round)."""
     from statekit.errors import StatekitError
-    from statekit.kafka import Kafka, resolve_bootstrap
+    from statekit.bootstrap import resolve_bootstrap
+    from statekit.kafka import Kafka
 
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise StatekitError(f"limit must be a whole number of records >= 1 (got {limit!r})")
@@ -721,8 +694,10 @@ def produce_timed(topic: str, records: Iterable, bootstrap: str | None = None, *
     Kafka timestamp — the event time joins and windows see — in the order given within a
     partition: keyed records to Kafka's default-partitioner partition, unkeyed ones round robin.
     Creates the topic with `partitions` partitions if missing. Returns the number sent."""
-    from statekit.kafka import Kafka, encode_batches, resolve_bootstrap
+    from statekit.bootstrap import resolve_bootstrap
+    from statekit.kafka import Kafka
     from statekit.partition import partition_for
+    from statekit.wire import Columns
 
     own = kafka is None
     if own:
@@ -732,23 +707,21 @@ def produce_timed(topic: str, records: Iterable, bootstrap: str | None = None, *
             kafka.ensure_topic(topic, partitions, {})
         n = len(kafka.end_offsets(topic)) or partitions
         rr = itertools.count()
-        runs: dict = {}          # partition -> [(timestamp, [(key, value)])], equal times together
+        by_part: dict = {}       # partition -> (keys, values, timestamps), in the order given
         count = 0
         for rec in records:
             key = None if rec.key is None else rec.key.encode("utf-8")
             value = (None if rec.value is None
                      else json.dumps(rec.value, separators=(",", ":"), sort_keys=True).encode("utf-8"))
             p = partition_for(key, n) if key is not None else next(rr) % n
-            mine = runs.setdefault(p, [])
-            if mine and mine[-1][0] == rec.timestamp:
-                mine[-1][1].append((key, value))
-            else:
-                mine.append((int(rec.timestamp), [(key, value)]))
+            keys, values, stamps = by_part.setdefault(p, ([], [], []))
+            keys.append(key)
+            values.append(value)
+            stamps.append(int(rec.timestamp))
             count += 1
-        batches = [(p, data, c) for p, rs in sorted(runs.items()) for ts, recs in rs
-                   for data, c in encode_batches(recs, None, 900_000, ts)]
-        if batches:
-            kafka.send_encoded(topic, batches)
+        items = [(topic, p, Columns.of(k, v, timestamps=t)) for p, (k, v, t) in sorted(by_part.items())]
+        if items:
+            kafka.send_many(items)
         return count
     finally:
         if own:

@@ -137,17 +137,13 @@ def partitions_for(keys: list, partitions: int):
     array: keys grouped by length, each group hashed with numpy."""
     import numpy as np
 
+    from statekit.wire.columns import flat as flatten
+
     n = len(keys)
     out = np.full(n, -1, np.int64)
     if n == 0:
         return out
-    arr = np.empty(n, object)
-    arr[:] = keys
-    null = arr == None  # noqa: E711 - element-wise
-    arr[null] = b""
-    lens = np.fromiter(map(len, arr), np.int64, n)
-    lens[null] = -1
-    flat = np.frombuffer(b"".join(arr.tolist()), np.uint8)
+    flat, lens = flatten(keys)
     starts = np.cumsum(np.maximum(lens, 0)) - np.maximum(lens, 0)
     for length in np.unique(lens[lens >= 0]).tolist():
         idx = np.flatnonzero(lens == length)

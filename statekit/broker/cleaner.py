@@ -35,7 +35,12 @@ import asyncio
 import json
 import logging
 import os
+import struct
 import time
+
+from statekit.wire.compression import compress
+from statekit.wire.records import decode_rows, encode_headers, encode_record
+from statekit.wire.varint import read_varint
 
 from . import records as R
 from .log import Segment, seg_name, write_json_atomic
@@ -246,40 +251,28 @@ def _iter_file_batches(path: str, size: int):
         yield h, memoryview(data)[pos:pos + h.size]
 
 
-def _varint(buf, p):
-    """A zigzag varint at p: (value, next position)."""
-    shift = v = 0
-    while True:
-        b = buf[p]
-        p += 1
-        v |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (v >> 1) ^ -(v & 1), p
-        shift += 7
-
-
 class Parsed:
     """The records of one batch as parallel lists: what compaction needs, nothing more.
 
     For an uncompressed batch `ends[i]` is where record i's bytes end in the batch (record i
     starts where i-1 ends): kept records are copied as they are, since a rebuilt batch keeps
     the base offset and first timestamp their deltas are relative to. A compressed batch is
-    decoded by kafka.record and `objs` holds its records for re-encoding.
+    decoded by `statekit.wire` and `rows` holds its records (offset, timestamp, key, value,
+    headers) for re-encoding.
     """
 
-    __slots__ = ("offsets", "keys", "tombs", "ends", "objs")
+    __slots__ = ("offsets", "keys", "tombs", "ends", "rows")
 
-    def __init__(self, offsets, keys, tombs, ends=None, objs=None):
-        self.offsets, self.keys, self.tombs, self.ends, self.objs = offsets, keys, tombs, ends, objs
+    def __init__(self, offsets, keys, tombs, ends=None, rows=None):
+        self.offsets, self.keys, self.tombs, self.ends, self.rows = offsets, keys, tombs, ends, rows
 
 
 def _parse(h, raw) -> Parsed:
     if h.attributes & R.ATTR_COMPRESSION_MASK == 0:
         return _parse_uncompressed(raw, h.count, h.base_offset)
-    from kafka.record.default_records import DefaultRecordBatch
-
-    objs = list(DefaultRecordBatch(bytes(raw)))
-    return Parsed([r.offset for r in objs], [r.key for r in objs], [r.value is None for r in objs], objs=objs)
+    rows: list = []
+    decode_rows(raw, rows)  # CodecUnavailable for a codec we lack: the batch is left alone
+    return Parsed([r[0] for r in rows], [r[2] for r in rows], [r[3] is None for r in rows], rows=rows)
 
 
 def _parse_uncompressed(buf, count: int, base: int) -> Parsed:
@@ -288,6 +281,7 @@ def _parse_uncompressed(buf, count: int, base: int) -> Parsed:
     offs, keys, tombs, ends = [], [], [], []
     add_o, add_k, add_t, add_e = offs.append, keys.append, tombs.append, ends.append
     end_all = len(buf)
+    varint = read_varint
     p = R.HEADER_SIZE
     for _ in range(count):
         b0 = buf[p]
@@ -295,12 +289,12 @@ def _parse_uncompressed(buf, count: int, base: int) -> Parsed:
             length = (b0 >> 1) ^ -(b0 & 1)
             p += 1
         else:
-            length, p = _varint(buf, p)
+            length, p = varint(buf, p)
         end = p + length
         if length <= 0 or end > end_all:
             raise ValueError("bad record length")
         q = p + 1  # attributes
-        while buf[q] >= 0x80:  # timestamp delta: skipped (read again only for tombstones)
+        while buf[q] >= 0x80:  # timestamp delta (a varlong): skipped, read again for tombstones
             q += 1
         q += 1
         b0 = buf[q]
@@ -308,13 +302,13 @@ def _parse_uncompressed(buf, count: int, base: int) -> Parsed:
             od = (b0 >> 1) ^ -(b0 & 1)
             q += 1
         else:
-            od, q = _varint(buf, q)
+            od, q = varint(buf, q)
         b0 = buf[q]
         if b0 < 0x80:
             klen = (b0 >> 1) ^ -(b0 & 1)
             q += 1
         else:
-            klen, q = _varint(buf, q)
+            klen, q = varint(buf, q)
         if klen >= 0:
             add_k(bytes(buf[q:q + klen]))
             q += klen
@@ -330,11 +324,11 @@ def _parse_uncompressed(buf, count: int, base: int) -> Parsed:
 def _timestamp(h, raw, parsed: Parsed, i: int) -> int:
     if h.attributes & R.ATTR_TIMESTAMP_TYPE:
         return h.max_timestamp
-    if parsed.objs is not None:
-        return parsed.objs[i].timestamp
+    if parsed.rows is not None:
+        return parsed.rows[i][1]
     start = parsed.ends[i - 1] if i else R.HEADER_SIZE
-    _, p = _varint(raw, start)
-    delta, _ = _varint(raw, p + 1)
+    _, p = read_varint(raw, start)
+    delta, _ = read_varint(raw, p + 1)
     return h.first_timestamp + delta
 
 
@@ -366,13 +360,11 @@ class _Aborted:
 
 def _with_horizon(raw, horizon_ms: int) -> bytes:
     """A marker batch carrying its delete horizon (KIP-534) in the base timestamp."""
-    import struct
-
     out = bytearray(raw)
     h = R.header_at(out, 0)
     struct.pack_into(">h", out, R.ATTRIBUTES_OFFSET, h.attributes | R.ATTR_DELETE_HORIZON)
     struct.pack_into(">q", out, 27, horizon_ms)
-    struct.pack_into(">I", out, R.CRC_OFFSET, R.crc32c(memoryview(out)[R.ATTRIBUTES_OFFSET:]))
+    R.recompute_crc(out)
     return bytes(out)
 
 
@@ -502,9 +494,8 @@ def _group_write(cur, job, chunks) -> None:
 
 
 def _rebuild(h, raw, parsed: Parsed, keep: list[int]) -> bytes:
-    """A batch of the kept records with the original base offset, offset span and producer fields."""
-    import struct
-
+    """A batch of the kept records with the original base offset, offset span, timestamps,
+    attributes and producer fields."""
     if parsed.ends is not None:
         ends = parsed.ends
         out = bytearray(raw[:R.HEADER_SIZE])
@@ -513,22 +504,17 @@ def _rebuild(h, raw, parsed: Parsed, keep: list[int]) -> bytes:
         struct.pack_into(">i", out, 8, len(out) - R.LOG_OVERHEAD)
         struct.pack_into(">i", out, 57, len(keep))
     else:
-        from kafka.record.default_records import DefaultRecordBatchBuilder
-
-        recs = [parsed.objs[i] for i in keep]
+        # a compressed batch: the kept records encoded again, offset and timestamp deltas as
+        # they were, compressed with the batch's codec (its library was there to decompress it)
+        body = b"".join(
+            encode_record(off - h.base_offset, key, value, encode_headers(list(hdrs)),
+                          ts - h.first_timestamp)
+            for off, ts, key, value, hdrs in (parsed.rows[i] for i in keep))
         codec = h.attributes & R.ATTR_COMPRESSION_MASK
-        try:
-            b = DefaultRecordBatchBuilder(2, codec, False, h.producer_id, h.producer_epoch, h.base_sequence, 1 << 31)
-            _fill(b, h, recs)
-            out = b.build()
-        except Exception:  # noqa: BLE001 - no codec to write with: write uncompressed
-            b = DefaultRecordBatchBuilder(2, 0, False, h.producer_id, h.producer_epoch, h.base_sequence, 1 << 31)
-            _fill(b, h, recs)
-            out = b.build()
-        struct.pack_into(">q", out, 0, h.base_offset)
-        struct.pack_into(">i", out, 23, h.last_offset_delta)
-        struct.pack_into(">qq", out, 27, h.first_timestamp, h.max_timestamp)
-    struct.pack_into(">I", out, R.CRC_OFFSET, R.crc32c(memoryview(out)[R.ATTRIBUTES_OFFSET:]))
+        out = bytearray(raw[:R.HEADER_SIZE]) + compress(codec, body)
+        struct.pack_into(">i", out, 8, len(out) - R.LOG_OVERHEAD)
+        struct.pack_into(">i", out, 57, len(keep))
+    R.recompute_crc(out)
     return bytes(out)
 
 
@@ -536,20 +522,12 @@ def _rebuild_empty(h, raw) -> bytes:
     """The batch with no records left: same base offset and offset span (readers move past it)."""
     if h.count == 0:
         return bytes(raw)
-    import struct
-
     out = bytearray(raw[:R.HEADER_SIZE])
     struct.pack_into(">i", out, 8, len(out) - R.LOG_OVERHEAD)
     struct.pack_into(">h", out, R.ATTRIBUTES_OFFSET, h.attributes & ~R.ATTR_COMPRESSION_MASK)
     struct.pack_into(">i", out, 57, 0)
-    struct.pack_into(">I", out, R.CRC_OFFSET, R.crc32c(memoryview(out)[R.ATTRIBUTES_OFFSET:]))
+    R.recompute_crc(out)
     return bytes(out)
-
-
-def _fill(builder, h, recs) -> None:
-    for r in recs:
-        headers = [(k if isinstance(k, str) else k.decode("utf-8", "replace"), v) for k, v in r.headers]
-        builder.append(r.offset - h.base_offset, r.timestamp, r.key, r.value, headers)
 
 
 def _finish_group(cur, groups) -> None:

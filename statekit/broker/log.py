@@ -29,6 +29,8 @@ import time
 from array import array
 from collections import deque
 
+from statekit.wire.records import decode_rows
+
 from . import records as R
 
 log = logging.getLogger("statekit.broker")
@@ -660,23 +662,20 @@ class PartitionLog:
 
     def offset_for_timestamp(self, ts: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= ts, or None."""
-        from kafka.record.default_records import DefaultRecordBatch
-
         for seg in self.segments:
             if seg.max_timestamp < ts:
                 continue
             for pos, h in seg.batches_from(0):
                 if h.max_timestamp < ts or h.last_offset < self.log_start_offset:
                     continue
-                batch = DefaultRecordBatch(os.pread(seg.fd, h.size, pos))
-                for rec in batch:
-                    if rec.timestamp >= ts and rec.offset >= self.log_start_offset:
-                        return rec.offset, rec.timestamp
+                rows: list = []
+                decode_rows(os.pread(seg.fd, h.size, pos), rows, self.log_start_offset, control=True)
+                for offset, rts, _k, _v, _h in rows:
+                    if rts >= ts:
+                        return offset, rts
         return None
 
     def max_timestamp_offset(self) -> tuple[int, int] | None:
-        from kafka.record.default_records import DefaultRecordBatch
-
         best = None
         for seg in self.segments:
             for pos, h in seg.batches_from(0):
@@ -687,9 +686,11 @@ class PartitionLog:
         if best is None:
             return None
         ts, seg, pos, h = best
-        for rec in DefaultRecordBatch(os.pread(seg.fd, h.size, pos)):
-            if rec.timestamp == ts:
-                return rec.offset, ts
+        rows: list = []
+        decode_rows(os.pread(seg.fd, h.size, pos), rows, control=True)
+        for offset, rts, _k, _v, _h in rows:
+            if rts == ts:
+                return offset, ts
         return h.last_offset, ts
 
     # -- deletion ----------------------------------------------------------------------------

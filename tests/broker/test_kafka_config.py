@@ -1,4 +1,5 @@
-"""statekit.kafka's security settings for real clusters: STATEKIT_KAFKA_CONFIG and kafka_config=."""
+"""statekit.kafka's security settings for real clusters: STATEKIT_KAFKA_CONFIG and kafka_config=;
+the client never starts a broker (statekit.bootstrap does, for the App and the CLI)."""
 from __future__ import annotations
 
 import json
@@ -6,8 +7,10 @@ import ssl
 
 import pytest
 
-from statekit.errors import StatekitError
-from statekit.kafka import Kafka, _security, load_kafka_config, resolve_bootstrap
+from statekit.bootstrap import resolve_bootstrap
+from statekit.errors import BrokerUnreachable, StatekitError
+from statekit.kafka import Kafka, load_kafka_config
+from statekit.kafka.config import configured_bootstrap, security_of as _security
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +78,24 @@ def test_an_explicit_security_config_is_used_against_a_plain_broker(shared_broke
     with pytest.raises(StatekitError, match="does not offer SASL authentication"):
         Kafka(shared_broker.bootstrap, kafka_config={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
                                                      "sasl.username": "u", "sasl.password": "p"})
+
+
+def test_the_client_does_not_start_a_broker(monkeypatch, tmp_path):
+    """Kafka() without an address fails in one line; only statekit.bootstrap starts the embedded
+    broker, and the client package imports statekit.broker for nothing but credentials."""
+    import os
+    import re
+
+    monkeypatch.setenv("STATEKIT_HOME", str(tmp_path / "home"))
+    assert configured_bootstrap() is None
+    with pytest.raises(BrokerUnreachable, match="no Kafka to connect to") as e:
+        Kafka()
+    assert "\n" not in str(e.value)
+    assert not os.path.exists(tmp_path / "home")
+    pkg = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "statekit", "kafka")
+    for name in os.listdir(pkg):
+        if name.endswith(".py"):
+            text = open(os.path.join(pkg, name)).read()
+            for m in re.finditer(r"from statekit(?:\.broker| import broker)[^\n#]*", text):
+                assert m.group(0).strip() == "from statekit.broker import credentials_for", (name, m.group(0))

@@ -10,7 +10,8 @@ import pytest
 
 from statekit import datagen
 from statekit.errors import StatekitError
-from statekit.kafka import Kafka, decode_batch, encode_batches, encode_batches_flat
+from statekit.kafka import Kafka
+from statekit.wire import decode_batch, encode_batches, encode_batches_flat
 from statekit.partition import partition_for
 
 

@@ -6,8 +6,9 @@
 Rows carry `topic` (or `.option("topic", NAME)` for all of them), `key` and `value` (binary or
 string), and optionally `partition`; without one, a record goes where Kafka's default partitioner
 (murmur2 of the key) sends it, round robin over partitions for a null key. Each Spark task sends its
-rows with `statekit.kafka.Kafka.send` (acks=all, waits), so when a micro-batch commits every output
-record is in Kafka: at-least-once (a replayed batch writes its records again).
+rows with `statekit.kafka.Kafka.send_many` (column-wise batches, acks=all, waits), so when a
+micro-batch commits every output record is in Kafka: at-least-once (a replayed batch writes its
+records again).
 """
 from __future__ import annotations
 
@@ -29,158 +30,87 @@ class SentMessage(WriterCommitMessage):
         self.records = records
 
 
-def _as_bytes(v):
-    if v is None or isinstance(v, bytes):
-        return v
-    if isinstance(v, str):
-        return v.encode("utf-8")
-    return bytes(v)
+def _binary(col):
+    """An Arrow column of keys or values as a list of bytes / None (strings as UTF-8)."""
+    import pyarrow as pa
 
-
-# --- a fast path for Kafka.send: v2 record batches encoded here, ~10x cheaper per record than
-# kafka-python's MemoryRecordsBuilder (1.2 vs 14 us). Used only while `statekit.kafka` has no fast
-# encoder of its own (it is getting one: then this steps aside), when the client exposes its produce
-# step and the `crc32c` extension is importable; otherwise `Kafka.send` does the work.
-
-_VARINT = [bytes([2 * i]) if i < 64 else None for i in range(64)]
-
-
-def _varint(n: int) -> bytes:
-    """Kafka's zigzag varint."""
-    if 0 <= n < 64:
-        return _VARINT[n]
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-_BATCH_HDR = None
-
-
-def encode_batches(records, timestamp_ms: int, max_bytes: int = 512 * 1024) -> list:
-    """[(record batch bytes, count)] for (key, value) pairs: magic 2, no compression, no headers."""
-    import struct
-
-    import crc32c
-
-    global _BATCH_HDR
-    if _BATCH_HDR is None:
-        _BATCH_HDR = struct.Struct(">hiqqqhii")
-    v = _varint
-    out = []
-    parts: list = []
-    size = 0
-    count = 0
-
-    def flush():
-        body = b"".join(parts)
-        tail = _BATCH_HDR.pack(0, count - 1, timestamp_ms, timestamp_ms, -1, -1, -1, count) + body
-        crc = crc32c.crc32c(tail)
-        head = struct.pack(">qiibI", 0, len(tail) + 9, -1, 2, crc)
-        out.append((head + tail, count))
-
-    for key, value in records:
-        if key is None:
-            kpart = b"\x01"
-        else:
-            kpart = v(len(key)) + key
-        if value is None:
-            vpart = b"\x01"
-        else:
-            vpart = v(len(value)) + value
-        rec = b"\x00\x00" + v(count) + kpart + vpart + b"\x00"
-        parts.append(v(len(rec)) + rec)
-        size += len(rec) + 2
-        count += 1
-        if size >= max_bytes:
-            flush()
-            parts, size, count = [], 0, 0
-    if count:
-        flush()
-    return out
-
-
-def send_fast(client, topic: str, partition: int, records: list) -> int:
-    """`client.send(topic, partition, records)` with the records encoded here (see above)."""
-    import statekit.kafka as kmod
-
-    produce = getattr(client, "_produce", None)
-    retry = getattr(kmod, "_Retry", None)
-    lock = getattr(client, "_lock", None)
-    try:
-        import crc32c  # noqa: F401
-    except ImportError:
-        produce = None
-    if hasattr(kmod, "crc32c_fn"):  # statekit.kafka encodes record batches itself: use it
-        produce = None
-    if produce is None or retry is None or lock is None or not records:
-        return client.send(topic, partition, records)
-    import time
-
-    payloads = encode_batches(records, int(time.time() * 1000))
-    with lock:
-        for attempt in range(20):
-            try:
-                return produce(topic, partition, payloads)
-            except TypeError:  # the client's produce step changed shape: use its public send
-                break
-            except retry:
-                forget = getattr(client, "_forget", None)
-                if forget is not None:
-                    forget(topic)
-                time.sleep(min(0.05 * (attempt + 1), 0.5))
-    return client.send(topic, partition, records)
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = col.cast(pa.binary())
+    elif not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        return [v if v is None or isinstance(v, bytes) else str(v).encode("utf-8")
+                for v in col.to_pylist()]
+    return col.to_pylist()
 
 
 def write_batches(options: dict, batches) -> int:
-    """Send every row of the pyarrow RecordBatches to Kafka; returns the number of records."""
+    """Send every row of the pyarrow RecordBatches to Kafka; returns the number of records. The
+    rows of each (topic, partition) go as one :class:`statekit.wire.Columns` (encoded
+    column-wise) and every partition's writes are in flight at once (``Kafka.send_many``)."""
+    import numpy as np
+
+    from statekit.bootstrap import resolve_bootstrap
     from statekit.kafka import Kafka
-    from statekit.partition import partition_for
+    from statekit.partition import partitions_for
+    from statekit.wire import Columns
 
     o = {str(k).lower(): v for k, v in options.items()}
     bootstrap = o.get("bootstrap") or o.get("kafka.bootstrap.servers")
     default_topic = o.get("topic")
     client = None
-    groups: dict = {}
+    groups: dict = {}   # (topic, partition) -> ([keys], [values])
     counts: dict = {}
     rr: dict = {}
-    memo: dict = {}
     sent = 0
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             if client is None:
-                client = Kafka(bootstrap)
+                client = Kafka(resolve_bootstrap(bootstrap))
             names = batch.schema.names
+            n = batch.num_rows
             topics = batch.column("topic").to_pylist() if "topic" in names else None
             if topics is None and not default_topic:
                 raise SinkOptionError('statekit-kafka writer needs a `topic` column or .option("topic", NAME)')
-            keys = batch.column("key").to_pylist() if "key" in names else [None] * batch.num_rows
-            values = batch.column("value").to_pylist()
+            keys = _binary(batch.column("key")) if "key" in names else [None] * n
+            values = _binary(batch.column("value"))
             parts = batch.column("partition").to_pylist() if "partition" in names else None
-            for i in range(batch.num_rows):
-                topic = (topics[i] if topics is not None else None) or default_topic
-                key = _as_bytes(keys[i])
-                n = counts.get(topic)
-                if n is None:
-                    n = counts[topic] = len(client.end_offsets(topic))
-                p = parts[i] if parts is not None and parts[i] is not None else None
-                if p is None:
-                    if key is None:
-                        p = rr[topic] = (rr.get(topic, -1) + 1) % n
-                    else:
-                        p = memo.get((key, n))
-                        if p is None:
-                            p = memo[(key, n)] = partition_for(key, n)
-                groups.setdefault((topic, p), []).append((key, _as_bytes(values[i])))
-        for (topic, p), recs in sorted(groups.items()):
-            send_fast(client, topic, p, recs)
-            sent += len(recs)
+            if topics is None:
+                by_topic = {default_topic: np.arange(n)}
+            else:
+                tcol = [t or default_topic for t in topics]
+                by_topic = {}
+                for i, t in enumerate(tcol):
+                    by_topic.setdefault(t, []).append(i)
+                by_topic = {t: np.array(ix, np.int64) for t, ix in by_topic.items()}
+            for topic, idx in by_topic.items():
+                np_ = counts.get(topic)
+                if np_ is None:
+                    np_ = counts[topic] = len(client.end_offsets(topic))
+                tkeys = [keys[i] for i in idx.tolist()] if len(idx) != n else keys
+                tvals = [values[i] for i in idx.tolist()] if len(idx) != n else values
+                p = partitions_for(tkeys, np_)
+                if parts is not None:
+                    given = np.array([parts[i] if parts[i] is not None else -1 for i in idx.tolist()],
+                                     np.int64)
+                    p = np.where(given >= 0, given, p)
+                nulls = np.flatnonzero(p < 0)
+                if len(nulls):  # null keys: round robin over the partitions, as Kafka's producer
+                    start = rr.get(topic, -1) + 1
+                    p[nulls] = (start + np.arange(len(nulls))) % np_
+                    rr[topic] = int(start + len(nulls) - 1) % np_
+                order = np.argsort(p, kind="stable")
+                bounds = np.searchsorted(p[order], np.arange(np_ + 1))
+                for part in range(np_):
+                    sel = order[bounds[part]:bounds[part + 1]].tolist()
+                    if sel:
+                        ks, vs = groups.setdefault((topic, part), ([], []))
+                        ks.extend(tkeys[i] for i in sel)
+                        vs.extend(tvals[i] for i in sel)
+        items = [(t, p, Columns.of(ks, vs)) for (t, p), (ks, vs) in sorted(groups.items())]
+        if items:
+            client.send_many(items)
+            sent = sum(len(c) for _t, _p, c in items)
     finally:
         if client is not None:
             client.close()

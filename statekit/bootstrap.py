@@ -1,0 +1,23 @@
+"""The Kafka address of the App, the CLI and the kernel extension: the configured one, else the
+embedded broker of ``STATEKIT_HOME``, started (or reused) here. The client never starts a broker
+itself (:func:`statekit.kafka.config.configured_bootstrap` is its part of this)."""
+from __future__ import annotations
+
+import os
+
+from statekit.kafka.config import configured_bootstrap
+
+
+def resolve_bootstrap(bootstrap: str | None = None) -> str:
+    """Explicit value, else ``STATEKIT_BOOTSTRAP``, else ``bootstrap.servers`` of
+    ``STATEKIT_KAFKA_CONFIG``, else start (or reuse) the embedded broker in ``STATEKIT_HOME``
+    (default ``~/.statekit``) ``/broker`` (with authentication when
+    ``statekit.broker.should_auth()``: under JupyterHub, or STATEKIT_BROKER_AUTH=1)."""
+    found = configured_bootstrap(bootstrap)
+    if found:
+        return found
+    home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
+    from statekit import broker as broker_mod  # the embedded broker: only when nothing is configured
+
+    handle = broker_mod.start(dir=os.path.join(home, "broker"), auth=broker_mod.should_auth())
+    return handle.bootstrap

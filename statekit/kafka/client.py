@@ -1,0 +1,840 @@
+"""The Kafka client: one small synchronous client over plain sockets (:class:`Kafka`).
+
+Requests are kafka-python's protocol classes (``kafka.protocol``) sent over
+:class:`~statekit.kafka.connection.Connection` s; record batches are read and written by
+:mod:`statekit.wire`. There are no consumer or producer objects, no background threads and no
+per-record objects on the read path:
+
+* ``read()`` is the fast path used by restoration (and the Spark source). It issues Fetch requests
+  itself, keeps the next Fetch in flight while it decodes the current response (the next offset is
+  known from the batch headers alone), and yields :class:`Chunk` s of ``(offset, timestamp, key,
+  value, headers)`` tuples. Offsets may have gaps (compacted logs); a log start offset that moved
+  past the requested position (retention, ``DeleteRecords``) is skipped to. With
+  ``columns=True`` it yields :class:`ColumnChunk` s instead (:class:`statekit.wire.Columns`:
+  parallel lists and header runs, decoded with numpy): what restoration and standbys read.
+  ``isolation="read_committed"`` reads up to the last stable offset and drops aborted
+  transactions.
+* ``send()`` writes with ``acks=all`` and waits for every acknowledgement; ``send_many()`` does
+  several sends with every request in flight at once (a task commit: one round trip for all of its
+  stores' changelogs), each item's records as tuples or as :class:`~statekit.wire.Columns`
+  (encoded column-wise); ``offsets_many()`` gets (log start, end) of several topics in one round
+  trip.
+* ``send_encoded()`` writes record batches encoded already, every request in flight, acks
+  collected later: the data generator's fast produce path.
+* ``transactional_producer()`` gives a :class:`~statekit.kafka.transactions.TransactionalProducer`.
+* Security for real clusters (SASL PLAIN/SCRAM, TLS) comes from ``kafka_config=`` and
+  ``STATEKIT_KAFKA_CONFIG`` (:mod:`statekit.kafka.config`); for statekit's own broker started
+  with ``auth=True`` the credentials are found from the bootstrap address.
+
+A ``Kafka`` object is not thread-safe: give each thread its own (standby replicas do).
+"""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from kafka.protocol.admin import (CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
+                                  DescribeConfigsRequest)
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
+from kafka.protocol.producer import (AddPartitionsToTxnRequest, EndTxnRequest, InitProducerIdRequest,
+                                     ProduceRequest)
+
+from statekit.errors import BrokerUnreachable, StatekitError, UnknownTopic
+from statekit.wire import Columns, decode_batch, decode_batch_columns, decode_columns
+from statekit.wire.batch import ATTR_CONTROL, split_batches
+from statekit.wire.errors import InvalidBatch
+from statekit.wire.records import committed_only
+
+from .config import configured_bootstrap, explicit_bootstrap, load_kafka_config, security_of
+from .connection import Connection
+from .encode import encode_records
+from .errors import HINT as _HINT, RETRIABLE as _RETRIABLE, KafkaError, Retry as _Retry
+from .errors import raise_for as _raise_for
+
+__all__ = ["Kafka", "Chunk", "ColumnChunk", "PendingSend", "READ_COMMITTED", "READ_UNCOMMITTED"]
+
+READ_UNCOMMITTED, READ_COMMITTED = "read_uncommitted", "read_committed"
+_ISOLATION = {READ_UNCOMMITTED: 0, READ_COMMITTED: 1}
+
+
+def _isolation(isolation: str) -> int:
+    try:
+        return _ISOLATION[isolation]
+    except KeyError:
+        raise StatekitError(f"isolation must be {READ_UNCOMMITTED!r} or {READ_COMMITTED!r}, "
+                            f"got {isolation!r}") from None
+
+
+
+@dataclass
+class Chunk:
+    """What one Fetch returned for one partition: decoded records plus the log's bounds."""
+
+    records: list  # (offset, timestamp, key, value, headers)
+    next_offset: int  # where the next read starts (past compaction gaps and control batches)
+    high_watermark: int
+    log_start_offset: int
+    last_stable_offset: int = -1  # below it every transaction is decided (read_committed stops there)
+
+    def __len__(self):
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+
+@dataclass
+class ColumnChunk:
+    """What one Fetch returned, column-wise (``read(..., columns=True)``): the restore path."""
+
+    columns: Columns
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int
+    last_stable_offset: int = -1
+
+    def __len__(self):
+        return len(self.columns)
+
+    @property
+    def records(self) -> list:
+        return list(self.columns.tuples())
+
+
+def _scan_batches(data) -> tuple[list, int | None]:
+    """A Fetch answer's whole batches (bytes) and the offset after the last one."""
+    try:
+        return split_batches(data)
+    except InvalidBatch as e:
+        raise KafkaError(f"the broker returned records statekit cannot read ({e}); statekit needs "
+                         f"the v2 message format") from None
+
+
+class Kafka:
+    """A small synchronous Kafka client. See the module docstring."""
+
+    def __init__(self, bootstrap: str | None = None, *, timeout: float = 30.0,
+                 client_id: str = "statekit", fetch_max_bytes: int = 8 << 20,
+                 kafka_config: dict | str | None = None):
+        """``kafka_config``: Kafka client settings over those of ``STATEKIT_KAFKA_CONFIG`` (see
+        :func:`load_kafka_config`); without security settings, a statekit broker started with
+        ``auth=True`` at this bootstrap address is authenticated with its generated credentials."""
+        cfg = load_kafka_config(kafka_config)
+        # an explicit bootstrap.servers beats the environment's
+        self.bootstrap = configured_bootstrap(bootstrap or explicit_bootstrap(kafka_config))
+        if not self.bootstrap:
+            raise BrokerUnreachable(f"no Kafka to connect to: pass bootstrap=, set STATEKIT_BOOTSTRAP "
+                                    f"(or bootstrap.servers in STATEKIT_KAFKA_CONFIG), or {_HINT}")
+        if "security.protocol" not in cfg:
+            from statekit.broker import credentials_for  # the embedded broker's, when it has auth
+
+            cfg.update(credentials_for(self.bootstrap) or {})
+        self._security = security_of(cfg)
+        self.timeout = timeout
+        self.client_id = cfg.get("client.id") or client_id
+        self.fetch_max_bytes = fetch_max_bytes
+        self._boot_conn: Connection | None = None
+        self._conns: dict[int, Connection] = {}
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._leaders: dict[tuple[str, int], int] = {}
+        self._lock = threading.RLock()
+        self._any()  # fail fast, one line, when nothing listens
+
+    def _connect(self, host: str, port: int) -> Connection:
+        return Connection(host, port, self.timeout, self.client_id, self._security)
+
+    # -- connections ---------------------------------------------------------------------
+    def _any(self) -> Connection:
+        if self._boot_conn is not None and self._boot_conn.sock.fileno() >= 0:
+            return self._boot_conn
+        last = None
+        for hp in self.bootstrap.split(","):
+            hp = hp.strip()
+            if not hp:
+                continue
+            host, _, port = hp.rpartition(":")
+            try:
+                self._boot_conn = self._connect(host or "127.0.0.1", int(port))
+                return self._boot_conn
+            except BrokerUnreachable as e:
+                last = e
+        raise BrokerUnreachable(f"cannot reach Kafka at {self.bootstrap}: {_HINT}") from last
+
+    def _node(self, node_id: int) -> Connection:
+        c = self._conns.get(node_id)
+        if c is not None and c.sock.fileno() >= 0:
+            return c
+        host, port = self._brokers[node_id]
+        boot = self._any()
+        if boot.addr == f"{host}:{port}":
+            c = boot
+        else:
+            c = self._connect(host, port)
+        self._conns[node_id] = c
+        return c
+
+    def _metadata(self, topics: list[str] | None):
+        conn = self._any()
+        v = conn.version(MetadataRequest, 1, 12)
+        req = MetadataRequest(
+            version=v,
+            topics=None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics],
+            allow_auto_topic_creation=False,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False,
+        )
+        resp = conn.request(req)
+        if not resp.brokers or any(t.error_code == 58 for t in resp.topics):
+            if self._security is None or self._security.mechanism is None:
+                _raise_for(58, f"metadata from {conn.addr}")
+            raise KafkaError(f"the broker at {conn.addr} answered metadata without any broker: check that "
+                             f"{self.bootstrap} is a Kafka cluster")
+        self._brokers = {b.node_id: (b.host, b.port) for b in resp.brokers}
+        for t in resp.topics:
+            if t.error_code == 0:
+                for p in t.partitions:
+                    self._leaders[(t.name, p.partition_index)] = p.leader_id
+        return resp
+
+    def _leader(self, topic: str, partition: int) -> Connection:
+        key = (topic, partition)
+        if key not in self._leaders:
+            resp = self._metadata([topic])
+            for t in resp.topics:
+                if t.name == topic and t.error_code == 3:
+                    _raise_for(3, "metadata", topic)
+            if key not in self._leaders:
+                raise UnknownTopic(f"topic {topic!r} has no partition {partition}: it has "
+                                   f"{self._partition_count(resp, topic)} partition(s)")
+        leader = self._leaders[key]
+        if leader < 0 or leader not in self._brokers:
+            self._leaders.pop(key, None)
+            raise KafkaError(f"{topic}[{partition}] has no leader right now; retry shortly")
+        return self._node(leader)
+
+    @staticmethod
+    def _partition_count(resp, topic):
+        for t in resp.topics:
+            if t.name == topic:
+                return len(t.partitions)
+        return 0
+
+    def _forget(self, topic: str):
+        for k in [k for k in self._leaders if k[0] == topic]:
+            del self._leaders[k]
+
+    # -- admin -----------------------------------------------------------------------------
+    def topics(self) -> dict[str, int]:
+        """``{topic: number of partitions}`` for every topic."""
+        with self._lock:
+            resp = self._metadata(None)
+            return {t.name: len(t.partitions) for t in resp.topics if t.error_code == 0}
+
+    def partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+        """``{topic: number of partitions}`` for those of ``topics`` that exist (one Metadata
+        request for just these topics; missing ones are left out)."""
+        names = list(dict.fromkeys(topics))
+        if not names:
+            return {}
+        with self._lock:
+            for t in names:
+                self._forget(t)
+            resp = self._metadata(names)
+            return {t.name: len(t.partitions) for t in resp.topics
+                    if t.error_code == 0 and t.name in names}
+
+    def ensure_topic(self, name: str, partitions: int = 1, configs: dict | None = None,
+                     replication_factor: int = 1) -> bool:
+        """Create the topic unless it exists. Returns True when it was created."""
+        with self._lock:
+            conn = self._any()
+            v = conn.version(CreateTopicsRequest, 2, 4)  # v5+ echo configs back; we need none
+            T = CreateTopicsRequest.CreatableTopic
+            req = CreateTopicsRequest(
+                version=v,
+                topics=[T(name=name, num_partitions=partitions, replication_factor=replication_factor,
+                          assignments=[],
+                          configs=[T.CreatableTopicConfig(name=k, value=str(val))
+                                   for k, val in (configs or {}).items()])],
+                timeout_ms=int(self.timeout * 1000),
+                validate_only=False,
+            )
+            resp = conn.request(req)
+            created = True
+            for t in resp.topics:
+                if t.error_code == 36:  # TOPIC_ALREADY_EXISTS
+                    created = False
+                elif t.error_code:
+                    msg = getattr(t, "error_message", None) or ""
+                    _raise_for(t.error_code, f"cannot create topic {name!r} {msg}".strip())
+            # wait until every partition has a leader
+            deadline = time.monotonic() + self.timeout
+            while True:
+                self._forget(name)
+                resp = self._metadata([name])
+                ok = [t for t in resp.topics if t.name == name and t.error_code == 0]
+                if ok and all(p.leader_id >= 0 for p in ok[0].partitions) and ok[0].partitions:
+                    return created
+                if time.monotonic() > deadline:
+                    raise KafkaError(f"topic {name!r} was created but has no leader after "
+                                     f"{self.timeout:.0f}s")
+                time.sleep(0.05)
+
+    def delete_topic(self, name: str, missing_ok: bool = True) -> bool:
+        with self._lock:
+            conn = self._any()
+            v = conn.version(DeleteTopicsRequest, 1, 5)
+            resp = conn.request(DeleteTopicsRequest(version=v, topic_names=[name],
+                                                    timeout_ms=int(self.timeout * 1000)))
+            self._forget(name)
+            for r in resp.responses:
+                if r.error_code == 3:
+                    if missing_ok:
+                        return False
+                    _raise_for(3, "delete", name)
+                _raise_for(r.error_code, f"cannot delete topic {name!r}")
+            return True
+
+    def describe_configs(self, topic: str) -> dict[str, str]:
+        with self._lock:
+            conn = self._any()
+            v = conn.version(DescribeConfigsRequest, 1, 4)
+            R = DescribeConfigsRequest.DescribeConfigsResource
+            resp = conn.request(DescribeConfigsRequest(
+                version=v, resources=[R(resource_type=2, resource_name=topic, configuration_keys=None)],
+                include_synonyms=False, include_documentation=False))
+            out = {}
+            for r in resp.results:
+                if r.error_code == 3:
+                    _raise_for(3, "describe", topic)
+                _raise_for(r.error_code, f"cannot describe topic {topic!r}: {r.error_message or ''}")
+                for c in r.configs:
+                    out[c.name] = c.value
+            return out
+
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
+        """Move the log start of one partition to ``before_offset`` (Kafka's DeleteRecords).
+        Returns the new log start offset."""
+        with self._lock:
+            conn = self._leader(topic, partition)
+            v = conn.version(DeleteRecordsRequest, 0, 2)
+            T = DeleteRecordsRequest.DeleteRecordsTopic
+            resp = conn.request(DeleteRecordsRequest(
+                version=v, topics=[T(name=topic, partitions=[T.DeleteRecordsPartition(
+                    partition_index=partition, offset=before_offset)])],
+                timeout_ms=int(self.timeout * 1000)))
+            for t in resp.topics:
+                for p in t.partitions:
+                    _raise_for(p.error_code, f"cannot delete records of {topic}[{partition}]", topic)
+                    return p.low_watermark
+            raise KafkaError(f"empty DeleteRecords response for {topic}[{partition}]")
+
+    # -- offsets -----------------------------------------------------------------------------
+    def _list_offsets(self, topic: str, timestamp: int, partitions=None, isolation_level: int = 0) -> dict[int, int]:
+        with self._lock:
+            if partitions is None:
+                self._forget(topic)
+                resp = self._metadata([topic])
+                parts = None
+                for t in resp.topics:
+                    if t.name == topic:
+                        if t.error_code == 3:
+                            _raise_for(3, "offsets", topic)
+                        parts = [p.partition_index for p in t.partitions]
+                if parts is None:
+                    _raise_for(3, "offsets", topic)
+            else:
+                parts = list(partitions)
+            by_node: dict[int, list[int]] = {}
+            for p in parts:
+                self._leader(topic, p)
+                by_node.setdefault(self._leaders[(topic, p)], []).append(p)
+            out = {}
+            for node, ps in by_node.items():
+                conn = self._node(node)
+                v = conn.version(ListOffsetsRequest, 2 if isolation_level else 1, 7)
+                T = ListOffsetsRequest.ListOffsetsTopic
+                req = ListOffsetsRequest(
+                    version=v, replica_id=-1, isolation_level=isolation_level,
+                    topics=[T(name=topic, partitions=[
+                        T.ListOffsetsPartition(partition_index=p, current_leader_epoch=-1,
+                                               timestamp=timestamp) for p in ps])])
+                resp = conn.request(req)
+                for t in resp.topics:
+                    for p in t.partitions:
+                        if p.error_code in _RETRIABLE:
+                            self._forget(topic)
+                        _raise_for(p.error_code, f"cannot list offsets of {topic}[{p.partition_index}]", topic)
+                        out[p.partition_index] = p.offset
+            return dict(sorted(out.items()))
+
+    def end_offsets(self, topic: str, partitions=None, isolation: str = READ_UNCOMMITTED) -> dict[int, int]:
+        """``{partition: offset of the next record to be written}`` (the high watermark), or with
+        ``isolation="read_committed"`` the last stable offset (the first offset of the oldest open
+        transaction, else the high watermark)."""
+        return self._list_offsets(topic, -1, partitions, _isolation(isolation))
+
+    def begin_offsets(self, topic: str, partitions=None) -> dict[int, int]:
+        """``{partition: log start offset}``."""
+        return self._list_offsets(topic, -2, partitions)
+
+    def offsets_many(self, topics: Iterable[str], partition: int,
+                     isolation: str = READ_UNCOMMITTED) -> dict[str, tuple[int, int]]:
+        """``{topic: (log start offset, end offset)}`` of one partition of several topics, with
+        every ListOffsets request in flight at once (one round trip instead of two per topic);
+        ``isolation="read_committed"``: the end is the last stable offset."""
+        level = _isolation(isolation)
+        names = list(dict.fromkeys(topics))
+        if not names:
+            return {}
+        with self._lock:
+            for _attempt in range(10):
+                by_node: dict[int, list[str]] = {}
+                for t in names:
+                    self._leader(t, partition)
+                    by_node.setdefault(self._leaders[(t, partition)], []).append(t)
+                T = ListOffsetsRequest.ListOffsetsTopic
+                inflight = []
+                for node, ts in by_node.items():
+                    conn = self._node(node)
+                    v = conn.version(ListOffsetsRequest, 2 if level else 1, 7)
+                    for stamp in (-2, -1):
+                        req = ListOffsetsRequest(
+                            version=v, replica_id=-1, isolation_level=level,
+                            topics=[T(name=t, partitions=[T.ListOffsetsPartition(
+                                partition_index=partition, current_leader_epoch=-1,
+                                timestamp=stamp)]) for t in ts])
+                        inflight.append((conn, stamp, conn.send(req)))
+                found: dict[tuple[str, int], int] = {}
+                retry = False
+                first_error = None
+                for conn, stamp, cid in inflight:
+                    resp = conn.recv(cid)
+                    for t in resp.topics:
+                        for p in t.partitions:
+                            if p.error_code in _RETRIABLE:
+                                self._forget(t.name)
+                                retry = True
+                            elif p.error_code:
+                                first_error = first_error or (p.error_code, t.name)
+                            else:
+                                found[(t.name, stamp)] = p.offset
+                if first_error:
+                    code, t = first_error
+                    _raise_for(code, f"cannot list offsets of {t}[{partition}]", t)
+                if not retry:
+                    return {t: (found[(t, -2)], found[(t, -1)]) for t in names}
+                time.sleep(0.05)
+            raise KafkaError(f"could not list offsets of {', '.join(names)}[{partition}]: the "
+                             f"partition kept answering with a retriable error")
+
+    # -- produce -------------------------------------------------------------------------------
+    def send(self, topic: str, partition: int, records: Iterable, headers=None,
+             batch_bytes: int = 900_000) -> int:
+        """Append ``records`` (``(key, value)`` or ``(key, value, headers)`` tuples; ``headers`` a
+        list of ``(str, bytes)``, the ``headers`` argument applying to records that carry none; or
+        a :class:`~statekit.wire.Columns`) to one partition with acks=all and wait for every
+        acknowledgement. Returns the offset of the last record written (-1 when ``records`` is
+        empty)."""
+        payloads = self._payloads(records, headers, batch_bytes)
+        if not payloads:
+            return -1
+        with self._lock:
+            return self._produce_retrying(topic, partition, payloads)
+
+    def send_many(self, items: Iterable, batch_bytes: int = 900_000) -> list[int]:
+        """Several :meth:`send` calls at once: ``items`` is ``[(topic, partition, records)]``;
+        every Produce request goes out before the first acknowledgement is awaited (one round
+        trip instead of one per item). ``records`` is a list of ``(key, value[, headers])``
+        tuples or a :class:`~statekit.wire.Columns` (``Columns.of(keys, values, headers=...,
+        timestamp=...)``: encoded column-wise with numpy, no Python loop per record, into as many
+        batches as ``batch_bytes`` allows). Returns each item's last offset, as :meth:`send`
+        does. The order within an item is kept; across items there is no order (a failure may
+        leave any subset of the items written, as a crash between sequential sends may)."""
+        built = [(t, p, self._payloads(recs, None, batch_bytes)) for t, p, recs in items]
+        out = [-1] * len(built)
+        with self._lock:
+            for topic, partition, payloads in built:  # unknown topics fail before anything is sent
+                if payloads:
+                    self._leader(topic, partition)
+            inflight = []
+            for i, (topic, partition, payloads) in enumerate(built):
+                if payloads:
+                    inflight.append((i, self._produce_send(topic, partition, payloads)))
+            redo = []
+            first_error = None
+            for i, sent in inflight:
+                topic, partition, payloads = built[i]
+                try:
+                    out[i] = self._produce_collect(topic, partition, payloads, sent)
+                except _Retry:
+                    redo.append(i)
+                except KafkaError as e:  # keep collecting: no ack is left behind on the socket
+                    first_error = first_error or e
+            if first_error is not None:
+                raise first_error
+            for i in redo:
+                topic, partition, payloads = built[i]
+                self._forget(topic)
+                out[i] = self._produce_retrying(topic, partition, payloads)
+        return out
+
+    def send_encoded(self, topic: str, batches: Iterable, *, wait: bool = True):
+        """Write record batches encoded already (``[(partition, v2 batch bytes, record count)]``,
+        e.g. by :func:`statekit.wire.encode_batches_flat`) with acks=all, every request in flight at once and
+        the order within a partition kept. Returns ``{partition: last offset}``; with
+        ``wait=False`` a :class:`PendingSend` whose ``wait()`` collects the acks, so the caller
+        can encode the next batches meanwhile (the fast produce path of ``statekit.datagen``)."""
+        by_part: dict[int, list] = {}
+        for partition, data, n in batches:
+            by_part.setdefault(int(partition), []).append((data, n))
+        with self._lock:
+            for partition in by_part:  # an unknown topic fails before anything is sent
+                self._leader(topic, partition)
+            sent = {p: self._produce_send(topic, p, payloads) for p, payloads in by_part.items()}
+        pending = PendingSend(self, topic, by_part, sent)
+        return pending.wait() if wait else pending
+
+    @staticmethod
+    def _payloads(records, headers, batch_bytes: int, ts: int | None = None) -> list:
+        """``[(record batch bytes, record count)]``: v2 batches of at most ~``batch_bytes``."""
+        return encode_records(records, batch_bytes, int(time.time() * 1000) if ts is None else ts,
+                              headers=headers)
+
+    def _produce_retrying(self, topic, partition, payloads, transactional_id=None) -> int:
+        for attempt in range(20):
+            try:
+                return self._produce(topic, partition, payloads, transactional_id)
+            except _Retry:
+                self._forget(topic)
+                time.sleep(min(0.05 * (attempt + 1), 0.5))
+        raise KafkaError(f"could not write to {topic}[{partition}]: the partition kept "
+                         f"answering with a retriable error")
+
+    def _produce(self, topic, partition, payloads, transactional_id=None) -> int:
+        return self._produce_collect(topic, partition, payloads,
+                                     self._produce_send(topic, partition, payloads, transactional_id))
+
+    def _produce_send(self, topic, partition, payloads, transactional_id=None) -> tuple:
+        conn = self._leader(topic, partition)
+        v = conn.version(ProduceRequest, 3, 12)
+        T = ProduceRequest.TopicProduceData
+        # pipeline: every batch in flight at once, then collect the acks in order
+        cids = []
+        for data, _n in payloads:
+            cids.append(conn.send(ProduceRequest(
+                version=v, transactional_id=transactional_id, acks=-1, timeout_ms=int(self.timeout * 1000),
+                topic_data=[T(name=topic, partition_data=[
+                    T.PartitionProduceData(index=partition, records=data)])])))
+        return conn, cids
+
+    def _produce_collect(self, topic, partition, payloads, sent) -> int:
+        conn, cids = sent
+        last = -1
+        retry = False
+        first_error = None
+        for cid, (data, n) in zip(cids, payloads):
+            resp = conn.recv(cid)
+            for t in resp.responses:
+                for p in t.partition_responses:
+                    if p.error_code in _RETRIABLE:
+                        retry = True
+                    elif p.error_code:
+                        first_error = first_error or p.error_code
+                    else:
+                        last = p.base_offset + n - 1
+        if first_error:
+            _raise_for(first_error, f"cannot write to {topic}[{partition}]", topic)
+        if retry:
+            # Only the first batch can be safely retried as a whole; statekit sends one commit's
+            # records per call, and a retry after a partial write would duplicate absolute values,
+            # which restoration tolerates (values are absolute, markers close groups).
+            raise _Retry()
+        return last
+
+    # -- fetch -------------------------------------------------------------------------------
+    def _fetch_request(self, conn, topic, partition, offset, max_wait_ms, max_bytes, isolation_level=0):
+        v = conn.version(FetchRequest, 4, 12)
+        T = FetchRequest.FetchTopic
+        return FetchRequest(
+            version=v, replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1,
+            max_bytes=max_bytes, isolation_level=isolation_level, session_id=0, session_epoch=-1,
+            topics=[T(topic=topic, partitions=[T.FetchPartition(
+                partition=partition, current_leader_epoch=-1, fetch_offset=offset,
+                last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=max_bytes)])],
+            forgotten_topics_data=[], rack_id="")
+
+    @staticmethod
+    def _partition_data(resp, topic):
+        for t in resp.responses:
+            for p in t.partitions:
+                return p
+        raise KafkaError(f"the broker sent an empty Fetch response for {topic}")
+
+    def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
+              max_bytes: int | None = None, isolation: str = READ_UNCOMMITTED, *,
+              columns: bool = False) -> Chunk:
+        """One Fetch at ``offset``; waits up to ``max_wait_ms`` for data. Moves past a log start
+        offset that overtook ``offset``. ``isolation="read_committed"``: only committed records,
+        up to the last stable offset. ``columns``: a :class:`ColumnChunk` instead."""
+        max_bytes = max_bytes or self.fetch_max_bytes
+        level = _isolation(isolation)
+        with self._lock:
+            for _attempt in range(10):
+                conn = self._leader(topic, partition)
+                cid = conn.send(self._fetch_request(conn, topic, partition, offset, max_wait_ms,
+                                                    max_bytes, level))
+                p = self._partition_data(conn.recv(cid), topic)
+                if p.error_code == 1:  # OFFSET_OUT_OF_RANGE: the log start moved (or offset > end)
+                    lso = self.begin_offsets(topic, [partition])[partition]
+                    if offset < lso:
+                        offset = lso
+                        continue
+                    hwm = self.end_offsets(topic, [partition])[partition]
+                    if columns:
+                        return ColumnChunk(Columns(), max(min(offset, hwm), lso), hwm, lso, hwm)
+                    return Chunk([], max(min(offset, hwm), lso), hwm, lso, hwm)
+                if p.error_code in _RETRIABLE:
+                    self._forget(topic)
+                    time.sleep(0.05)
+                    continue
+                _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
+                batches, nxt = _scan_batches(p.records or b"")
+                if level:
+                    batches = committed_only(batches, p.aborted_transactions)
+                if columns:
+                    return ColumnChunk(decode_columns(batches, offset),
+                                       nxt if nxt is not None and nxt > offset else offset,
+                                       p.high_watermark, p.log_start_offset, p.last_stable_offset)
+                out: list = []
+                for raw in batches:
+                    decode_batch(raw, out, offset)
+                return Chunk(out, nxt if nxt is not None and nxt > offset else offset,
+                             p.high_watermark, p.log_start_offset, p.last_stable_offset)
+            raise KafkaError(f"could not read {topic}[{partition}]: no leader")
+
+    def read(self, topic: str, partition: int, start: int | None = None, end: int | None = None,
+             *, max_bytes: int | None = None, pipeline: bool = True,
+             isolation: str = READ_UNCOMMITTED, columns: bool = False) -> Iterator[Chunk]:
+        """Read ``[start, end)`` of one partition as an iterator of :class:`Chunk` (one per Fetch
+        response). ``start`` None = the log start; ``end`` None = the end offset when called (the
+        last stable offset for read_committed). Offsets may have gaps (compaction, control
+        batches, aborted transactions); when the log start is past ``start`` the read begins
+        there. Ends early if the log ends before ``end`` (e.g. it was truncated), or, reading
+        committed, where an open transaction begins. ``isolation="read_committed"`` drops the
+        records of aborted transactions (Kafka's read_committed consumer). ``columns``:
+        :class:`ColumnChunk` s instead (no tuple per record; the restore path)."""
+        max_bytes = max_bytes or self.fetch_max_bytes
+        level = _isolation(isolation)
+        with self._lock:
+            if start is None or start < 0:
+                start = self.begin_offsets(topic, [partition])[partition]
+            if end is None:
+                end = self.end_offsets(topic, [partition], isolation)[partition]
+        pos = start
+        if pos >= end:
+            return
+        state = {"conn": None, "inflight": None}
+        try:
+            yield from self._read_loop(topic, partition, pos, end, max_bytes, pipeline, state,
+                                       level, columns)
+        finally:
+            if state["inflight"] is not None:  # abandoned mid-read: drain the answer nobody wants
+                with self._lock:
+                    try:
+                        state["conn"].recv(state["inflight"])
+                    except StatekitError:
+                        pass
+
+    def _read_loop(self, topic, partition, pos, end, max_bytes, pipeline, state, level=0,
+                   columns=False):
+        empty_rounds = 0
+        conn = None
+        while pos < end:
+            with self._lock:
+                if state["inflight"] is None:
+                    conn = self._leader(topic, partition)
+                    state["conn"] = conn
+                    state["inflight"] = conn.send(self._fetch_request(conn, topic, partition, pos,
+                                                                      0, max_bytes, level))
+                conn = state["conn"]
+                resp = conn.recv(state["inflight"])
+                state["inflight"] = None
+                p = self._partition_data(resp, topic)
+                if p.error_code:
+                    if p.error_code == 1:  # OFFSET_OUT_OF_RANGE
+                        lso = self.begin_offsets(topic, [partition])[partition]
+                        hwm = self.end_offsets(topic, [partition])[partition]
+                        if pos < lso:
+                            pos = lso
+                            continue
+                        end = min(end, hwm)
+                        continue
+                    if p.error_code in _RETRIABLE:
+                        self._forget(topic)
+                        time.sleep(0.05)
+                        continue
+                    _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
+                batches, nxt = _scan_batches(p.records or b"")
+                if level:
+                    batches = committed_only(batches, p.aborted_transactions)
+                hwm = p.high_watermark
+                lso = p.log_start_offset
+                stable = p.last_stable_offset if level else hwm
+                if nxt is None or nxt <= pos:
+                    if lso is not None and lso > pos:
+                        pos = lso  # the log start moved past us
+                        continue
+                    if stable <= pos:
+                        return  # the log ends (or an open transaction begins) before `end`
+                    empty_rounds += 1
+                    if empty_rounds > 100:
+                        raise KafkaError(f"{topic}[{partition}] returned no records at offset "
+                                         f"{pos} below its high watermark {hwm}")
+                    time.sleep(0.01)
+                    continue
+                empty_rounds = 0
+                start_pos = pos
+                pos = nxt
+                if pipeline and pos < end and pos < stable:
+                    # the next Fetch goes out before we decode this one: the broker works while we do
+                    state["inflight"] = conn.send(self._fetch_request(conn, topic, partition,
+                                                                      pos, 0, max_bytes, level))
+            if columns:
+                yield ColumnChunk(decode_columns(batches, start_pos, end), pos, hwm, lso,
+                                  p.last_stable_offset)
+                continue
+            out: list = []
+            for raw in batches:
+                decode_batch(raw, out, start_pos)
+            if out and out[-1][0] >= end:
+                out = [r for r in out if r[0] < end]
+            yield Chunk(out, pos, hwm, lso, p.last_stable_offset)
+
+    # -- transactions ----------------------------------------------------------------------------
+    def supports_transactions(self) -> bool:
+        """Does the broker offer Kafka transactions (InitProducerId, AddPartitionsToTxn, EndTxn)?
+        False for a broker without them (then statekit's output is at-least-once)."""
+        with self._lock:
+            versions = self._any().versions
+            return all(k in versions for k in (InitProducerIdRequest.API_KEY, AddPartitionsToTxnRequest.API_KEY,
+                                               EndTxnRequest.API_KEY))
+
+    def transactional_producer(self, transactional_id: str, timeout_ms: int = 60000) -> "TransactionalProducer":
+        """A :class:`TransactionalProducer` for ``transactional_id`` (InitProducerId: an older
+        producer with the same id is fenced and its open transaction aborted)."""
+        from .transactions import TransactionalProducer  # it drives this client: a cycle otherwise
+
+        return TransactionalProducer(self, transactional_id, timeout_ms)
+
+    def _coordinator(self, key: str, key_type: int) -> Connection:
+        """The connection to the coordinator of a group (0) or transactional id (1)."""
+        conn = self._any()
+        v = conn.version(FindCoordinatorRequest, 1, 4)
+        for _attempt in range(50):
+            if v >= 4:
+                resp = conn.request(FindCoordinatorRequest(version=v, key_type=key_type, coordinator_keys=[key]))
+                c = resp.coordinators[0]
+                code, node, host, port = c.error_code, c.node_id, c.host, c.port
+            else:
+                resp = conn.request(FindCoordinatorRequest(version=v, key=key, key_type=key_type))
+                code, node, host, port = resp.error_code, resp.node_id, resp.host, resp.port
+            if code in (14, 15):  # loading, not available: retry
+                time.sleep(0.05)
+                continue
+            if code == 53:
+                raise KafkaError(f"the broker at {conn.addr} denies transactional id {key!r} "
+                                 f"(TRANSACTIONAL_ID_AUTHORIZATION_FAILED): check its ACLs")
+            _raise_for(code, f"cannot find the coordinator of {key!r}")
+            self._brokers.setdefault(node, (host, port))
+            return self._node(node)
+        raise KafkaError(f"no coordinator for {key!r}: the broker kept answering COORDINATOR_NOT_AVAILABLE")
+
+    def count_records(self, topic: str, partition: int, start: int, end: int,
+                      max_bytes: int = 4 << 20) -> int:
+        """How many records ``[start, end)`` of one partition holds (fewer than ``end - start``
+        where compaction removed some), from the record batch headers: only a batch that crosses
+        ``start`` or ``end`` is decoded. Costs a read of the bytes, not of the records."""
+        n = 0
+        with self._lock:
+            lso = self.begin_offsets(topic, [partition])[partition]
+            pos = max(start, lso)
+            while pos < end:
+                conn = self._leader(topic, partition)
+                p = self._partition_data(conn.recv(conn.send(self._fetch_request(
+                    conn, topic, partition, pos, 0, max_bytes))), topic)
+                if p.error_code == 1:  # OFFSET_OUT_OF_RANGE: the log start moved past pos
+                    lso = self.begin_offsets(topic, [partition])[partition]
+                    if pos < lso:
+                        pos = lso
+                        continue
+                    break
+                _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
+                batches, nxt = _scan_batches(p.records or b"")
+                if nxt is None or nxt <= pos:
+                    break
+                for raw in batches:
+                    base, = struct.unpack_from(">q", raw, 0)
+                    last = base + struct.unpack_from(">i", raw, 23)[0]
+                    count = struct.unpack_from(">i", raw, 57)[0]
+                    if base >= pos and last < end:
+                        if not raw[22] & ATTR_CONTROL:
+                            n += count
+                    else:
+                        cols = decode_batch_columns(raw, pos)
+                        if cols is not None:
+                            n += sum(1 for o in cols.offsets if o < end)
+                pos = nxt
+        return n
+
+    def close(self) -> None:
+        with self._lock:
+            for c in set(self._conns.values()) | ({self._boot_conn} if self._boot_conn else set()):
+                c.close()
+            self._conns.clear()
+            self._boot_conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class PendingSend:
+    """Produce requests in flight (:meth:`Kafka.send_encoded` with ``wait=False``)."""
+
+    def __init__(self, kafka: Kafka, topic: str, by_part: dict, sent: dict):
+        self._kafka = kafka
+        self.topic = topic
+        self._by_part = by_part
+        self._sent = sent
+        self.records = sum(n for payloads in by_part.values() for _d, n in payloads)
+        self._result: dict | None = None
+
+    def wait(self) -> dict:
+        """Collect every acknowledgement; ``{partition: last offset}``."""
+        if self._result is not None:
+            return self._result
+        out: dict = {}
+        first_error = None
+        with self._kafka._lock:
+            for p, sent in self._sent.items():
+                try:  # collect every ack, even after an error: none is left on the socket
+                    out[p] = self._kafka._produce_collect(self.topic, p, self._by_part[p], sent)
+                except _Retry:
+                    first_error = first_error or KafkaError(
+                        f"{self.topic}[{p}] refused pre-encoded batches with a retriable error "
+                        f"(its leader moved?); some may be written: produce into a new topic")
+                except KafkaError as e:
+                    first_error = first_error or e
+        self._sent = {}
+        if first_error is not None:
+            raise first_error
+        self._result = out
+        return out
+
