@@ -6,6 +6,14 @@ that match on Kafka's wording (e.g. "Unknown topic config name: X") see it. Defa
 except where a teaching tool wants to see things happen quickly (the cleaner backoff, the
 transaction timeout check) or where Kafka is unbounded (the request memory pool).
 
+`group.initial.rebalance.delay.ms` defaults to 0, not Kafka's 3000: the value Kafka's own
+`config/server.properties` ships with "for a better out-of-the-box experience for development
+and testing". A consumer group on this broker (a notebook's consumer, the tests' groups of
+kafka-python, librdkafka and kcat members) gets its first assignment at once instead of 3 s
+later; a member that joins a moment after the first costs one more rebalance, which these
+groups wait for anyway. Set it (e.g. `--config group.initial.rebalance.delay.ms=3000`) to see
+Kafka's production behaviour: members starting together land in one generation.
+
 A topic config's value comes from, in order: the topic's override, the broker setting that is its
 synonym (`log.retention.ms` > `log.retention.minutes` > `log.retention.hours` for `retention.ms`,
 `log.segment.bytes` for `segment.bytes`, `message.max.bytes` for `max.message.bytes`, ...), the
@@ -183,6 +191,10 @@ BROKER_CONFIGS = {
                   "forget a transactional id idle this long"),
         ConfigDef("transaction.abort.timed.out.transaction.cleanup.interval.ms", "1000", _long(1),
                   "how often transactions past their timeout are looked for (and aborted)"),
+        # consumer groups
+        ConfigDef("group.initial.rebalance.delay.ms", "0", _long(0),
+                  "how long the first rebalance of an empty group waits for more members, extended "
+                  "by as much while they keep joining (up to the rebalance timeout); 0: at once"),
         # authentication (enabled by `--auth`)
         ConfigDef("sasl.enabled.mechanisms", "PLAIN,SCRAM-SHA-256", _mechanisms),
     ]

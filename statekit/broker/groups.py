@@ -18,11 +18,13 @@ State machine (as Kafka's ``GroupMetadata``)::
 
 * JoinGroup v4+ with an empty member id gets ``MEMBER_ID_REQUIRED`` and a fresh member id (KIP-394),
   as the real broker does; the member then re-joins with it.
-* A rebalance of an ``Empty`` group waits ``initial_rebalance_delay_ms`` (Kafka's
-  ``group.initial.rebalance.delay.ms``, 300 ms here), extended by the same delay while new members keep
-  arriving (up to the rebalance timeout). Later rebalances complete as soon as every known member
-  has re-joined, or after the largest member rebalance timeout (members that did not re-join are
-  removed).
+* A rebalance of an ``Empty`` group waits ``initial_rebalance_delay_ms`` (the broker config
+  ``group.initial.rebalance.delay.ms``; see ``config.py`` for its default) even when every member
+  has joined, as Kafka's ``InitialDelayedJoin``: while new members keep arriving in a group that
+  never completed a rebalance (generation 0) the wait is extended by the same delay, bounded by
+  the rebalance timeout; 0 completes it at once. Later rebalances complete as soon as every known
+  member has re-joined, or after the largest member rebalance timeout (members that did not
+  re-join are removed).
 * Waiting requests (JoinGroup until the rebalance completes, a follower's SyncGroup until the
   leader's) are asyncio futures: nothing here ever blocks the event loop.
 * Committed offsets are appended to ``DATA_DIR/group-offsets.jsonl`` (one JSON object per partition,
@@ -235,9 +237,7 @@ class GroupCoordinator:
                  topic_name_for_id: Callable[[Any], str | None] | None = None,
                  topic_id_for_name: Callable[[str], Any] | None = None):
         self.data_dir = data_dir
-        self.initial_rebalance_delay_ms = (
-            initial_rebalance_delay_ms if initial_rebalance_delay_ms is not None
-            else _env_int("STATEKIT_GROUP_INITIAL_REBALANCE_DELAY_MS", 300))
+        self.initial_rebalance_delay_ms = int(initial_rebalance_delay_ms or 0)
         # Kafka's defaults are 6 s .. 30 min; a teaching kit wants to show expiry quickly.
         self.min_session_timeout_ms = (
             min_session_timeout_ms if min_session_timeout_ms is not None
@@ -424,8 +424,8 @@ class GroupCoordinator:
             group.static[member.instance_id] = member.member_id
         if group.leader_id is None:
             group.leader_id = member.member_id
-        if group.state == PREPARING_REBALANCE:
-            group.new_member_added = True
+        if group.state == PREPARING_REBALANCE and group.generation == 0:
+            group.new_member_added = True  # the initial delay may wait longer (Kafka's rule)
 
     def _remove_member(self, group: Group, member: Member, error_code: int) -> None:
         """Drop a member (left, expired, fenced or not re-joined) and rebalance what remains."""

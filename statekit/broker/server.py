@@ -246,7 +246,8 @@ class Broker:
         except ImportError:
             log.info("no group coordinator (statekit.broker.groups): group APIs answer COORDINATOR_NOT_AVAILABLE")
             return None
-        coord = GroupCoordinator(self.dir)
+        coord = GroupCoordinator(
+            self.dir, initial_rebalance_delay_ms=self.config.get("group.initial.rebalance.delay.ms"))
         await coord.start()
         declared = coord.supported_versions() if hasattr(coord, "supported_versions") else \
             getattr(coord, "SUPPORTED_VERSIONS", None)
