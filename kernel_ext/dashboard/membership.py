@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kernel_ext.dashboard.restore import _get, _type
+from statekit import events as ev
 
 
 @dataclass
@@ -61,28 +61,30 @@ class OwnershipTimeline:
             self.moves += 1
         segs.append(Segment(inst, ts))
 
+    _KINDS = (ev.RestoreQueued, ev.Rebalance, ev.InstanceDied, ev.TaskOpened, ev.StandbyPromoted,
+              ev.WarmupCaughtUp, ev.ReplicaStarted, ev.ReplicaStopped, ev.InstanceStarted,
+              ev.InstanceLeft, ev.TaskClosed)
+
     def feed(self, e) -> None:
-        kind = _type(e)
-        ts = float(_get(e, "ts", 0.0) or 0.0)
-        if kind not in ("restore_queued", "rebalance", "instance_died", "task_opened", "standby_promoted",
-                        "warmup_caught_up", "replica_started", "replica_stopped", "instance_started",
-                        "instance_left", "task_closed"):
+        """Apply one typed event (``statekit.events``); others are ignored."""
+        if not isinstance(e, self._KINDS):
             return
+        ts = e.ts
         if self.t0 is None:
             self.t0 = ts
         self.version += 1
-        if kind == "restore_queued":
+        if isinstance(e, ev.RestoreQueued):
             # the new owner was told (published before the rebalance that announces it)
-            self._assign(str(_get(e, "task")), int(_get(e, "instance")), ts)
-        elif kind == "rebalance":
-            if _get(e, "moves"):
-                self.last_moves = [dict(m) for m in _get(e, "moves")]
-                self.last_moves_at, self.last_moves_generation = ts, _get(e, "generation")
-            for task, inst in (_get(e, "active", {}) or {}).items():
+            self._assign(str(e.task), int(e.instance), ts)
+        elif isinstance(e, ev.Rebalance):
+            if e.moves:
+                self.last_moves = [dict(m) for m in e.moves]
+                self.last_moves_at, self.last_moves_generation = ts, e.generation
+            for task, inst in (e.active or {}).items():
                 cur = self._open(str(task))
                 if cur is None or cur.instance != int(inst):
                     self._assign(str(task), int(inst), ts)   # no restore_queued seen for it
-            warm = {(str(t), int(i)) for t, insts in (_get(e, "warmups", {}) or {}).items() for i in insts}
+            warm = {(str(t), int(i)) for t, insts in (e.warmups or {}).items() for i in insts}
             for task, segs in self.warmups.items():
                 for s in segs:
                     if s.end is None and (task, s.instance) not in warm:
@@ -90,10 +92,10 @@ class OwnershipTimeline:
             for task, inst in warm:
                 if not any(s.end is None and s.instance == inst for s in self.warmups.get(task, [])):
                     self.warmups.setdefault(task, []).append(Segment(inst, ts))
-            self.markers.append(Marker(ts, "rebalance", None, f"g{_get(e, 'generation', '')}"))
-        elif kind == "instance_died":
-            inst = _get(e, "instance")
-            for task in [str(t) for t in (_get(e, "tasks", []) or [])] or list(self.segments):
+            self.markers.append(Marker(ts, "rebalance", None, f"g{e.generation if e.generation is not None else ''}"))
+        elif isinstance(e, ev.InstanceDied):
+            inst = e.instance
+            for task in [str(t) for t in (e.tasks or [])] or list(self.segments):
                 cur = self._open(task)
                 if cur is not None and cur.instance == inst:
                     cur.end = ts
@@ -103,46 +105,53 @@ class OwnershipTimeline:
                     if s.end is None and s.instance == inst:
                         s.end = ts
             self.markers.append(Marker(ts, "crash", None, f"instance {inst} died"))
-        elif kind == "task_opened":
-            task = str(_get(e, "task"))
+        elif isinstance(e, ev.TaskOpened):
+            task = str(e.task)
             cur = self._open(task)
-            if cur is not None and cur.instance == _get(e, "instance") and cur.opened is None:
+            if cur is not None and cur.instance == e.instance and cur.opened is None:
                 cur.opened = ts
-            if int(_get(e, "restored", 0) or 0) > 0:
-                self.markers.append(Marker(ts, "restored", task, f"{int(_get(e, 'restored')):,} records"))
-        elif kind == "standby_promoted":
-            task = str(_get(e, "task"))
-            self.markers.append(Marker(ts, "promoted", task, f"{_get(e, 'role', 'standby')} promoted"))
+            if (e.restored or 0) > 0:
+                self.markers.append(Marker(ts, "restored", task, f"{int(e.restored):,} records"))
+        elif isinstance(e, ev.StandbyPromoted):
+            task = str(e.task)
+            self.markers.append(Marker(ts, "promoted", task, f"{e.role or 'standby'} promoted"))
             for s in self.warmups.get(task, []):
-                if s.end is None and s.instance == _get(e, "instance"):
+                if s.end is None and s.instance == e.instance:
                     s.end = ts
-        elif kind == "warmup_caught_up":
-            self.markers.append(Marker(ts, "caught-up", str(_get(e, "task")), "warmup caught up"))
-        elif kind == "replica_started" and _get(e, "role") == "warmup":
-            task, inst = str(_get(e, "task")), _get(e, "instance")
+        elif isinstance(e, ev.WarmupCaughtUp):
+            self.markers.append(Marker(ts, "caught-up", str(e.task), "warmup caught up"))
+        elif isinstance(e, ev.ReplicaStarted) and e.role == "warmup":
+            task, inst = str(e.task), e.instance
             if not any(s.end is None and s.instance == inst for s in self.warmups.get(task, [])):
                 self.warmups.setdefault(task, []).append(Segment(inst, ts))
-        elif kind == "replica_stopped" and _get(e, "role") == "warmup":
-            for s in self.warmups.get(str(_get(e, "task")), []):
-                if s.end is None and s.instance == _get(e, "instance"):
+        elif isinstance(e, ev.ReplicaStopped) and e.role == "warmup":
+            for s in self.warmups.get(str(e.task), []):
+                if s.end is None and s.instance == e.instance:
                     s.end = ts
-        elif kind == "instance_started" and _get(e, "reason") in ("add", "revive"):
-            verb = "joined" if _get(e, "reason") == "add" else "revived"
+        elif isinstance(e, ev.InstanceStarted) and e.reason in ("add", "revive"):
+            verb = "joined" if e.reason == "add" else "revived"
             self.markers.append(Marker(ts, "join" if verb == "joined" else "revive", None,
-                                       f"instance {_get(e, 'instance')} {verb}"))
-        elif kind == "instance_left":
-            self.markers.append(Marker(ts, "leave", None, f"instance {_get(e, 'instance')} left"))
+                                       f"instance {e.instance} {verb}"))
+        elif isinstance(e, ev.InstanceLeft):
+            self.markers.append(Marker(ts, "leave", None, f"instance {e.instance} left"))
+
+    def frozen(self) -> "OwnershipTimeline":
+        """A copy the chart can draw while events keep changing this one."""
+        import copy
+
+        c = OwnershipTimeline(self.markers.maxlen or 400)
+        c.segments = copy.deepcopy(self.segments)
+        c.warmups = copy.deepcopy(self.warmups)
+        c.markers = deque(self.markers, maxlen=self.markers.maxlen)
+        c.moves, c.last_moves = self.moves, list(self.last_moves)
+        c.last_moves_at, c.last_moves_generation = self.last_moves_at, self.last_moves_generation
+        c.t0, c.version = self.t0, self.version
+        return c
 
     def tasks(self) -> list[str]:
-        from statekit.contracts import TaskId
+        from kernel_ext.dashboard.formats import task_order
 
-        def key(t):
-            try:
-                return (0, TaskId.parse(t))
-            except ValueError:
-                return (1, t)
-
-        return sorted(set(self.segments) | set(self.warmups), key=key)
+        return sorted(set(self.segments) | set(self.warmups), key=task_order)
 
     def owner_history(self, task: str) -> list[int]:
         """The instances a task was active on, in order (repeats collapsed)."""
@@ -162,20 +171,16 @@ class InstanceRates:
         self.latest = 0.0
 
     def feed(self, e) -> None:
-        if _type(e) != "commit":
+        if not isinstance(e, ev.Committed) or e.instance is None:
             return
-        inst = _get(e, "instance")
-        if inst is None:
-            return
-        ts = float(_get(e, "ts", 0.0) or 0.0)
-        self.latest = max(self.latest, ts)
-        dq = self.commits.setdefault(int(inst), deque())
-        dq.append((ts, int(_get(e, "records", 0) or 0)))
+        self.latest = max(self.latest, e.ts)
+        dq = self.commits.setdefault(int(e.instance), deque())
+        dq.append((e.ts, int(e.records or 0)))
+        while dq and dq[0][0] < e.ts - 10 * self.window:
+            dq.popleft()
 
     def rate(self, instance: int, now: float) -> float:
-        dq = self.commits.get(int(instance))
-        if not dq:
-            return 0.0
-        while dq and dq[0][0] < now - 10 * self.window:
-            dq.popleft()
+        """Records/s committed over the ``window`` seconds before ``now`` (read-only: a picture
+        may call it from another thread than the one feeding)."""
+        dq = list(self.commits.get(int(instance)) or ())
         return sum(n for t, n in dq if now - self.window <= t <= now) / self.window

@@ -1,32 +1,45 @@
 """The dashboard's data model: pure Python, no widgets, no IPython.
 
-`collect(app, ...)` takes a `Snapshot` of a running app (state, metrics, the lag table, task and
-instance status, store contents, new typed events from `statekit.events`, changelog figures, the
-restore forecast). `DashboardModel.update(snapshot)` turns a stream of snapshots into what the panels
-show: the badge and its reason, the input rate, rows changed since the last refresh, lag history per
-task with markers, the restore rounds (`restore.RestoreBoard`), the ownership timeline and
-per-instance rates (`membership`), changelog compaction figures, and a column layout of the topology.
+Two inputs, one output:
+
+* `DashboardModel.apply(event)`: every typed event (`statekit.events`) the moment the app's event
+  reader delivers it (`App.on_event`): a crash, a rebalance, a restore's start, progress and end,
+  an error, a state change is on the model at once, not at the next collection.
+* `DashboardModel.absorb(snapshot)`: what is only known by asking the app (a `Snapshot`: its state,
+  metrics, task status, instances, store contents, changelog figures, the restore forecast),
+  polled off the refresh path (`collect.Poller`). A polled fact is kept only where it is newer than
+  what the events said (`tasks.TaskBoard`).
+* `DashboardModel.picture()`: one `Picture`, taken under the model's lock, that every panel of a
+  refresh reads: the badge, the header figures, the task chips, the Tasks tab, the Instances and
+  Restoration panels, the store, the changelog, the events, the charts' series. A task's state is
+  the same everywhere in it (`disagreements` checks).
 """
 from __future__ import annotations
 
 import heapq
 import math
-import re
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from kernel_ext.dashboard.formats import (clip, fmt_eta, fmt_num, fmt_rate, fmt_secs, num,  # noqa: F401
+                                          short_error, task_id, task_order)
 from kernel_ext.dashboard.membership import InstanceRates, OwnershipTimeline
-from kernel_ext.dashboard.restore import RestoreBoard, _get, _type
+from kernel_ext.dashboard.restore import RestoreBoard, RestoreRound, forecast_seconds  # noqa: F401
+from kernel_ext.dashboard.tasks import LIVE_STATUSES, TaskBoard
+from statekit import events as ev
+
+_num = num
 
 # ---------------------------------------------------------------------------------------------
-# snapshots
+# snapshots: what polling the app found
 
 
 @dataclass
 class Snapshot:
-    """What the dashboard knows about an app at one instant (plain data and typed events)."""
+    """What asking an app found at one instant (plain data). A field left None was not asked."""
 
     t: float
     state: str = "UNKNOWN"
@@ -36,45 +49,13 @@ class Snapshot:
     status: dict = field(default_factory=dict)          # App.task_status(): task -> {...}
     instances: list[dict] = field(default_factory=list)  # App.instances_frame() rows
     stores: dict[str, dict] = field(default_factory=dict)  # store -> {key: value}
-    events: list = field(default_factory=list)  # new statekit.events records since the last snapshot
-    changelog: list[dict] = field(default_factory=list)  # one dict per changelog partition
+    events: list = field(default_factory=list)  # typed events to apply first (tests; the feed applies them live)
+    changelog: list[dict] | None = None  # one dict per changelog partition (None: not read this time)
     task_rows: dict = field(default_factory=dict)  # (task, store) -> keys, counted from the store read
-    forecast: dict | None = None  # App.restore_forecast() as forecast_data() (None: not asked, not there)
+    forecast: dict | None = None  # the restore forecast as forecast_data() (None: not asked, not there)
     has_events: bool = True  # the app publishes statekit.events (Spark's own state store does not)
     error: str | None = None  # a panel that could not be read (one line)
-
-
-def _num(x, default=None):
-    if x is None:
-        return default
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return default
-    if math.isnan(f):
-        return default
-    return int(f) if f.is_integer() else f
-
-
-def task_id(x) -> str | None:
-    """Any spelling of a task ("0_3", 3, (0, 3), TaskId) as Kafka Streams' "0_3"."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return None
-    from statekit.contracts import TaskId
-
-    try:
-        return str(TaskId.parse(int(x) if isinstance(x, float) else x))
-    except (ValueError, TypeError):
-        return str(x)
-
-
-def task_order(t) -> tuple:
-    from statekit.contracts import TaskId
-
-    try:
-        return (0, TaskId.parse(t))
-    except (ValueError, TypeError):
-        return (1, (0, 0), str(t))
+    asked_at: float | None = None  # when the polling began (what it read is at least this new)
 
 
 TASK_FIELDS = ("task", "instance", "role", "store", "rows", "dirty", "checkpoint", "changelog_end",
@@ -95,7 +76,7 @@ def normalize_task(row: dict) -> dict:
             out[name] = v
     out["task"] = task_id(out["task"])
     for k in ("instance", "rows", "dirty", "checkpoint", "changelog_end", "lag"):
-        out[k] = _num(out[k])
+        out[k] = num(out[k])
     if out["lag"] is None and out["changelog_end"] is not None and out["checkpoint"] is not None:
         out["lag"] = max(0, out["changelog_end"] - out["checkpoint"])
     role = str(out["role"] or "active").lower()
@@ -163,70 +144,6 @@ class CounterRate:
         return max(0.0, (c1 - c0) / (t1 - t0)) if t1 > t0 else None
 
 
-def fmt_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    if seconds < 1:
-        return "<1 s"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def fmt_secs(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    if seconds < 0.1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 100:
-        return f"{seconds:.1f} s"
-    return f"{seconds:.0f} s"
-
-
-def fmt_num(x) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        if abs(x) >= 100:
-            return f"{x:,.0f}"
-        return f"{x:,.2f}".rstrip("0").rstrip(".")
-    if isinstance(x, int):
-        return f"{x:,}"
-    return str(x)
-
-
-def fmt_rate(x) -> str:
-    if x is None:
-        return "–"
-    if x >= 10_000:
-        return f"{x / 1000:,.0f}k/s"
-    return f"{x:,.0f}/s"
-
-
-def clip(text, n: int) -> str:
-    """At most `n` characters of one line of text (raw, before any HTML escaping: an escaped entity is
-    never cut), with an ellipsis when shortened."""
-    s = " ".join(str(text).split())
-    return s if len(s) <= n else s[: max(0, n - 1)].rstrip() + "…"
-
-
-_EXC_RE = re.compile(r"\b[A-Z][A-Za-z0-9_]*(?:Error|Exception|Interrupt|Exit)\b: .*$")
-_STEP_RE = re.compile(r"\(([a-z][a-z -]{1,40})\) failed")
-
-
-def short_error(text: str) -> str:
-    """The part of a one-line error a badge can show: "map values failed: ZeroDivisionError:
-    division by zero" for a user function's error (the whole line stays on the error strip)."""
-    text = " ".join(str(text).split())
-    m = _EXC_RE.search(text)
-    if not m or m.start() == 0:
-        return text
-    step = _STEP_RE.search(text[: m.start()])
-    return f"{step.group(1)} failed: {m.group(0)}" if step else m.group(0)
-
-
 def _sort_value(v):
     """A number to rank a store value by: the value itself, or a count/sum/value field."""
     if isinstance(v, bool):
@@ -240,15 +157,6 @@ def _sort_value(v):
     return None
 
 
-def as_event(e):
-    """A typed `statekit.events` record (a dict from an older reader is converted)."""
-    if isinstance(e, dict):
-        from statekit.events import from_dict
-
-        return from_dict(e)
-    return e
-
-
 def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, tuple[float, float]]:
     """Place nodes in columns: sources → processors → stores → changelogs → sinks.
 
@@ -259,19 +167,16 @@ def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, 
     nodes = list(nodes)
     edges = [(e[0], e[1]) for e in edges]
     kinds = {n["id"]: (n.get("kind") or "processor") for n in nodes}
-    succ: dict[str, list[str]] = {n: [] for n in kinds}
     pred: dict[str, list[str]] = {n: [] for n in kinds}
     for a, b in edges:
         if a in kinds and b in kinds:
-            succ[a].append(b)
             pred[b].append(a)
-    # depth of each processor = longest path from a source through processors
-    depth: dict[str, int] = {}
+    depth: dict[str, int] = {}  # of each processor: the longest path from a source through processors
 
     def proc_depth(n, seen=()):
         if n in depth:
             return depth[n]
-        ps = [p for p in pred[n] if kinds[p] not in ("source",) and p not in seen and kinds[p] not in ("store", "changelog")]
+        ps = [p for p in pred[n] if kinds[p] not in ("source", "store", "changelog") and p not in seen]
         d = 0 if not ps else 1 + max(proc_depth(p, seen + (n,)) for p in ps)
         depth[n] = d
         return d
@@ -280,20 +185,9 @@ def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, 
     for n, k in kinds.items():
         if k not in ("source", "store", "changelog", "sink"):
             proc_cols = max(proc_cols, proc_depth(n) + 1)
-    col: dict[str, int] = {}
-    for n, k in kinds.items():
-        if k == "source":
-            col[n] = 0
-        elif k == "store":
-            col[n] = 1 + proc_cols
-        elif k == "changelog":
-            col[n] = 2 + proc_cols
-        elif k == "sink":
-            col[n] = 3 + proc_cols
-        else:
-            col[n] = 1 + depth.get(n, 0)
-    # drop empty columns so the drawing stays compact
-    used = sorted(set(col.values()))
+    fixed = {"source": 0, "store": 1 + proc_cols, "changelog": 2 + proc_cols, "sink": 3 + proc_cols}
+    col = {n: fixed[k] if k in fixed else 1 + depth.get(n, 0) for n, k in kinds.items()}
+    used = sorted(set(col.values()))   # drop empty columns so the drawing stays compact
     remap = {c: i for i, c in enumerate(used)}
     col = {n: remap[c] for n, c in col.items()}
     # order inside a column: by the mean y of predecessors (one sweep), else by declaration
@@ -317,6 +211,17 @@ def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, 
 # the restore forecast (App.restore_forecast(): one row per task and way back, a line per instance)
 
 
+def _records(obj) -> list[dict]:
+    """A pandas DataFrame, a list of dicts or a dict of dicts -> list of dicts."""
+    if obj is None:
+        return []
+    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
+        return obj.to_dict("records")
+    if isinstance(obj, dict):
+        return [dict(v, task=k) if isinstance(v, dict) else {"task": k, "value": v} for k, v in obj.items()]
+    return [dict(r) if not isinstance(r, dict) else r for r in obj]
+
+
 def forecast_data(obj) -> dict | None:
     """`App.restore_forecast()`'s result as plain data: ``{"rows": [{task, instance, source, records,
     seconds, ...}], "lines": {instance: "if instance 0 died now: ..."}}``."""
@@ -329,21 +234,6 @@ def forecast_data(obj) -> dict | None:
     return {"rows": _records(frame), "lines": {int(k): str(v) for k, v in dict(lines).items()}}
 
 
-def forecast_seconds(fc: dict | None, task: str, source: str, records: int | None = None) -> float | None:
-    """The forecast seconds of `task` restoring from `source` (scratch, checkpoint, standby, warmup).
-    With `records` (what the restore really had to read): None when the forecast counted none of
-    them (it was made before they were written) rather than a forecast of nothing."""
-    best = None
-    for r in (fc or {}).get("rows") or []:
-        if task_id(r.get("task")) == task and r.get("source") == source:
-            sec = _num(r.get("seconds"))
-            if records and not _num(r.get("records")):
-                continue
-            if sec is not None and (best is None or sec < best):
-                best = sec
-    return best
-
-
 def forecast_by_instance(fc: dict | None) -> list[dict]:
     """Per instance, what a restore of its active tasks would take if it died now: ``{"instance",
     "tasks", "scratch_s", "standby_s", "line"}`` (standby_s: its tasks with a replica, each at its
@@ -351,7 +241,7 @@ def forecast_by_instance(fc: dict | None) -> list[dict]:
     out: dict = {}
     promo: dict = {}
     for r in (fc or {}).get("rows") or []:
-        inst = _num(r.get("instance"))
+        inst = num(r.get("instance"))
         if inst is None:
             continue
         o = out.setdefault(inst, {"instance": inst, "tasks": [], "scratch_s": 0.0, "standby_s": None,
@@ -359,7 +249,7 @@ def forecast_by_instance(fc: dict | None) -> list[dict]:
         t = task_id(r.get("task"))
         if t not in o["tasks"]:
             o["tasks"].append(t)
-        sec = _num(r.get("seconds")) or 0.0
+        sec = num(r.get("seconds")) or 0.0
         if r.get("source") == "scratch":
             o["scratch_s"] += sec
         elif r.get("source") in ("standby", "warmup"):
@@ -371,7 +261,7 @@ def forecast_by_instance(fc: dict | None) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# the model
+# what the panels read
 
 
 @dataclass
@@ -390,146 +280,152 @@ class ChartMarker:
 
 
 LIVE_STATES = ("RESTORING", "REBALANCING", "RUNNING")
-NOISY_EVENTS = ("commit", "restore_batch", "batch_spooled")
+NOISY_EVENTS = (ev.Committed, ev.RestoreProgress, ev.BatchSpooled)
+# the events a picture must show at once (the refresh thread is woken for them)
+URGENT_EVENTS = (ev.StateChanged, ev.InstanceDied, ev.InstanceStarted, ev.InstanceLeft, ev.Rebalance,
+                 ev.RestoreQueued, ev.RestoreStarted, ev.RestoreEnded, ev.TaskOpened, ev.TaskFailed,
+                 ev.StandbyPromoted, ev.Crashed)
+
+
+@dataclass
+class Picture:
+    """Everything one refresh shows, read from the model at one instant (under its lock): no two
+    panels of a refresh can disagree."""
+
+    t: float
+    version: int
+    state: str
+    reason: str
+    app_error: str | None
+    last_error: str | None
+    error: str | None                 # a part that could not be read (one line)
+    has_events: bool
+    header: dict
+    chips: list
+    tasks: list                       # the Tasks tab, active rows first per task
+    instances: list
+    round: RestoreRound | None        # the current restore round (a frozen copy)
+    round_forecast: tuple | None      # (time, forecast) made before that round began
+    forecast: dict | None
+    forecast_at: float | None
+    store: str | None
+    store_names: list
+    store_rows: list
+    store_total: int                  # rows read of the shown store
+    store_held: int                   # keys the store holds (the tasks' commits say)
+    store_changed: int
+    store_hidden: list                # changed keys outside the top k
+    top_k: int
+    sort_by: str
+    changelog: list
+    events: list
+    lag: dict                         # task -> (seconds since t0, lag)
+    standby_lag: dict
+    markers: list                     # (seconds since t0, kind, label)
+    ownership: OwnershipTimeline
+    t0: float
 
 
 class DashboardModel:
-    """Feed snapshots with `update`; read what to draw from the properties and methods."""
+    """Feed typed events with `apply` (any thread) and polled facts with `absorb`; read one
+    consistent `picture()` per refresh."""
 
     def __init__(self, top_k: int = 15, history_points: int = 600, sort_by: str = "value",
-                 rate_window: float = 5.0):
+                 rate_window: float = 5.0, name: str = ""):
+        self.name = name
         self.top_k = top_k
         self.sort_by = sort_by  # "value" | "recency" | "key"
         self.key_filter = ""
         self.store: str | None = None  # the store shown in the contents panel
-        self.snapshot: Snapshot | None = None
-        self.previous: Snapshot | None = None
-        self.refreshes = 0
-        self.lag_history: dict[str, deque] = {}
-        self.standby_lag_history: dict[str, deque] = {}
-        self._history_points = history_points
-        self.diffs: dict[str, Diff] = {}
-        self.last_change: dict[str, dict] = {}  # store -> key -> time of its last change
+        self.lock = threading.RLock()
+        self.version = 0
+        self.board = TaskBoard()
         self.restores = RestoreBoard()
         self.ownership = OwnershipTimeline()
         self.instance_rates = InstanceRates(rate_window)
         self.input = CounterRate(rate_window)
         self.events: deque = deque(maxlen=200)   # the latest non-noisy events (Events tab)
         self.markers: deque = deque(maxlen=60)   # lag chart markers
-        self.task_info: dict[tuple, dict] = {}   # (task, store) -> rows, dirty from commit events
-        self.state_changes: list[tuple[float, str]] = []
-        self.last_rebalance = None               # the latest Rebalance event
-        self.failed_tasks: dict = {}             # task -> its TaskFailed error, until it opens again
-        self.state_reason = ""                   # the reason of the latest state event
+        self.lag_history: dict[str, deque] = {}
+        self.standby_lag_history: dict[str, deque] = {}
+        self._history_points = history_points
+        self._sampled_at: float | None = None
+        self.snapshot: Snapshot | None = None    # the last poll
+        self.refreshes = 0
+        self.metrics: dict = {}
+        self.app_error: str | None = None
         self.last_error: str | None = None       # the app's last one-line error (kept after restart)
+        self.panel_error: str | None = None
+        self.has_events = True
+        self.last_rebalance = None               # the latest Rebalance event
+        self.started_at: float | None = None     # the app's (latest) start, from its state events
+        self.stores: dict[str, dict] = {}        # store -> the rows read last
+        self.store_read_at: dict[str, float] = {}
+        self.task_rows: dict = {}                # (task, store) -> keys counted by the last read
+        self.diffs: dict = {}
+        self.last_change: dict[str, dict] = {}   # store -> key -> time of its last change
+        self.changelog: list = []
         self.forecast: dict | None = None
         self.forecast_at: float | None = None
-        self.round_forecasts: dict[int, tuple] = {}  # id(round) -> (time, forecast) made before it
         self.t0: float | None = None
+        self.ignored = 0                          # non-typed events (the model reads typed ones only)
+        self.commits = 0                          # commit events applied
+        self.store_commits: dict[str, int] = {}   # store -> commits that wrote it (the store reader's signal)
         self._round_done_seen: set = set()
+        self._own_frozen: tuple = (None, None)
+        self.live = False          # a live dashboard: pictures are taken now (else at the latest fact)
+        self._latest: float | None = None   # the time of the latest event or poll
 
-    # -- feeding ------------------------------------------------------------------------------
+    # -- events -----------------------------------------------------------------------------
 
-    def update(self, snap: Snapshot) -> "DashboardModel":
-        if self.t0 is None:  # the charts' time origin: the first refresh, or the first event before it
-            self.t0 = min([snap.t] + [float(_get(e, "ts", snap.t) or snap.t) for e in snap.events])
-        snap.tasks = [normalize_task(r) for r in snap.tasks]
-        self.previous, self.snapshot = self.snapshot, snap
-        self.refreshes += 1
-        if self.previous is None or self.previous.state != snap.state:
-            self.state_changes.append((snap.t, snap.state))
-        if snap.app_error:
-            self.last_error = snap.app_error
-        self.input.add(snap.t, _num(snap.metrics.get("records_processed")))
-        self._update_stores(snap)
-        for e in snap.events:
-            self._on_event(e)
-        if snap.forecast is not None and snap.forecast is not self.forecast and not self.restores.restoring:
-            self.forecast, self.forecast_at = snap.forecast, snap.t  # after a round opened: not its own
-        self._update_lag(snap)
-        for r in snap.tasks:
-            info = self.task_info.get((r["task"], r["store"]))
-            if r["role"] == "active":
-                if r["rows"] is None and (r["task"], r["store"]) in snap.task_rows:
-                    r["rows"] = snap.task_rows[(r["task"], r["store"])]
-                if info:
-                    if r["rows"] is None:
-                        r["rows"] = info["rows"]
-                    if r["dirty"] is None:
-                        r["dirty"] = info["dirty"]
-        return self
+    def apply(self, e) -> bool:
+        """One typed event, applied now. Returns True when a picture should show it at once."""
+        if not isinstance(e, ev.Event):
+            self.ignored += 1
+            return False
+        with self.lock:
+            self.version += 1
+            if self.t0 is None:
+                self.t0 = e.ts
+            self._latest = e.ts if self._latest is None else max(self._latest, e.ts)
+            self._apply(e)
+        return isinstance(e, URGENT_EVENTS)
 
-    def _update_stores(self, snap: Snapshot) -> None:
-        for store, rows in snap.stores.items():
-            before = self.previous.stores.get(store) if self.previous else None
-            if before is None or before is rows:  # first sight, or not re-read (no commit since)
-                d = Diff()
-            else:
-                d = diff_rows(before, rows)
-            self.diffs[store] = d
-            times = self.last_change.setdefault(store, {})
-            for k in d.touched:
-                times[k] = snap.t
-            for k in d.removed:
-                times.pop(k, None)
-        if self.store is None and snap.stores:
-            self.store = sorted(snap.stores)[0]
-
-    def _update_lag(self, snap: Snapshot) -> None:
-        seen: dict = {}
-        for r in snap.tasks:
-            if r["task"] is None or r["lag"] is None:
-                continue
-            hist = self.lag_history if r["role"] == "active" else self.standby_lag_history
-            key = (id(hist), r["task"])
-            seen[key] = seen.get(key, 0) + r["lag"]  # several stores: sum per task
-        for (hid, task), lag in seen.items():
-            hist = self.lag_history if hid == id(self.lag_history) else self.standby_lag_history
-            hist.setdefault(task, deque(maxlen=self._history_points)).append((snap.t, lag))
-
-    def _on_event(self, e) -> None:
-        e = as_event(e)
-        kind = _type(e)
-        ts = float(_get(e, "ts", 0.0) or 0.0)
-        if kind not in NOISY_EVENTS:
+    def _apply(self, e) -> None:
+        ts = e.ts
+        self.board.apply(e)
+        if not isinstance(e, NOISY_EVENTS):
             self.events.append(e)
-        if kind == "commit":
+        if isinstance(e, ev.Committed):
+            self.commits += 1
+            for store in set(e.rows or ()) | set(e.offsets or ()):
+                self.store_commits[store] = self.store_commits.get(store, 0) + 1
             self.instance_rates.feed(e)
-            rows = _get(e, "rows", {}) or {}
-            cache = _get(e, "cache", {}) or {}
-            task = task_id(_get(e, "task"))
-            for store in set(rows) | set(cache):
-                c = cache.get(store) or {}
-                c = c.get("cache", c) if isinstance(c, dict) else {}
-                self.task_info[(task, store)] = {"rows": _num(rows.get(store)),
-                                                 "dirty": _num(c.get("dirty")) if isinstance(c, dict) else None}
             return
-        if kind == "task_failed":
-            self.failed_tasks[task_id(_get(e, "task"))] = _get(e, "error", "")
-        elif kind == "task_opened":
-            self.failed_tasks.pop(task_id(_get(e, "task")), None)
-        opened = self.restores.feed(e)
-        if opened is not None and self.forecast is not None:
-            self.round_forecasts[id(opened)] = (self.forecast_at, self.forecast)
-        self._round_finished(ts)
+        opened = self.restores.feed(e, self.forecast)
+        if opened is not None:
+            opened.forecast_at = self.forecast_at
+        self._round_finished()
         self.ownership.feed(e)
-        if kind == "state":
-            self.state_reason = str(_get(e, "reason", "") or "")
-            if _get(e, "reason") == "restart":
+        if isinstance(e, ev.StateChanged):
+            if e.state in LIVE_STATES and e.old in ("CREATED", "NOT_RUNNING", "ERROR", ""):
+                self.started_at = ts
+            if e.state == "ERROR" and e.reason:
+                self.last_error = e.reason
+            if e.reason == "restart":
                 self.markers.append(ChartMarker(ts, "restart", "restart"))
-        elif kind == "instance_died":
-            self.markers.append(ChartMarker(ts, "crash", f"instance {_get(e, 'instance')} died"))
-        elif kind == "rebalance":
+        elif isinstance(e, ev.InstanceDied):
+            self.markers.append(ChartMarker(ts, "crash", f"instance {e.instance} died"))
+        elif isinstance(e, ev.Rebalance):
             self.last_rebalance = e
-            n = len(_get(e, "moves", []) or [])
-            if n:
-                self.markers.append(ChartMarker(ts, "rebalance", f"g{_get(e, 'generation', '')}: "
-                                                                 f"{n} move(s)"))
-        elif kind == "instance_started" and _get(e, "reason") in ("add", "revive"):
-            self.markers.append(ChartMarker(ts, "join" if _get(e, "reason") == "add" else "revive",
-                                            f"instance {_get(e, 'instance')}"))
+            if e.moves:
+                self.markers.append(ChartMarker(ts, "rebalance", f"g{e.generation if e.generation is not None else ''}: "
+                                                                 f"{len(e.moves)} move(s)"))
+        elif isinstance(e, ev.InstanceStarted) and e.reason in ("add", "revive"):
+            self.markers.append(ChartMarker(ts, "join" if e.reason == "add" else "revive",
+                                            f"instance {e.instance}"))
 
-    def _round_finished(self, ts: float) -> None:
+    def _round_finished(self) -> None:
         cur = self.restores.current
         if cur is None or not cur.final or id(cur) in self._round_done_seen:
             return
@@ -538,22 +434,261 @@ class DashboardModel:
         if s is not None and s.restored_tasks:
             self.markers.append(ChartMarker(s.finished, "restored", f"restored in {s.seconds:.1f} s"))
 
-    # -- reading ------------------------------------------------------------------------------
+    # -- polls ------------------------------------------------------------------------------
+
+    def absorb(self, snap: Snapshot) -> None:
+        """What a poll found: kept where it is newer than what the events said."""
+        at = snap.asked_at if snap.asked_at is not None else snap.t
+        with self.lock:
+            self.version += 1
+            if self.t0 is None:
+                self.t0 = snap.t
+            self._latest = snap.t if self._latest is None else max(self._latest, snap.t)
+            self.snapshot = snap
+            self.refreshes += 1
+            self.has_events = snap.has_events
+            self.metrics = dict(snap.metrics or {})
+            self.panel_error = snap.error
+            b = self.board
+            b.absorb_state(snap.state, at)
+            if b.app_state == "NOT_RUNNING" and b.state_at == at:
+                b._all_stopped(at)
+            self.app_error = snap.app_error if snap.state == "ERROR" else None
+            if snap.app_error:
+                self.last_error = snap.app_error
+            self.input.add(snap.t, num(self.metrics.get("records_processed")))
+            if snap.instances:
+                b.absorb_instances(snap.instances, at)
+            if snap.status:
+                b.absorb_status(snap.status, at - 1.0)   # the coordinator's statuses: up to 1 s old
+            if snap.tasks:
+                b.absorb_lag([normalize_task(r) for r in snap.tasks], at)
+            self._absorb_stores(snap)
+            if snap.changelog is not None:
+                self.changelog = list(snap.changelog)
+            if snap.forecast is not None and snap.forecast is not self.forecast and not self.restores.restoring:
+                self.forecast, self.forecast_at = snap.forecast, snap.t  # after a round opened: not its own
+            self._sample(snap.t)
+
+    def update(self, snap: Snapshot) -> "DashboardModel":
+        """Apply a snapshot's events, then absorb it (tests and replays feed the model this way)."""
+        for e in snap.events:
+            self.apply(e)
+        self.absorb(snap)
+        return self
+
+    def _absorb_stores(self, snap: Snapshot) -> None:
+        for store, rows in snap.stores.items():
+            before = self.stores.get(store)
+            d = Diff() if before is None or before is rows else diff_rows(before, rows)
+            self.diffs[store] = d
+            self.stores[store] = rows
+            if before is not rows:
+                self.store_read_at[store] = snap.t
+            times = self.last_change.setdefault(store, {})
+            for k in d.touched:
+                times[k] = snap.t
+            for k in d.removed:
+                times.pop(k, None)
+        for key, n in snap.task_rows.items():
+            self.task_rows[key] = n
+        if self.store is None and self.stores:
+            self.store = sorted(self.stores)[0]
+
+    def sample(self, now: float | None = None) -> None:
+        """Append a point per task to the lag history (at most every half second)."""
+        with self.lock:
+            self._sample(time.time() if now is None else now)
+
+    def _sample(self, now: float) -> None:
+        if self._sampled_at is not None and now - self._sampled_at < 0.5:
+            return
+        self._sampled_at = now
+        b = self.board
+        for t, f in b.tasks.items():
+            lags = [sf.lag for sf in f.stores.values() if sf.lag is not None]
+            if lags and f.state != "closed":
+                self.lag_history.setdefault(t, deque(maxlen=self._history_points)).append((now, sum(lags)))
+        per_task: dict = {}
+        for rep in b.replicas.values():
+            lags = [b.replica_lag(rep, s) for s in b.store_names(rep.task)]
+            lags = [x for x in lags if x is not None] or ([rep.lag] if rep.lag is not None else [])
+            if lags:
+                per_task[rep.task] = per_task.get(rep.task, 0) + sum(lags)
+        for t, lag in per_task.items():
+            self.standby_lag_history.setdefault(t, deque(maxlen=self._history_points)).append((now, lag))
+
+    def final(self, state) -> None:
+        """The app stopped (or failed) and nothing more will be polled: show it so."""
+        state = str(getattr(state, "value", state))
+        with self.lock:
+            self.version += 1
+            now = time.time()
+            self.board.app_state, self.board.state_at = state, now
+            if state == "NOT_RUNNING":
+                self.board._all_stopped(now)
+            self.panel_error = None
+
+    # -- the picture ------------------------------------------------------------------------
 
     @property
     def restoring(self) -> bool:
         return self.restores.restoring
 
-    def badge_reason(self) -> str:
-        """One line on the badge: why the app is in its state (the error, what it waits for)."""
-        s = self.snapshot
-        if s is None:
-            return ""
-        if s.state == "ERROR":
-            return short_error(s.app_error or self.last_error or self.state_reason or "failed")
+    @property
+    def state(self) -> str:
+        return self.board.app_state or (self.snapshot.state if self.snapshot else "UNKNOWN")
+
+    def picture(self) -> Picture:
+        """One consistent view of everything (see `Picture`)."""
+        with self.lock:
+            return self._picture()
+
+    def _picture(self) -> Picture:
+        now = time.time() if self.live or self._latest is None else self._latest
+        state = self.state
         cur = self.restores.current
-        if cur is not None and not cur.final:
-            rows = list(cur.rows.values())
+        rnd = cur.frozen() if cur is not None else None
+        chips, tasks = self._tasks(rnd)
+        instances = self._instances(chips, now)
+        store = self.store
+        srows, total, held, changed, hidden = self._store_view(store, tasks)
+        t0 = self.t0 if self.t0 is not None else now
+        alive = sum(r["status"] in LIVE_STATUSES for r in instances)
+        header = self._header(state, tasks, instances, alive)
+        pic = Picture(
+            t=now, version=self.version, state=state, reason="", app_error=self.app_error,
+            last_error=self.last_error, error=self.panel_error, has_events=self.has_events,
+            header=header, chips=chips, tasks=tasks, instances=instances, round=rnd,
+            round_forecast=((getattr(cur, "forecast_at", None), cur.forecast)
+                            if cur is not None and cur.forecast is not None else None),
+            forecast=self.forecast, forecast_at=self.forecast_at, store=store,
+            store_names=sorted(self.stores), store_rows=srows, store_total=total, store_held=held,
+            store_changed=changed, store_hidden=hidden, top_k=self.top_k, sort_by=self.sort_by,
+            changelog=self._changelog_rows(tasks), events=list(self.events)[-14:],
+            lag=self._series(self.lag_history, t0), standby_lag=self._series(self.standby_lag_history, t0),
+            markers=[(m.t - t0, m.kind, m.label) for m in self.markers if m.t >= t0 - 1],
+            ownership=self._ownership(), t0=t0)
+        pic.reason = self._reason(pic)
+        header["reason"] = pic.reason
+        return pic
+
+    def _ownership(self) -> OwnershipTimeline:
+        v, frozen = self._own_frozen
+        if v != self.ownership.version or frozen is None:
+            frozen = self.ownership.frozen()
+            self._own_frozen = (self.ownership.version, frozen)
+        return frozen
+
+    @staticmethod
+    def _series(hist: dict, t0: float) -> dict:
+        return {t: ([p[0] - t0 for p in dq], [p[1] for p in dq])
+                for t, dq in sorted(hist.items(), key=lambda kv: task_order(kv[0]))}
+
+    def _tasks(self, rnd) -> tuple[list, list]:
+        """The chips and the Tasks tab rows. A task with an unfinished row in the current round has
+        that row's status and instance everywhere (the Restoration panel reads the same row)."""
+        b = self.board
+        chips, rows = [], []
+        order = {"active": 0, "standby": 1, "warmup": 2}
+        replicas_of: dict = {}
+        for rep in b.replicas.values():
+            replicas_of.setdefault(rep.task, []).append(rep)
+        for t in sorted(set(b.tasks) | set(replicas_of), key=task_order):
+            f = b.tasks.get(t)
+            if f is None:
+                continue
+            state, inst = f.state, f.instance
+            row = rnd.rows.get(t) if rnd is not None else None
+            fraction = None
+            if row is not None and not row.final:
+                state, inst, fraction = row.status, row.instance, row.fraction
+            elif row is not None and row.status == "failed":
+                state = "failed"
+            names = b.store_names(t)
+            lag = 0
+            for s in names or [None]:
+                sf = f.stores.get(s) if s is not None else None
+                r = {"task": t, "instance": inst, "role": "active", "state": state, "store": s,
+                     "rows": sf.rows if sf else None, "dirty": sf.dirty if sf else None,
+                     "checkpoint": sf.checkpoint if sf else None, "changelog_end": sf.end if sf else None,
+                     "lag": sf.lag if sf else None, "backlog": f.backlog}
+                if r["rows"] is None and (t, s) in self.task_rows:
+                    r["rows"] = self.task_rows[(t, s)]
+                lag += r["lag"] or 0
+                rows.append(r)
+            for rep in sorted(replicas_of.get(t, ()), key=lambda x: (order.get(x.role, 3), x.instance)):
+                for s in names or [None]:
+                    pos = rep.positions.get(s) if s is not None else None
+                    sf = f.stores.get(s) if s is not None else None
+                    rows.append({"task": t, "instance": rep.instance, "role": rep.role, "state": rep.role,
+                                 "store": s, "rows": None, "dirty": None, "checkpoint": pos,
+                                 "changelog_end": sf.end if sf else None,
+                                 "lag": b.replica_lag(rep, s) if s is not None else rep.lag, "backlog": None})
+            chips.append({"task": t, "instance": inst, "state": state or "unknown", "lag": lag,
+                          "backlog": f.backlog or 0, "fraction": fraction})
+        return chips, rows
+
+    def _instances(self, chips: list, now: float) -> list:
+        """The Instances panel: status, tasks by role (active from the same chips the header
+        shows), records/s committed over the last seconds."""
+        b = self.board
+        latest = max(now, self.instance_rates.latest)
+        active: dict = {}
+        for c in chips:
+            if c["instance"] is not None and c["state"] not in ("closed", "failed"):
+                active.setdefault(c["instance"], []).append(c["task"])
+        repl: dict = {}
+        for rep in b.replicas.values():
+            repl.setdefault((rep.instance, rep.role), []).append(rep.task)
+        out = []
+        for i, f in sorted(b.instances.items()):
+            out.append({
+                "instance": i, "status": f.status, "incarnation": f.incarnation,
+                "active": active.get(i, []) if f.status in LIVE_STATUSES else [],
+                "standby": sorted(repl.get((i, "standby"), []), key=task_order),
+                "warmup": sorted(repl.get((i, "warmup"), []), key=task_order),
+                "rate": self.instance_rates.rate(i, latest) if self.has_events else None,
+            })
+        return out
+
+    def _header(self, state: str, tasks: list, instances: list, alive: int) -> dict:
+        m = self.metrics or {}
+
+        def pick(*names):
+            for n in names:
+                if m.get(n) is not None:
+                    return num(m[n], m[n])
+            return None
+
+        rate = self.input.rate
+        if rate is None:
+            rate = pick("input_rate")
+        processed = pick("records_processed")
+        if not processed and self.board.committed_records:
+            processed = self.board.committed_records
+        active = [r for r in tasks if r["role"] == "active"]
+        rows = [r["rows"] for r in active if r["rows"] is not None]
+        return {
+            "state": state, "reason": "", "input_rate": rate, "records": processed,
+            "batch_ms": pick("last_batch_latency_ms"), "batch_id": pick("last_batch_id"),
+            "rows": sum(rows) if rows else None,
+            "lag": sum(r["lag"] or 0 for r in active),
+            "instances": (alive, len(instances)) if instances else None,
+            "generation": pick("generation") if pick("generation") is not None else self.board.generation,
+            # Spark's state operator figures (the native engine reports them; the changelog engine not)
+            "state_rows": pick("state_rows"), "state_memory_bytes": pick("state_memory_bytes"),
+            "commit_ms": pick("commit_ms"), "error": self.panel_error,
+        }
+
+    def _reason(self, pic: Picture) -> str:
+        """One line on the badge: why the app is in its state (the error, what it waits for)."""
+        state = pic.state
+        if state == "ERROR":
+            return short_error(pic.app_error or self.last_error or self.board.state_reason or "failed")
+        rnd = pic.round
+        if rnd is not None and not rnd.final:
+            rows = list(rnd.rows.values())
             restoring = sum(r.status == "restoring" for r in rows)
             queued = sum(r.status == "queued" for r in rows)
             parts = []
@@ -563,113 +698,28 @@ class DashboardModel:
                 parts.append(f"{queued} queued")
             if parts:
                 return ", ".join(parts)
-        if s.state == "REBALANCING" and self.last_rebalance is not None:
+        if state == "REBALANCING" and self.last_rebalance is not None:
             e = self.last_rebalance
-            moves = _get(e, "moves", []) or []
-            what = f": moving {', '.join(str(m.get('task')) for m in moves[:4])}" if moves else ""
-            return f"generation {_get(e, 'generation', '?')} ({_get(e, 'reason', '')}){what}"
-        if s.state in LIVE_STATES and s.metrics.get("batches") == 0:
-            return "waiting for Spark's first micro-batch"
-        if s.state == "RESTORING":
-            return self.state_reason or "opening tasks"
-        if s.state == "NOT_RUNNING":
+            moves = e.moves or []
+            what = f": moving {', '.join(str(mv.get('task')) for mv in moves[:4])}" if moves else ""
+            return f"generation {e.generation if e.generation is not None else '?'} ({e.reason}){what}"
+        if state in LIVE_STATES and self.metrics.get("batches") == 0:
+            since = self.started_at or self.t0
+            secs = f" (running {pic.t - since:.0f} s" if since is not None and pic.t - since >= 1 else " ("
+            done = self.board.committed_records
+            got = f"{fmt_num(done)} records committed so far" if done else "no commit yet"
+            return f"waiting for the first micro-batch{secs}{'; ' if secs != ' (' else ''}{got})"
+        if state == "RESTORING":
+            return self.board.state_reason or "opening tasks"
+        if state == "NOT_RUNNING":
             return "stopped"
         return ""
 
-    def header(self) -> dict:
-        s = self.snapshot or Snapshot(t=time.time())
-        m = s.metrics or {}
-
-        def pick(*names):
-            for n in names:
-                if m.get(n) is not None:
-                    return _num(m[n], m[n])
-            return None
-
-        live = [r for r in s.instances if str(r.get("status")) in ("alive", "leaving")]
-        rate = self.input.rate
-        if rate is None:
-            rate = pick("input_rate")
-        return {
-            "state": s.state,
-            "reason": self.badge_reason(),
-            "input_rate": rate,
-            "records": pick("records_processed"),
-            "batch_ms": pick("last_batch_latency_ms"),
-            "batch_id": pick("last_batch_id"),
-            "rows": sum(r["rows"] or 0 for r in s.tasks if r["role"] == "active"),
-            "lag": sum(r["lag"] or 0 for r in s.tasks if r["role"] == "active"),
-            "instances": (len(live), len(s.instances)) if s.instances else None,
-            "generation": pick("generation"),
-            # Spark's state operator figures (the native engine reports them; the changelog engine not)
-            "state_rows": pick("state_rows"),
-            "state_memory_bytes": pick("state_memory_bytes"),
-            "commit_ms": pick("commit_ms"),
-            "error": s.error,
-        }
-
-    def tasks(self) -> list[dict]:
-        s = self.snapshot
-        if s is None:
-            return []
-        order = {"active": 0, "standby": 1, "warmup": 2}
-        return sorted(s.tasks, key=lambda r: (task_order(r["task"]), order.get(r["role"], 3),
-                                              r["store"] or "", r["instance"] or 0))
-
-    def task_chips(self) -> list[dict]:
-        """One chip per task for the header: instance, state, restore fraction, backlog."""
-        s = self.snapshot
-        if s is None:
-            return []
-        chips: dict = {}
-        for r in s.tasks:
-            if r["role"] == "active" and r["task"] is not None:
-                c = chips.setdefault(r["task"], {"task": r["task"], "instance": r["instance"],
-                                                 "state": r.get("state"), "lag": 0, "backlog": 0})
-                c["lag"] += r["lag"] or 0
-        for t, st in (s.status or {}).items():
-            t = task_id(t)
-            c = chips.setdefault(t, {"task": t, "instance": None, "state": None, "lag": 0, "backlog": 0})
-            c["instance"] = _num(st.get("instance"), c["instance"])
-            c["state"] = st.get("state") or c["state"]
-            c["backlog"] = _num(st.get("backlog"), 0) or 0
-        cur = self.restores.current
-        for c in chips.values():
-            row = cur.rows.get(c["task"]) if cur is not None else None
-            c["fraction"] = row.fraction if row is not None and row.status in ("queued", "restoring") else None
-            c["state"] = str(c["state"] or "").lower() or "unknown"
-            if c["task"] in self.failed_tasks:   # a batch failed: the task holds until a restart
-                c["state"], c["fraction"] = "failed", None
-        return [chips[t] for t in sorted(chips, key=task_order)]
-
-    def instance_rows(self) -> list[dict]:
-        """The Instances panel: status, tasks by role, records/s committed over the last seconds."""
-        s = self.snapshot
-        if s is None:
-            return []
-        now = max(s.t, self.instance_rates.latest)
-        out = []
-        for r in s.instances:
-            inst = _num(r.get("instance"))
-            out.append({
-                "instance": inst, "status": str(r.get("status") or "?"),
-                "incarnation": _num(r.get("incarnation")),
-                "active": [str(x) for x in (r.get("active") or [])],
-                "standby": [str(x) for x in (r.get("standby") or [])],
-                "warmup": [str(x) for x in (r.get("warmup") or [])],
-                "rate": self.instance_rates.rate(inst, now) if inst is not None else None,
-            })
-        return out
-
-    def store_names(self) -> list[str]:
-        return sorted(self.snapshot.stores) if self.snapshot else []
-
-    def store_rows(self, store: str | None = None) -> list[StoreRow]:
-        """Top-k rows of a store after the key filter, by value, recency or key."""
-        store = store or self.store
-        if not self.snapshot or store not in self.snapshot.stores:
-            return []
-        rows = self.snapshot.stores[store]
+    def _store_view(self, store, tasks):
+        rows = self.stores.get(store) if store else None
+        held = sum(r["rows"] or 0 for r in tasks if r["role"] == "active" and r["store"] == store)
+        if rows is None:
+            return [], 0, held, 0, []
         d = self.diffs.get(store, Diff())
         times = self.last_change.get(store, {})
         flt = self.key_filter.strip().lower()
@@ -686,12 +736,80 @@ class DashboardModel:
                 return (sv is None, -(sv or 0), str(kv[0]))
 
         # the top k without sorting the whole store (same result as sorted(...)[:k])
-        items = heapq.nsmallest(self.top_k, items, key=order)
+        top = heapq.nsmallest(self.top_k, items, key=order)
+        out = [StoreRow(k, v, "new" if k in d.added else "changed" if k in d.changed else None, times.get(k))
+               for k, v in top]
+        shown = {r.key for r in out}
+        hidden = sorted(d.touched - shown, key=str)
+        return out, len(rows), held, len(d.touched), hidden
+
+    def _changelog_rows(self, tasks: list) -> list[dict]:
+        """Per changelog partition: records in the log, live keys, dirty ratio, cleaner runs."""
+        from statekit.contracts import changelog_topic
+
+        live = {}
+        for r in tasks:
+            if r["role"] == "active" and r["task"] is not None and r["rows"] is not None:
+                live[(r["store"], r["task"])] = r["rows"]
+        names = sorted(set(self.stores) | set(self.board.stores()))
+        by_topic = {changelog_topic(self.name, n): n for n in names} if self.name else {}
         out = []
-        for k, v in items:
-            status = "new" if k in d.added else "changed" if k in d.changed else None
-            out.append(StoreRow(k, v, status, times.get(k)))
+        for c in self.changelog:
+            topic, part = c.get("topic"), num(c.get("partition"))
+            store = c.get("store") or by_topic.get(topic)
+            if store is None and topic:
+                # an app name not known here: the longest store name whose changelog it could be
+                for n in sorted(names, key=len, reverse=True):
+                    if topic == changelog_topic(topic[: len(topic) - len(changelog_topic("", n))], n):
+                        store = n
+                        break
+            records = num(c.get("records"))
+            if records is None and c.get("high_watermark") is not None:
+                records = num(c.get("high_watermark")) - (num(c.get("log_start_offset")) or 0)
+            keys = None
+            for (st, t), n in live.items():  # the task that owns partition `part`
+                if st == store and t is not None and t.endswith(f"_{part}"):
+                    keys = (keys or 0) + n
+            out.append({
+                "topic": topic, "partition": part, "store": store,
+                "log_start": num(c.get("log_start_offset")), "end": num(c.get("high_watermark", c.get("end_offset"))),
+                "records": records, "live_keys": num(c.get("live_keys"), keys),
+                "dirty_ratio": num(c.get("dirty_ratio")), "cleaner_runs": num(c.get("cleaner_runs")),
+                "records_removed": num(c.get("records_removed")), "segments": num(c.get("segments")),
+                "bytes": num(c.get("bytes")),
+            })
+        out.sort(key=lambda r: (r["topic"] or "", r["partition"] or 0))
         return out
+
+    # -- reading (one picture each: tests, the benchmark and `make demo` read these) ---------
+
+    def header(self) -> dict:
+        return self.picture().header
+
+    def badge_reason(self) -> str:
+        return self.picture().reason
+
+    def tasks(self) -> list[dict]:
+        return self.picture().tasks
+
+    def task_chips(self) -> list[dict]:
+        return self.picture().chips
+
+    def instance_rows(self) -> list[dict]:
+        return self.picture().instances
+
+    def store_names(self) -> list[str]:
+        return sorted(self.stores)
+
+    def store_rows(self, store: str | None = None) -> list[StoreRow]:
+        """Top-k rows of a store after the key filter, by value, recency or key."""
+        if store is not None and store != self.store:
+            keep, self.store = self.store, store
+            try:
+                return self.picture().store_rows
+            finally:
+                self.store = keep
+        return self.picture().store_rows
 
     def changed_count(self, store: str | None = None) -> int:
         d = self.diffs.get(store or self.store or "")
@@ -699,317 +817,66 @@ class DashboardModel:
 
     def lag_series(self, standby: bool = False) -> dict[str, tuple[list[float], list[float]]]:
         """task -> (seconds since the first refresh, lag) for the lag-over-time chart."""
-        hist = self.standby_lag_history if standby else self.lag_history
-        t0 = self.t0 or 0.0
-        return {t: ([p[0] - t0 for p in dq], [p[1] for p in dq])
-                for t, dq in sorted(hist.items(), key=lambda kv: task_order(kv[0]))}
+        p = self.picture()
+        return p.standby_lag if standby else p.lag
 
     def chart_markers(self) -> list[tuple[float, str, str]]:
-        """(seconds since the first refresh, kind, label) of the markers on the lag chart."""
-        t0 = self.t0 or 0.0
-        return [(m.t - t0, m.kind, m.label) for m in self.markers if m.t >= t0 - 1]
+        return self.picture().markers
 
     def round_forecast(self, rnd=None):
-        """(time, per-instance forecast) made before `rnd` (default: the current round) began."""
+        """(time, forecast) made before `rnd` (default: the current round) began."""
         rnd = rnd or self.restores.current
-        return self.round_forecasts.get(id(rnd)) if rnd is not None else None
+        if rnd is None or rnd.forecast is None:
+            return None
+        return (getattr(rnd, "forecast_at", None), rnd.forecast)
 
     def changelog_rows(self) -> list[dict]:
-        """Per changelog partition: records in the log, live keys, dirty ratio, cleaner runs."""
-        s = self.snapshot
-        if s is None:
-            return []
-        live = {}
-        for r in s.tasks:
-            if r["role"] == "active" and r["task"] is not None and r["rows"] is not None:
-                live[(r["store"], r["task"])] = r["rows"]
-        names = self.store_names() or sorted({r["store"] for r in s.tasks if r["store"]})
-        out = []
-        for c in s.changelog:
-            topic, part = c.get("topic"), _num(c.get("partition"))
-            store = c.get("store")
-            if store is None and topic and topic.endswith("-changelog"):
-                # <application>-<store>-changelog: match a store name we know
-                for name in sorted(names, key=len, reverse=True):
-                    if topic.endswith(f"-{name}-changelog"):
-                        store = name
-                        break
-            records = _num(c.get("records"))
-            if records is None and c.get("high_watermark") is not None:
-                records = _num(c.get("high_watermark")) - (_num(c.get("log_start_offset")) or 0)
-            keys = None
-            for (st, t), n in live.items():  # the task that owns partition `part`
-                if st == store and t is not None and t.endswith(f"_{part}"):
-                    keys = (keys or 0) + n
-            out.append({
-                "topic": topic, "partition": part, "store": store,
-                "log_start": _num(c.get("log_start_offset")), "end": _num(c.get("high_watermark", c.get("end_offset"))),
-                "records": records, "live_keys": _num(c.get("live_keys"), keys),
-                "dirty_ratio": _num(c.get("dirty_ratio")),
-                "cleaner_runs": _num(c.get("cleaner_runs")),
-                "records_removed": _num(c.get("records_removed")),
-                "segments": _num(c.get("segments")),
-                "bytes": _num(c.get("bytes")),
-            })
-        out.sort(key=lambda r: (r["topic"] or "", r["partition"] or 0))
-        return out
+        return self.picture().changelog
 
 
-# ---------------------------------------------------------------------------------------------
-# taking a snapshot of a live app (the only part that calls the library)
+def disagreements(p: Picture) -> list[str]:
+    """What two panels of one picture say differently about the same thing (empty: they agree):
+    a task's state and instance in the Restoration panel, its chip and the Tasks tab; the live
+    instances in the header and in the Instances panel; a task running on an instance the
+    Instances panel calls dead; anything live after the app stopped."""
+    out = []
+    chips = {c["task"]: c for c in p.chips}
+    for t, c in chips.items():
+        for r in p.tasks:
+            if r["task"] == t and r["role"] == "active" and (r["state"], r["instance"]) != (c["state"], c["instance"]):
+                out.append(f"task {t}: chip {c['state']}@{c['instance']} vs Tasks tab {r['state']}@{r['instance']}")
+                break
+    if p.round is not None:
+        for t, row in p.round.rows.items():
+            c = chips.get(t)
+            if c is None:
+                out.append(f"task {t}: in the Restoration panel ({row.status}) without a chip")
+            elif not row.final and (row.status, row.instance) != (c["state"], c["instance"]):
+                out.append(f"task {t}: Restoration {row.status}@{row.instance} vs chip {c['state']}@{c['instance']}")
+            elif row.final and c["state"] in ("queued", "restoring"):
+                out.append(f"task {t}: Restoration {row.status} vs chip {c['state']}")
+    alive = {r["instance"] for r in p.instances if r["status"] in LIVE_STATUSES}
+    if p.header.get("instances") is not None and p.header["instances"][0] != len(alive):
+        out.append(f"header {p.header['instances'][0]} alive vs Instances panel {len(alive)}")
+    for c in p.chips:
+        if c["state"] in ("queued", "restoring", "running") and c["instance"] is not None \
+                and p.instances and c["instance"] not in alive:
+            out.append(f"task {c['task']}: {c['state']} on instance {c['instance']}, which is not alive")
+    for r in p.instances:
+        for t in r["active"]:
+            if chips.get(t, {}).get("instance") != r["instance"]:
+                out.append(f"Instances panel: {t} active on {r['instance']}, chip says {chips.get(t, {}).get('instance')}")
+    if p.state == "NOT_RUNNING":
+        if alive:
+            out.append(f"the app is stopped but {len(alive)} instance(s) alive")
+        live = [c["task"] for c in p.chips if c["state"] in ("queued", "restoring", "running")]
+        if live:
+            out.append(f"the app is stopped but tasks {live} are live")
+    return out
 
 
-def _records(obj) -> list[dict]:
-    """A pandas DataFrame, a list of dicts or a dict of dicts -> list of dicts."""
-    if obj is None:
-        return []
-    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
-        return obj.to_dict("records")
-    if isinstance(obj, dict):
-        return [dict(v, task=k) if isinstance(v, dict) else {"task": k, "value": v} for k, v in obj.items()]
-    return [dict(r) if not isinstance(r, dict) else r for r in obj]
+def collect(app, *args, **kwargs) -> Snapshot:
+    """`kernel_ext.dashboard.collect.collect` (a poll of `app`)."""
+    from kernel_ext.dashboard.collect import collect as _collect
 
-
-class EventFeed:
-    """The app's new events at each poll, oldest first, each once (by its offset in the events
-    topic). Pushed by `app.on_event` when the app has it (no scan of the app's event buffer every
-    second), with the history since start read once from `app.events()`; polled otherwise.
-    `close()` stops collecting (a stopped dashboard); `resume()` reads the history again, so a
-    dashboard that comes back misses nothing."""
-
-    def __init__(self, app, maxlen: int = 50_000):
-        import threading
-
-        self.app = app
-        self._lock = threading.Lock()
-        self._queue: deque = deque(maxlen=maxlen)
-        self._last = -1
-        self._closed = False
-        self._need_history = True
-        on = getattr(app, "on_event", None)
-        self.push = callable(on)
-        if self.push:
-            on(self._on_event)
-
-    def _on_event(self, e) -> None:
-        if not self._closed:
-            with self._lock:
-                self._queue.append(e)
-
-    def close(self) -> None:
-        self._closed = True
-        with self._lock:
-            self._queue.clear()
-
-    def resume(self) -> None:
-        self._closed = False
-        self._need_history = True
-
-    def poll(self) -> list:
-        got = []
-        if self._need_history or not self.push:
-            ev = getattr(self.app, "events", None)
-            got = list(ev() or []) if callable(ev) else []
-            self._need_history = False
-        with self._lock:
-            got.extend(self._queue)
-            self._queue.clear()
-        got = [as_event(e) for e in got]
-        with_offset = sorted((e for e in got if getattr(e, "offset", None) is not None),
-                             key=lambda e: e.offset)
-        out = []
-        for e in with_offset:
-            if e.offset > self._last:
-                out.append(e)
-                self._last = e.offset
-        return out
-
-
-class StoreCache:
-    """Re-reads a store only after a commit. A store's contents only change when one of its tasks
-    commits, and every commit moves what `signature` looks at: the task's changelog checkpoint
-    (lag table), the last completed micro-batch and generation (metrics) or the app state. While the signature of
-    a store is the one it was read at, `collect` reuses the rows read then (the very same dict, so
-    the model knows nothing changed). An unknown signature (no checkpoint or batch figures) always
-    reads; `max_age` bounds how long rows are reused in any case."""
-
-    def __init__(self, max_age: float = 30.0):
-        self.max_age = max_age
-        self._read: dict[str, tuple] = {}  # store -> (signature, time read, (rows, per_task))
-        self.reads = 0
-        self.skips = 0
-
-    @staticmethod
-    def signature(name: str, state: str, metrics: dict, tasks: list[dict]):
-        batch = metrics.get("last_batch_id")
-        cps = []
-        for raw in tasks:
-            r = normalize_task(raw)
-            if r["store"] != name or r["role"] != "active":
-                continue
-            cps.append((r["task"], r["instance"], r["checkpoint"]))
-        if batch is None and (not cps or any(c[2] is None for c in cps)):
-            return None  # nothing tells us when it committed: read every time
-        # the generation: batch ids start again after a restart
-        return (state, metrics.get("generation"), batch, tuple(sorted(cps, key=repr)))
-
-    def get(self, name: str, sig, now: float):
-        """The (rows, per_task) read at `sig`, or None when the store must be read again."""
-        got = self._read.get(name)
-        if sig is None or got is None or got[0] != sig or now - got[1] > self.max_age:
-            return None
-        self.skips += 1
-        return got[2]
-
-    def last(self, name: str):
-        """The rows read last, whatever their signature (the app stopped: nothing to re-read)."""
-        got = self._read.get(name)
-        return got[2] if got is not None else None
-
-    def put(self, name: str, sig, now: float, value) -> None:
-        self.reads += 1
-        self._read[name] = (sig, now, value)
-
-
-class Throttled:
-    """Calls `fn` at most every `every` seconds; in between, returns its last result (the heavy
-    panels: changelog figures scan the broker's log segments)."""
-
-    def __init__(self, fn, every: float = 5.0, clock=time.monotonic):
-        self.fn, self.every, self.clock = fn, every, clock
-        self._at: float | None = None
-        self._last = None
-        self.calls = 0
-
-    def __call__(self):
-        now = self.clock()
-        if self._at is None or now - self._at >= self.every:
-            self._at = now  # also on failure: a failing panel is not retried every second
-            self.calls += 1
-            self._last = self.fn()
-        return self._last
-
-
-def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000,
-            events: EventFeed | None = None, changelog=None, cache: StoreCache | None = None,
-            forecast=None) -> Snapshot:
-    """A Snapshot of `app` (a statekit.App or NativeApp). Never raises: a failing part leaves its
-    panel empty and says so in `snapshot.error`. With a `cache`, a store is only read again after
-    one of its tasks committed (see `StoreCache`); while the app is not running (ERROR, stopped) the
-    stores are not read and the last rows read stay. `changelog` and `forecast` are callables (the
-    caller throttles them)."""
-    snap = Snapshot(t=time.time())
-    errors = []
-
-    def guard(what, fn):
-        try:
-            return fn()
-        except Exception as err:  # a panel must not kill the dashboard
-            errors.append(f"{what}: {clip(err, 200)}")
-            return None
-
-    st = guard("state", lambda: app.state)
-    snap.state = str(getattr(st, "value", st) or "UNKNOWN")
-    if snap.state == "ERROR":
-        err = guard("error", lambda: getattr(app, "error", None))
-        snap.app_error = clip(err, 400) if err else None
-    snap.metrics = guard("metrics", lambda: dict(app.metrics() or {})) or {}
-    snap.tasks = guard("lag", lambda: _records(app.lag())) or []
-    if callable(getattr(app, "task_status", None)):
-        snap.status = guard("task status", app.task_status) or {}
-    if callable(getattr(app, "instances_frame", None)):
-        snap.instances = guard("instances", lambda: _records(app.instances_frame())) or []
-    names = list(stores) if stores is not None else guard("stores", lambda: _store_names(app)) or []
-    live = snap.state in LIVE_STATES
-    for name in names:
-        sig = got = None
-        if cache is not None:
-            sig = StoreCache.signature(name, snap.state, snap.metrics, snap.tasks)
-            got = cache.get(name, sig, snap.t) if live else cache.last(name)
-        if got is None and live:
-            got = guard(f"store {name}", lambda: _read_store(app, name, max_rows))
-            if got is not None and cache is not None:
-                cache.put(name, sig, snap.t, got)
-        if got is not None:
-            snap.stores[name], per_task = got
-            for t, n in per_task.items():
-                snap.task_rows[(t, name)] = n
-    snap.has_events = callable(getattr(app, "events", None))
-    if events is not None:
-        snap.events = guard("events", events.poll) or []
-    if changelog is not None:
-        snap.changelog = guard("changelog", changelog) or []
-    if forecast is not None and snap.state in LIVE_STATES:
-        try:  # optional: a forecast that cannot be made now leaves the panel without one
-            snap.forecast = forecast_data(forecast())   # the same dict while a Throttled caller caches it
-        except Exception:
-            snap.forecast = None
-    if errors:
-        snap.error = "; ".join(errors)
-    return snap
-
-
-def _store_names(app) -> list[str]:
-    plan = getattr(app, "plan", None)
-    if plan is not None and getattr(plan, "stores", None):
-        return [s.name for s in plan.stores]
-    d = app.describe()
-    stores = d.get("stores") if isinstance(d, dict) else getattr(d, "stores", None)
-    if not stores and isinstance(d, dict):
-        stores = [n.get("id") for n in d.get("nodes", []) if n.get("type") == "store"]
-    names = []
-    for s in stores or []:
-        names.append(s if isinstance(s, str) else (s.get("name") if isinstance(s, dict) else getattr(s, "name")))
-    return [n for n in names if n]
-
-
-def _read_store(app, name: str, max_rows: int) -> tuple[dict, dict]:
-    """({key: value} for up to max_rows keys, {task: number of keys}) of one store. A store of a
-    million keys is not read whole every commit: at most max_rows / tasks rows of each task (the
-    first in key order), when the app can (`query_all(limit_per_task=...)`); the per-task counts
-    then come from the commits instead."""
-    limit = None
-    if _accepts(app.query_all, "limit_per_task"):
-        limit = max(1, max_rows // max(1, int(getattr(app, "partitions", 1) or 1)))
-        res = app.query_all(name, limit_per_task=limit)
-    else:
-        res = app.query_all(name)
-    per_task: dict = {}
-    if hasattr(res, "to_dict") and hasattr(res, "columns"):
-        cols = list(res.columns)
-        if "task" in cols:
-            per_task = {task_id(t): int(n) for t, n in res["task"].value_counts().items()
-                        if limit is None or int(n) < limit}   # a count cut by the limit says nothing
-        kcol = "key" if "key" in cols else cols[0]
-        vcol = "value" if "value" in cols else cols[-1]
-        if "window_start" in cols:
-            keys = list(zip(res[kcol].head(max_rows), res["window_start"].head(max_rows)))
-        else:
-            keys = list(res[kcol].head(max_rows))
-        return {_hashable(k): v for k, v in zip(keys, res[vcol].head(max_rows))}, per_task
-    if isinstance(res, dict):
-        return {_hashable(k): v for k, v in list(res.items())[:max_rows]}, per_task
-    out = {}
-    for i, kv in enumerate(res):
-        if i >= max_rows:
-            break
-        k, v = kv
-        out[_hashable(k)] = v
-    return out, per_task
-
-
-def _accepts(fn, name: str) -> bool:
-    import inspect
-
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _hashable(k):
-    if isinstance(k, (list, dict)):
-        import json
-
-        return json.dumps(k, sort_keys=True)
-    return k
+    return _collect(app, *args, **kwargs)

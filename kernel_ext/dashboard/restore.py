@@ -1,41 +1,42 @@
 """The Restoration panel's model: restore rounds built from the app's typed events. Pure Python.
 
 A *round* is every task opening that belongs to one episode (a start, a crash and its failover, a
-restart, a warmup that moved): it begins with the first ``restore_queued`` after the previous round
-ended (tasks queued by the same rebalance generation, or within a moment of its end, still join it)
-and ends when every task in it reached a final status. Each task's row walks through
+restart, a warmup that moved): it begins with the first ``restore_queued`` (or the death of an
+instance that held tasks) after the previous round ended (tasks queued by the same rebalance
+generation, or within a moment of its end, still join it) and ends when every task in it reached a
+final status. Each task's row walks through
 
     queued (records to replay known at assignment) → restoring (progress, rate, ETA) → done
 
-or ends as *nothing to replay*, *promoted* (a standby or warmup replica took over), *failed*,
-*moved* (revoked before it opened) or *interrupted* (its instance died while it restored).
+or ends as *nothing to replay*, *promoted* (a standby or warmup replica took over), *failed* or
+*moved* (revoked before it opened). A task whose instance dies is queued again at once, without an
+instance until its new owner is told (``restore_queued``): the panel shows the crash the moment its
+event arrives.
+
+ETAs come from one smoothed rate per instance (its records restored per second, an exponential
+average over a few seconds, never below a third of its average since the round began), started
+from the restore forecast's rate: a dip in one progress report moves an ETA by a fraction, never
+50-fold. Before an instance has a rate, the ETA is the forecast's seconds.
 
 A round keeps its events, so ``RestoreRound.at(t)`` rebuilds the panel as it was at time ``t``: the
 restore timeline can be replayed after the fact.
 """
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-FINAL = {"done", "nothing", "promoted", "failed", "moved", "interrupted"}
+from statekit import events as ev
+
+FINAL = {"done", "nothing", "promoted", "failed", "moved"}
 STATUS_LABELS = {
     "queued": "queued", "restoring": "restoring", "done": "done", "nothing": "nothing to replay",
-    "promoted": "promoted", "failed": "failed", "moved": "moved away", "interrupted": "instance died",
+    "promoted": "promoted", "failed": "failed", "moved": "moved away",
 }
-RESTORE_TYPES = {"restore_queued", "restore_start", "restore_batch", "restore_end", "task_opened",
-                 "standby_promoted", "task_failed", "task_closed", "instance_died"}
-
-
-def _get(e, name, default=None):
-    if isinstance(e, dict):
-        return e.get(name, default)
-    v = getattr(e, name, default)
-    return default if v is None else v
-
-
-def _type(e) -> str:
-    return str(_get(e, "type", "") or "")
+RESTORE_TYPES = (ev.RestoreQueued, ev.RestoreStarted, ev.RestoreProgress, ev.RestoreEnded,
+                 ev.TaskOpened, ev.StandbyPromoted, ev.TaskFailed, ev.TaskClosed, ev.InstanceDied)
 
 
 @dataclass
@@ -52,7 +53,7 @@ class RestoreRow:
     """One task's opening in a round."""
 
     task: str
-    instance: Optional[int] = None
+    instance: Optional[int] = None   # None: its instance died, no new owner yet
     source: str = "checkpoint"       # checkpoint | standby | warmup | scratch
     status: str = "queued"
     to_replay: Optional[int] = None  # known at assignment (restore_queued)
@@ -68,10 +69,18 @@ class RestoreRow:
     seconds: Optional[float] = None              # restore time the instance measured
     replayed: Optional[int] = None               # records replayed (task_opened)
     error: Optional[str] = None
+    died: Optional[int] = None                   # the instance that died under it (queued again)
 
     @property
     def final(self) -> bool:
         return self.status in FINAL
+
+    def copy(self) -> "RestoreRow":
+        """A copy that later events do not change (cheaper than deepcopy: a refresh makes one)."""
+        r = copy.copy(self)
+        r.stores = {k: copy.copy(v) for k, v in self.stores.items()}
+        r.samples = list(self.samples)
+        return r
 
     @property
     def total(self) -> Optional[int]:
@@ -84,6 +93,11 @@ class RestoreRow:
         if self.replayed is not None and self.final:
             return self.replayed
         return sum(s.restored for s in self.stores.values())
+
+    @property
+    def remaining(self) -> Optional[int]:
+        total = self.total
+        return None if total is None else max(0, total - self.restored)
 
     @property
     def fraction(self) -> float:
@@ -111,21 +125,47 @@ class RestoreRow:
         return self.reported_rate or None
 
     @property
-    def eta(self) -> Optional[float]:
-        """Seconds left (0 when final, None when unknown)."""
-        if self.final:
-            return 0.0
-        total, rate = self.total, self.rate
-        if self.status != "restoring" or total is None or not rate:
-            return None
-        return max(0.0, (total - self.restored) / rate)
-
-    @property
     def label(self) -> str:
         if self.status == "promoted":
             lag = f", lag {self.promoted_lag:,}" if self.promoted_lag else ""
             return f"promoted {self.promoted or 'standby'}{lag}"
+        if self.status == "queued" and self.died is not None:
+            return f"queued: instance {self.died} died"
         return STATUS_LABELS.get(self.status, self.status)
+
+
+class SmoothedRate:
+    """Records/s of one instance's restores: an exponential average (time constant ``tau``) of the
+    rate between reports at least ``min_dt`` apart, started from ``prior`` (the forecast's rate)
+    and never below a third of the average since the first report (a stalled tail moves an ETA
+    by at most three-fold)."""
+
+    def __init__(self, prior: Optional[float] = None, tau: float = 4.0, min_dt: float = 0.2):
+        self.value = prior if prior and prior > 0 else None
+        self.tau, self.min_dt = tau, min_dt
+        self.first: Optional[tuple] = None
+        self.last: Optional[tuple] = None
+
+    def add(self, ts: float, total: int) -> None:
+        if self.first is None:
+            self.first = self.last = (ts, total)
+            return
+        dt = ts - self.last[0]
+        if dt < self.min_dt or total < self.last[1]:
+            return
+        inst = (total - self.last[1]) / dt
+        alpha = 1.0 - math.exp(-dt / self.tau)
+        self.value = inst if self.value is None else self.value + alpha * (inst - self.value)
+        self.last = (ts, total)
+
+    @property
+    def rate(self) -> Optional[float]:
+        if self.value is None:
+            return None
+        floor = 0.0
+        if self.first is not None and self.last[0] > self.first[0]:
+            floor = (self.last[1] - self.first[1]) / (self.last[0] - self.first[0]) / 3.0
+        return max(self.value, floor) or None
 
 
 @dataclass
@@ -176,15 +216,42 @@ class RoundSummary:
         return "; ".join(parts) or "no task opened"
 
 
-class RestoreRound:
-    """The rows of one round, fed event by event (oldest first)."""
+def forecast_rows(forecast: Optional[dict], task: str, source: Optional[str] = None) -> list:
+    from kernel_ext.dashboard.formats import task_id
 
-    def __init__(self, started: float, generation: Optional[int] = None):
+    return [r for r in (forecast or {}).get("rows") or []
+            if task_id(r.get("task")) == task and (source is None or r.get("source") == source)]
+
+
+def forecast_seconds(fc: Optional[dict], task: str, source: str, records: Optional[int] = None) -> Optional[float]:
+    """The forecast seconds of `task` restoring from `source` (scratch, checkpoint, standby, warmup).
+    With `records` (what the restore really had to read): None when the forecast counted none of
+    them (it was made before they were written) rather than a forecast of nothing."""
+    from kernel_ext.dashboard.formats import num
+
+    best = None
+    for r in forecast_rows(fc, task, source):
+        sec = num(r.get("seconds"))
+        if records and not num(r.get("records")):
+            continue
+        if sec is not None and (best is None or sec < best):
+            best = sec
+    return best
+
+
+class RestoreRound:
+    """The rows of one round, fed event by event (oldest first). ``forecast``: the restore forecast
+    made before the round began (its rate starts the ETAs)."""
+
+    def __init__(self, started: float, generation: Optional[int] = None, forecast: Optional[dict] = None):
         self.started = started
         self.generation = generation
+        self.forecast = forecast
+        self.forecast_at: Optional[float] = None   # when that forecast was made
         self.rows: dict[str, RestoreRow] = {}
         self.events: list = []
         self.generations: set = set()
+        self.rates: dict = {}     # instance -> SmoothedRate
 
     @property
     def final(self) -> bool:
@@ -197,59 +264,112 @@ class RestoreRound:
         return max((r.finished or r.queued_at or self.started) for r in self.rows.values())
 
     def ordered(self) -> list[RestoreRow]:
-        from statekit.contracts import TaskId
+        from kernel_ext.dashboard.formats import task_order
 
-        def key(r):
-            try:
-                return (0, TaskId.parse(r.task))
-            except ValueError:
-                return (1, r.task)
+        return sorted(self.rows.values(), key=lambda r: task_order(r.task))
 
-        return sorted(self.rows.values(), key=key)
+    def frozen(self) -> "RestoreRound":
+        """A copy the panels can read while events keep changing this one (events not copied)."""
+        r = RestoreRound(self.started, self.generation, self.forecast)
+        r.forecast_at = self.forecast_at
+        r.rows = {k: v.copy() for k, v in self.rows.items()}
+        r.generations = set(self.generations)
+        r.rates = {k: copy.copy(v) for k, v in self.rates.items()}
+        r.events = list(self.events)   # the replay reads them
+        return r
 
-    def eta(self, row: RestoreRow) -> Optional[float]:
-        """Seconds until `row`'s task is restored: its own ETA while it restores; for a queued task,
-        what the tasks ahead of it on its instance (one opens at a time) and its own records to
-        replay take at the rate its instance restores now."""
-        if row.status == "restoring":
-            if row.eta is not None:
-                return row.eta
-            rate = self._rate_so_far(row.instance)   # no progress report yet: this round's rate
-            total = row.total
-            return None if not rate or total is None else max(0.0, (total - row.restored) / rate)
-        if row.status != "queued":
-            return row.eta
-        mates = [r for r in self.rows.values() if r.instance == row.instance]
-        running = [r for r in mates if r.status == "restoring"]
-        if not running or row.to_replay is None:
+    # -- ETAs --------------------------------------------------------------------------------
+
+    def _prior(self, instance) -> Optional[float]:
+        """The forecast's records/s for the tasks of this round on `instance` (any, if none)."""
+        from kernel_ext.dashboard.formats import num
+
+        if not self.forecast:
             return None
-        cur = running[0]
-        rate = cur.rate or self._rate_so_far(row.instance)
-        if not rate:
-            return None
-        ahead = [r for r in mates if r.status == "queued" and (r.queued_at or 0, r.task) < (row.queued_at or 0, row.task)]
-        left = max(0, (cur.total or 0) - cur.restored) + sum(r.to_replay or 0 for r in ahead) + row.to_replay
-        return left / rate
-
-    def _rate_so_far(self, instance) -> Optional[float]:
-        """The mean rate of the tasks this round restored (on `instance` if any, else anywhere)."""
         for pick in (lambda r: r.instance == instance, lambda r: True):
-            rates = [r.rate for r in self.rows.values() if r.status == "done" and pick(r) and r.rate]
-            if rates:
-                return sum(rates) / len(rates)
+            recs = secs = 0.0
+            for row in self.rows.values():
+                if not pick(row):
+                    continue
+                for f in forecast_rows(self.forecast, row.task, row.source):
+                    n, s = num(f.get("records")), num(f.get("seconds"))
+                    if n and s:
+                        recs, secs = recs + n, secs + s
+                        break
+            if recs and secs:
+                return recs / secs
         return None
+
+    def rate(self, instance) -> Optional[float]:
+        """The smoothed records/s `instance` restores at in this round (None: not measured yet)."""
+        r = self.rates.get(instance)
+        return None if r is None or r.last is r.first else r.rate
+
+    def _forecast_eta(self, row: RestoreRow, forecast: Optional[dict]) -> Optional[float]:
+        """Before `row`'s instance has a rate: the forecast seconds of what is left of the tasks
+        ahead of it on its instance (one opens at a time) and of its own."""
+        def left(r):
+            fc = forecast_seconds(forecast, r.task, r.source, r.total) if forecast else None
+            return None if fc is None else fc * (1.0 - r.fraction)
+
+        mine = left(row)
+        if mine is None or row.status == "restoring" or row.instance is None:
+            return mine
+        others = [left(r) for r in self._ahead(row)]
+        return None if any(x is None for x in others) else mine + sum(others)
+
+    def _ahead(self, row: RestoreRow) -> list:
+        return [r for r in self.rows.values() if r is not row and r.instance == row.instance and (
+            r.status == "restoring" or (r.status == "queued" and (r.queued_at or 0, r.task) < (row.queued_at or 0, row.task)))]
+
+    def estimate(self, row: RestoreRow, forecast: Optional[dict] = None) -> tuple:
+        """(seconds until `row`'s task is restored, whether it is the forecast's): what is left of
+        it — for a queued task also of the tasks ahead of it on its instance — at the instance's
+        smoothed rate; before that rate is measured, the forecast's seconds (`forecast`, default
+        the one made before the round). (0, False) when final, (None, False) when unknown."""
+        fc = forecast if forecast is not None else self.forecast
+        if row.final:
+            return 0.0, False
+        if row.status not in ("restoring", "queued"):
+            return None, False
+        rate = self.rate(row.instance) if row.instance is not None else None
+        if not rate:
+            q = self._forecast_eta(row, fc)
+            return q, q is not None
+        mine = row.remaining
+        if mine is None:
+            return None, False
+        if row.status == "restoring":
+            return mine / rate, False
+        ahead = self._ahead(row)
+        if any(r.remaining is None for r in ahead):
+            return None, False
+        return (mine + sum(r.remaining for r in ahead)) / rate, False
+
+    def eta(self, row: RestoreRow, forecast: Optional[dict] = None) -> Optional[float]:
+        """Seconds until `row`'s task is restored (see `estimate`)."""
+        return self.estimate(row, forecast)[0]
+
+    # -- feeding -----------------------------------------------------------------------------
 
     def feed(self, e) -> None:
         self.events.append(e)
-        if _type(e) == "restore_queued" and _get(e, "generation") is not None:
-            self.generations.add(_get(e, "generation"))
+        if isinstance(e, ev.RestoreQueued) and e.generation is not None:
+            self.generations.add(e.generation)
         apply_event(self.rows, e)
+        if isinstance(e, (ev.RestoreStarted, ev.RestoreProgress, ev.RestoreEnded, ev.TaskOpened)):
+            inst = e.instance
+            sr = self.rates.get(inst)
+            if sr is None:
+                sr = self.rates[inst] = SmoothedRate(self._prior(inst))
+            sr.add(e.ts, sum(r.restored for r in self.rows.values() if r.instance == inst))
 
     def at(self, t: float) -> "RestoreRound":
         """The round as it was at time ``t`` (its events up to then, replayed)."""
-        r = RestoreRound(self.started, self.generation)
+        r = RestoreRound(self.started, self.generation, self.forecast)
+        r.forecast_at = self.forecast_at
         for e in self.events:
-            if float(_get(e, "ts", 0.0)) <= t:
+            if e.ts <= t:
                 r.feed(e)
         return r
 
@@ -276,84 +396,83 @@ class RestoreRound:
 
 
 def apply_event(rows: dict, e) -> None:
-    """One event's effect on the rows of a round."""
-    kind = _type(e)
-    ts = float(_get(e, "ts", 0.0) or 0.0)
-    task = _get(e, "task")
-    task = None if task is None else str(task)
-    inst = _get(e, "instance")
-    if kind == "instance_died":
+    """One typed event's effect on the rows of a round."""
+    ts = e.ts
+    if isinstance(e, ev.InstanceDied):
         for r in rows.values():
-            if r.instance == inst and not r.final:
-                r.status, r.finished = "interrupted", ts
+            if r.instance == e.instance and not r.final:
+                r.status, r.instance, r.died, r.samples = "queued", None, e.instance, []
+                r.stores = {k: StoreProgress(total=s.total) for k, s in r.stores.items()}
+        for t in e.tasks or ():
+            t = str(t)
+            if t not in rows or rows[t].final:
+                rows[t] = RestoreRow(task=t, instance=None, source="?", queued_at=ts, died=e.instance)
         return
-    if task is None:
+    task = getattr(e, "task", None)
+    if not task:
         return
+    task = str(task)
+    inst = e.instance
     row = rows.get(task)
-    if kind == "restore_queued":
-        if row is not None and not row.final and row.instance != inst:
-            pass  # replaced below: the task went to another instance before it opened
-        rows[task] = RestoreRow(task=task, instance=inst, source=str(_get(e, "source", "checkpoint")),
-                                to_replay=_get(e, "to_replay"), queued_at=ts)
+    if isinstance(e, ev.RestoreQueued):
+        waiting = row is not None and not row.final and row.instance is None
+        rows[task] = RestoreRow(task=task, instance=inst, source=str(e.source or "checkpoint"),
+                                to_replay=e.to_replay, queued_at=row.queued_at if waiting else ts)
         return
     if row is None:
-        if kind not in ("restore_start", "restore_batch", "restore_end", "task_opened", "standby_promoted"):
+        if not isinstance(e, (ev.RestoreStarted, ev.RestoreProgress, ev.RestoreEnded, ev.TaskOpened,
+                              ev.StandbyPromoted)):
             return
         row = rows[task] = RestoreRow(task=task, instance=inst, queued_at=ts)
-    if inst is not None and row.instance is not None and inst != row.instance and kind != "task_closed":
-        if row.final and kind in ("restore_start", "standby_promoted"):
+    if inst is not None and inst != row.instance and not isinstance(e, ev.TaskClosed):
+        if row.final and isinstance(e, (ev.RestoreStarted, ev.StandbyPromoted)):
             row = rows[task] = RestoreRow(task=task, instance=inst, queued_at=ts)
         elif not row.final:
             row.instance = inst
-    if kind == "standby_promoted":
-        row.promoted = str(_get(e, "role", "standby"))
-        row.promoted_lag = _get(e, "lag")
+    if isinstance(e, ev.StandbyPromoted):
+        row.promoted = str(e.role or "standby")
+        row.promoted_lag = e.lag
         row.source = row.promoted
-    elif kind == "restore_start":
-        store = str(_get(e, "store", ""))
-        sp = row.stores.setdefault(store, StoreProgress())
-        sp.total = int(_get(e, "to_replay", 0) or 0) or max(
-            0, int(_get(e, "end_offset", 0) or 0) - int(_get(e, "start_offset", 0) or 0))
-        sp.start_offset, sp.end_offset = _get(e, "start_offset"), _get(e, "end_offset")
+    elif isinstance(e, ev.RestoreStarted):
+        sp = row.stores.setdefault(str(e.store), StoreProgress())
+        sp.total = int(e.to_replay or 0) or max(0, int(e.end_offset or 0) - int(e.start_offset or 0))
+        sp.start_offset, sp.end_offset = e.start_offset, e.end_offset
         row.status = "restoring"
         row.started = ts if row.started is None else min(row.started, ts)
-        row.throttle = _get(e, "throttle_rps") or row.throttle
-        if row.promoted is None and _get(e, "source"):
-            row.source = str(_get(e, "source"))
+        row.throttle = e.throttle_rps or row.throttle
+        if row.promoted is None and e.source:
+            row.source = str(e.source)
         row.samples.append((ts, row.restored))
-    elif kind == "restore_batch":
-        store = str(_get(e, "store", ""))
-        sp = row.stores.setdefault(store, StoreProgress())
-        sp.restored = int(_get(e, "restored", 0) or 0)
-        remaining = _get(e, "remaining")
-        if remaining is not None:
-            sp.total = max(sp.total, sp.restored + int(remaining))
+    elif isinstance(e, ev.RestoreProgress):
+        sp = row.stores.setdefault(str(e.store), StoreProgress())
+        sp.restored = int(e.restored or 0)
+        if e.remaining is not None:
+            sp.total = max(sp.total, sp.restored + int(e.remaining))
         row.status = "restoring" if not row.final else row.status
         if row.started is None:
             row.started = ts
-        row.reported_rate = _get(e, "rate_rps") or row.reported_rate
+        row.reported_rate = e.rate_rps or row.reported_rate
         row.samples.append((ts, row.restored))
-    elif kind == "restore_end":
-        store = str(_get(e, "store", ""))
-        sp = row.stores.setdefault(store, StoreProgress())
-        sp.restored = int(_get(e, "restored", 0) or 0)
+    elif isinstance(e, ev.RestoreEnded):
+        sp = row.stores.setdefault(str(e.store), StoreProgress())
+        sp.restored = int(e.restored or 0)
         sp.total = max(sp.total, sp.restored)
         sp.done = True
-        secs = float(_get(e, "seconds", 0.0) or 0.0)
+        secs = float(e.seconds or 0.0)
         row.seconds = (row.seconds or 0.0) + secs
         if row.started is None or row.started > ts - secs:
             row.started = ts - secs
-        row.reported_rate = _get(e, "rate_rps") or row.reported_rate
-        row.throttle = _get(e, "throttle_rps") or row.throttle
-        if row.promoted is None and _get(e, "source"):
-            row.source = str(_get(e, "source"))   # the state layer's final word (scratch, checkpoint)
+        row.reported_rate = e.rate_rps or row.reported_rate
+        row.throttle = e.throttle_rps or row.throttle
+        if row.promoted is None and e.source:
+            row.source = str(e.source)   # the state layer's final word (scratch, checkpoint)
         row.samples.append((ts, row.restored))
-    elif kind == "task_opened":
-        replayed = int(_get(e, "restored", 0) or 0)
+    elif isinstance(e, ev.TaskOpened):
+        replayed = int(e.restored or 0)
         row.replayed = replayed
         row.finished = ts
-        if row.promoted is None and _get(e, "source") not in (None, "none"):
-            row.source = str(_get(e, "source"))
+        if row.promoted is None and e.source not in (None, "none"):
+            row.source = str(e.source)
         if row.promoted is not None and not replayed:
             row.status = "promoted"
         elif replayed or any(s.restored for s in row.stores.values()):
@@ -362,11 +481,11 @@ def apply_event(rows: dict, e) -> None:
                 row.seconds = max(0.0, ts - row.started)
         else:
             row.status = "nothing"
-    elif kind == "task_failed":
+    elif isinstance(e, ev.TaskFailed):
         if not row.final or row.status == "done":
             row.status, row.finished = "failed", ts
-            row.error = _get(e, "error")
-    elif kind == "task_closed":
+            row.error = e.error
+    elif isinstance(e, ev.TaskClosed):
         if not row.final and row.instance == inst:
             row.status, row.finished = "moved", ts
 
@@ -388,24 +507,23 @@ class RestoreBoard:
         c = self.current
         return c is not None and not c.final
 
-    def _same_episode(self, cur: RestoreRound, e, ts: float) -> bool:
+    def _same_episode(self, cur: RestoreRound, e) -> bool:
         """A task queued by the same rebalance generation, or within `episode_gap` seconds after the
         round ended (a start or a restart rebalances once per instance), joins the round."""
-        gen = _get(e, "generation")
-        if gen is not None and cur.generations and gen in cur.generations:
+        if e.generation is not None and cur.generations and e.generation in cur.generations:
             return True
-        return cur.finished is not None and ts - cur.finished <= self.episode_gap
+        return cur.finished is not None and e.ts - cur.finished <= self.episode_gap
 
-    def feed(self, e) -> Optional[RestoreRound]:
-        """Apply one event; returns the round it opened, if it opened one."""
-        kind = _type(e)
-        if kind not in RESTORE_TYPES:
+    def feed(self, e, forecast: Optional[dict] = None) -> Optional[RestoreRound]:
+        """Apply one event; returns the round it opened, if it opened one (with `forecast`, the
+        forecast made before it)."""
+        if not isinstance(e, RESTORE_TYPES):
             return None
         opened = None
         cur = self.current
-        ts = float(_get(e, "ts", 0.0) or 0.0)
-        if kind == "restore_queued" and (cur is None or (cur.final and not self._same_episode(cur, e, ts))):
-            cur = opened = RestoreRound(ts, _get(e, "generation"))
+        opens = isinstance(e, ev.RestoreQueued) or (isinstance(e, ev.InstanceDied) and e.tasks)
+        if opens and (cur is None or (cur.final and not self._same_episode(cur, e))):
+            cur = opened = RestoreRound(e.ts, e.generation, forecast)
             self.rounds.append(cur)
             del self.rounds[:-self.keep]
         if cur is None:

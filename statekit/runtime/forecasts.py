@@ -8,9 +8,15 @@ full-speed restore the instances reported (their ``RestoreEnded`` events), else 
 real restore of part of a changelog into a throw-away RocksDB, run by the instance that owns the task.
 Per instance, one sentence a person can read: "if instance 0 died now: ≈ 4.1 s from scratch for
 0_0 and 0_2 (1,002,003 records), 0.2 s from their standbys".
+
+One forecast per application at a time: every forecast made is remembered (``latest``), so a
+notebook cell and the dashboard show the same figure — the dashboard shows the latest one whoever
+made it, and makes one itself only when none is recent.
 """
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -24,6 +30,7 @@ class RestoreForecast:
 
     frame: object
     lines: dict = field(default_factory=dict)
+    made_at: float = field(default_factory=time.time)   # epoch seconds
 
     def line(self, instance: int) -> str:
         return self.lines.get(int(instance), f"instance {instance} runs no task")
@@ -36,6 +43,24 @@ class RestoreForecast:
 
         items = "".join(f"<li>{html.escape(v)}</li>" for v in self.lines.values())
         return f"<ul>{items}</ul>" + self.frame.to_html(index=False)
+
+
+_latest: dict = {}   # application -> its latest RestoreForecast
+_latest_lock = threading.Lock()
+
+
+def latest(application: str) -> Optional[RestoreForecast]:
+    """The latest forecast made for ``application`` in this process (None: none yet)."""
+    with _latest_lock:
+        return _latest.get(application)
+
+
+def _remember(application: str, fc: RestoreForecast) -> RestoreForecast:
+    with _latest_lock:
+        old = _latest.get(application)
+        if old is None or fc.made_at >= old.made_at:
+            _latest[application] = fc
+    return fc
 
 
 def last_apply_rate(events) -> Optional[float]:
@@ -61,9 +86,10 @@ def forecast(application: str, assignment, statuses: dict, plans: dict, kafka, l
     from statekit.state.forecast import forecast_task
     from statekit.worker.task import store_specs
 
+    made_at = time.time()
     rows = []
     if assignment is None:
-        return RestoreForecast(pd.DataFrame(columns=COLUMNS))
+        return RestoreForecast(pd.DataFrame(columns=COLUMNS), made_at=made_at)
     for t in assignment.tasks:
         specs = store_specs(plans[t.subtopology], t.subtopology)
         owner = assignment.active[t]
@@ -102,4 +128,4 @@ def forecast(application: str, assignment, statuses: dict, plans: dict, kafka, l
         if len(cpt):
             text += f"; back with its disk: {_secs(cpt.seconds.sum())} from its checkpoints"
         lines[inst] = text
-    return RestoreForecast(df, lines)
+    return _remember(application, RestoreForecast(df, lines, made_at))

@@ -2,11 +2,13 @@
 Spark, no widgets, no broker."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from kernel_ext.dashboard.model import (CounterRate, DashboardModel, Snapshot, StoreCache, clip,
-                                        diff_rows, fmt_eta, forecast_by_instance, layout_topology,
-                                        normalize_task, task_id)
+from kernel_ext.dashboard.collect import StoreCache
+from kernel_ext.dashboard.model import (CounterRate, DashboardModel, Snapshot, clip, diff_rows, fmt_eta,
+                                        forecast_by_instance, layout_topology, normalize_task, task_id)
 from statekit import events as ev
 
 
@@ -135,10 +137,14 @@ def test_restore_round_queued_restoring_done_with_eta_and_summary():
     ]))
     r0 = rnd.rows["0_0"]
     assert (r0.status, r0.restored, r0.total, r0.fraction) == ("restoring", 400, 1000, 0.4)
-    assert r0.rate == pytest.approx(200.0)  # over the last two progress reports
-    assert r0.eta == pytest.approx(3.0)
-    # 0_1 waits behind 0_0 on instance 0: 600 records left there + its own 0, at 200 records/s
-    assert rnd.eta(rnd.rows["0_1"]) == pytest.approx(3.0) and rnd.eta(rnd.rows["0_0"]) == r0.eta
+    assert r0.rate == pytest.approx(200.0)  # the column: over the last two progress reports
+    # the ETA: instance 0's smoothed rate, 400/s over the first half second, then 200/s for a second
+    # (an exponential average with a 4 s time constant), not the last report's alone
+    rate = 400 + (1 - math.exp(-1 / 4)) * (200 - 400)
+    assert rnd.rate(0) == pytest.approx(rate)
+    assert rnd.eta(r0) == pytest.approx(600 / rate)
+    # 0_1 waits behind 0_0 on instance 0: 600 records left there + its own 0, at the same rate
+    assert rnd.eta(rnd.rows["0_1"]) == pytest.approx(600 / rate)
     assert (rnd.rows["0_2"].status, rnd.rows["0_2"].label) == ("promoted", "promoted standby")
     assert m.badge_reason() == "restoring 1 task(s), 1 queued"
     assert not rnd.final and rnd.summary() is None
@@ -151,7 +157,7 @@ def test_restore_round_queued_restoring_done_with_eta_and_summary():
     assert rnd.final and not m.restoring
     assert [(r.task, r.status, r.source) for r in rnd.ordered()] == [
         ("0_0", "done", "scratch"), ("0_1", "nothing", "checkpoint"), ("0_2", "promoted", "standby")]
-    assert r0.seconds == 4.0 and r0.rate == pytest.approx(250.0) and r0.eta == 0.0
+    assert r0.seconds == 4.0 and r0.rate == pytest.approx(250.0) and rnd.eta(r0) == 0.0
     s = rnd.summary()
     assert (s.tasks, s.restored_tasks, s.records, s.promoted, s.nothing) == (3, 1, 1000, 1, 1)
     assert s.seconds == pytest.approx(4.1)  # its restore began at 100.5, the task opened at 104.6
@@ -188,19 +194,47 @@ def test_restore_rounds_group_one_episode_and_replay():
     assert second.at(29.0).rows == {}
 
 
-def test_a_task_whose_instance_died_while_restoring_is_interrupted_then_requeued():
+def test_a_task_whose_instance_died_while_restoring_is_queued_again_at_once():
     E = Events()
     m = DashboardModel()
     m.update(Snapshot(t=5.0, events=[
         E(ev.RestoreQueued, 1.0, task="0_0", instance=0, to_replay=100, generation=2),
         E(ev.RestoreStarted, 1.1, task="0_0", instance=0, store="counts", to_replay=100, start_offset=0,
           end_offset=100),
+        E(ev.RestoreProgress, 1.3, task="0_0", instance=0, store="counts", restored=60, remaining=40),
         E(ev.InstanceDied, 1.5, instance=0, tasks=["0_0"])]))
-    assert m.restores.current.rows["0_0"].status == "interrupted"
+    row = m.restores.current.rows["0_0"]
+    # waiting for a new owner, its progress gone with the instance; everywhere in the picture
+    assert (row.status, row.instance, row.restored, row.label) == ("queued", None, 0, "queued: instance 0 died")
+    assert [(c["task"], c["state"], c["instance"]) for c in m.task_chips()] == [("0_0", "queued", None)]
     m.update(Snapshot(t=6.0, events=[E(ev.RestoreQueued, 1.6, task="0_0", instance=1, to_replay=100,
                                        generation=3)]))
     assert len(m.restores.rounds) == 1  # the same episode
-    assert (m.restores.current.rows["0_0"].instance, m.restores.current.rows["0_0"].status) == (1, "queued")
+    row = m.restores.current.rows["0_0"]
+    assert (row.instance, row.status, row.queued_at) == (1, "queued", 1.0)
+
+
+def test_a_crash_opens_a_round_with_the_dead_instances_tasks_queued():
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=3.0, state="RUNNING", instances=[
+        {"instance": 0, "status": "alive"}, {"instance": 1, "status": "alive"}], events=[
+        E(ev.RestoreQueued, 1.0, task="0_0", instance=0, generation=1),
+        E(ev.RestoreQueued, 1.0, task="0_1", instance=1, generation=1),
+        E(ev.TaskOpened, 1.1, task="0_0", instance=0),
+        E(ev.TaskOpened, 1.1, task="0_1", instance=1)]))
+    assert m.restores.current.final
+    m.update(Snapshot(t=3.0, events=[E(ev.InstanceDied, 20.0, instance=0, tasks=["0_0"], mode="disk-loss")]))
+    rnd = m.restores.current
+    assert len(m.restores.rounds) == 2 and list(rnd.rows) == ["0_0"] and rnd.started == 20.0
+    p = m.picture()
+    assert [(c["task"], c["state"], c["instance"]) for c in p.chips] == [("0_0", "queued", None),
+                                                                         ("0_1", "running", 1)]
+    assert [(r["instance"], r["status"], r["active"]) for r in p.instances] == [(0, "dead", []),
+                                                                                 (1, "alive", ["0_1"])]
+    assert p.reason == "1 queued" and p.header["instances"] == (1, 2)
+    from kernel_ext.dashboard.model import disagreements
+    assert disagreements(p) == []
 
 
 def test_ownership_timeline_counts_only_real_moves():
@@ -244,7 +278,16 @@ def test_ownership_timeline_counts_only_real_moves():
 def test_badge_reasons():
     m = DashboardModel()
     m.update(Snapshot(t=0, state="RUNNING", metrics={"batches": 0}))
-    assert m.badge_reason() == "waiting for Spark's first micro-batch"
+    assert m.badge_reason() == "waiting for the first micro-batch (no commit yet)"
+    E0 = Events()
+    m0 = DashboardModel()
+    m0.update(Snapshot(t=100.0, state="RUNNING", metrics={"batches": 0}, events=[
+        E0(ev.StateChanged, 88.0, state="RESTORING", old="CREATED"),
+        E0(ev.StateChanged, 89.0, state="RUNNING", old="RESTORING"),
+        E0(ev.Committed, 99.0, task="0_0", instance=0, batch=0, records=40_000)]))
+    # what it waits for, from the first second: how long, and what the tasks committed so far
+    assert m0.badge_reason() == "waiting for the first micro-batch (running 12 s; 40,000 records committed so far)"
+    assert m0.header()["records"] == 40_000
     m.update(Snapshot(t=1, state="RUNNING", metrics={"batches": 3}))
     assert m.badge_reason() == ""
     m.update(Snapshot(t=2, state="ERROR", app_error="ProcessorError: task 0_1 failed on key='a': "
@@ -278,15 +321,22 @@ def test_instances_rates_and_task_chips():
     assert [r["rate"] for r in rows] == [50.0, 8.0, 0.0]  # (100+150)/5 s, 40/5 s; the old commit left the window
     assert m.header()["instances"] == (2, 3)
     chips = m.task_chips()
+    # 0_1's commit at 12.5 says it runs (the status, up to a second older, says restoring); its
+    # backlog comes from the status
     assert [(c["task"], c["instance"], c["state"], c["backlog"]) for c in chips] == [
-        ("0_0", 0, "running", 0), ("0_1", 1, "restoring", 2)]
-    assert [(r["task"], r["rows"], r["dirty"]) for r in m.tasks()] == [("0_0", 10, 3), ("0_1", 10, 3)]
+        ("0_0", 0, "running", 0), ("0_1", 1, "running", 2)]
+    # a task no event told about (a dashboard opened late): the instances' own word
+    m.update(Snapshot(t=13.5, status={"0_2": {"instance": 1, "state": "restoring", "backlog": 1}}))
+    assert [(c["task"], c["state"]) for c in m.task_chips()][-1] == ("0_2", "restoring")
+    assert [(r["task"], r["role"], r["instance"], r["rows"], r["dirty"]) for r in m.tasks()] == [
+        ("0_0", "active", 0, 10, 3), ("0_1", "active", 1, 10, 3), ("0_1", "standby", 0, None, None),
+        ("0_2", "active", 1, None, None)]
     m.update(Snapshot(t=14.0, status={"0_0": {"instance": 0, "state": "running"}},
                       events=[E(ev.TaskFailed, 13.5, task="0_0", instance=0, error="ZeroDivisionError: x")]))
-    assert [(c["task"], c["state"]) for c in m.task_chips()] == [("0_0", "failed")]
+    assert [(c["task"], c["state"]) for c in m.task_chips()][0] == ("0_0", "failed")
     m.update(Snapshot(t=15.0, status={"0_0": {"instance": 0, "state": "running"}},
                       events=[E(ev.TaskOpened, 14.5, task="0_0", instance=0)]))
-    assert [(c["task"], c["state"]) for c in m.task_chips()] == [("0_0", "running")]
+    assert [(c["task"], c["state"]) for c in m.task_chips()][0] == ("0_0", "running")
 
 
 def test_forecast_by_instance_and_before_a_round():
@@ -376,7 +426,7 @@ class _CommitApp:
 
 
 def test_a_store_is_read_again_only_after_a_commit():
-    from kernel_ext.dashboard.model import collect
+    from kernel_ext.dashboard.collect import collect
 
     app, cache, m = _CommitApp(), StoreCache(max_age=30.0), DashboardModel()
     s1 = collect(app, stores=["counts"], cache=cache)
@@ -419,7 +469,7 @@ def test_store_cache_signature_and_max_age():
 
 def test_throttled_heavy_panel_and_nice_axis_limits():
     from kernel_ext.dashboard.charts import axis_limit
-    from kernel_ext.dashboard.model import Throttled
+    from kernel_ext.dashboard.collect import Throttled
 
     now = [0.0]
     calls = []
@@ -447,7 +497,7 @@ def test_a_restore_without_progress_yet_gets_an_eta_from_the_tasks_done_before_i
           end_offset=500)]))
     rnd = m.restores.current
     row = rnd.rows["0_1"]
-    assert row.status == "restoring" and row.eta is None      # no progress report yet
+    assert row.status == "restoring" and row.rate is None     # no progress report of its own yet
     assert rnd.eta(row) == pytest.approx(5.0)                   # 500 records at 0_0's 100 records/s
 
 
