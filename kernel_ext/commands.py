@@ -9,13 +9,13 @@ from __future__ import annotations
 import html
 import json
 import os
-import threading
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
+from kernel_ext.lines import Notice, Voice, current_cell, one_line, say
 from kernel_ext.parser import Command
+from kernel_ext.producing import ProducerJob
 
 INTERNAL_SUFFIXES = ("-events",)
 
@@ -31,20 +31,6 @@ def _card(title: str, rows: list[tuple[str, str]], ok: bool = True) -> str:
     return (f"<div style='font-family:sans-serif;font-size:12.5px;border:1px solid #dde4ee;border-left:4px solid "
             f"{color};border-radius:6px;padding:6px 12px;background:#f9fbfd;max-width:760px'>"
             f"<div style='font-weight:600;margin-bottom:4px'>{_e(title)}</div><table>{body}</table></div>")
-
-
-@dataclass
-class ProducerJob:
-    topic: str
-    source: str
-    thread: threading.Thread
-    stop: threading.Event
-    progress: Any = None  # statekit.datagen.ProduceProgress
-    widget: Any = None
-
-    @property
-    def running(self) -> bool:
-        return self.thread.is_alive()
 
 
 def app_uses_spark(app) -> bool:
@@ -70,7 +56,7 @@ class Session:
         self.last_traceback: str | None = None
         self._env_bootstrap = False  # `up` set STATEKIT_BOOTSTRAP (down unsets it)
         self._error_hooks: set = set()  # id(app) of apps whose errors are reported in the notebook
-        self._reported: dict = {}
+        self.voice = Voice()             # what was said about each app's failures, and where
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -162,8 +148,10 @@ class Session:
                                 f"`%%statekit app {name}` cell") from None
 
     def _report_errors(self, name: str, app) -> None:
-        """Print an app's one-line error under the cell that runs when the app goes to ERROR (from
-        the app's event thread: ipykernel sends a thread's output to the running, or last, cell)."""
+        """Say an app's one-line error when it fails (from the app's event thread: ipykernel sends
+        a thread's output to the running, or last, cell; `Voice.failure` keeps it out from under
+        the dashboard). A crash or kill the user asked for is not a failure: the command that asked
+        (`crash`, `kill`, `wait`) says what happened, so nothing is said twice."""
         on = getattr(app, "on_event", None)
         if not callable(on) or id(app) in self._error_hooks:
             return
@@ -183,40 +171,40 @@ class Session:
                 return
             if self.apps.get(name) is not app:
                 return  # redefined since
-            reason = " ".join(str(getattr(e, "reason", "") or getattr(app, "error", "") or "failed").split())
-            if self._reported.get(name) == reason:
-                return
-            self._reported[name] = reason
             if died.get("cause") in ("crash", "kill") and e.ts - died.get("ts", 0) < 10:
-                # the crash the user asked for took the last instance: news, not a failure
-                print(f"{name}: instance {died['instance']} crashed as asked; {reason}", flush=True)
-                return
-            from kernel_ext.magics import error_line
-
-            error_line(f"%statekit: app {name} failed: {reason} "
-                       f"(the dashboard keeps its last state; fix the cause, then `%statekit restart {name}`)")
+                return  # asked for: said by the command that asked, or that waited
+            reason = one_line(getattr(e, "reason", "") or getattr(app, "error", "") or "failed")
+            if self.voice.claim(name, reason):
+                self.voice.failure(name, f"%statekit: app {name} failed: {reason} (the dashboard "
+                                         f"keeps its last state; fix the cause, then "
+                                         f"`%statekit restart {name}`)")
 
         on(on_event)
 
     # -- broker & Spark -------------------------------------------------------------------------
 
     def _stop_everything_of_apps(self) -> list[str]:
-        """Dashboards, producers and apps; one entry per app stopped (down must get everything
-        down, so a failure is noted and the rest goes on)."""
+        """Dashboards, producers and apps; one entry per producer or app that was still running
+        (an app `stop` already stopped is not named again; down must get everything down, so a
+        failure is noted and the rest goes on)."""
         stopped = []
         for d in list(self.dashboards.values()):
             d.stop(timeout=3)
         self.dashboards.clear()
-        for job in list(self.producers.values()):
+        for topic, job in list(self.producers.items()):
+            if job.running:
+                stopped.append(f"the producer of {topic}")
             job.stop.set()
             job.thread.join(10)
         self.producers.clear()
         for name, app in list(self.apps.items()):
+            if str(app.state) in ("CREATED", "NOT_RUNNING"):
+                continue
             try:
                 app.stop()
                 stopped.append(f"app {name}")
             except Exception as err:
-                stopped.append(f"app {name} ({' '.join(str(err).split())[:80]})")
+                stopped.append(f"app {name} ({one_line(err)[:80]})")
         return stopped
 
     def _fresh(self):
@@ -285,11 +273,11 @@ class Session:
         return _card(title, rows, ok=self.bootstrap is not None)
 
     @staticmethod
-    def _app_shape(app) -> str:
+    def _app_shape(app, standbys: bool = True) -> str:
         parts = [f"{app.partitions} task(s)"]
         if hasattr(app, "instances"):
             parts.append(f"{app.instances} live instance(s)")
-        if getattr(app, "standby_replicas", None) is not None:
+        if standbys and getattr(app, "standby_replicas", None) is not None:
             parts.append(f"{app.standby_replicas} standby replica(s)")
         if not hasattr(app, "instances"):
             parts.append("Spark's own state store")
@@ -320,8 +308,8 @@ class Session:
             self._env_bootstrap = False
         self.broker = None
         self.bootstrap = None
-        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running")
-              + "".join(f"\n{x}" for x in left))
+        say("stopped: " + (", ".join(stopped) if stopped else "nothing was running")
+            + "".join(f"\n{x}" for x in left))
 
     # -- topics ---------------------------------------------------------------------------------
 
@@ -368,7 +356,7 @@ class Session:
         finally:
             k.close()
         if not rows:
-            print("no topics yet" + (f" matching {cmd.pattern!r}" if cmd.pattern else ""))
+            say("no topics yet" + (f" matching {cmd.pattern!r}" if cmd.pattern else ""))
             return None
         df = pd.DataFrame(rows).set_index("topic")
         if not stats:
@@ -377,23 +365,8 @@ class Session:
 
     # -- producing ------------------------------------------------------------------------------
 
-    def _resolve_file(self, path: str) -> str:
-        cands = [path]
-        if not os.path.isabs(path):
-            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            cands += [os.path.join(here, path), os.path.join(here, "sample_data", os.path.basename(path))]
-        for c in cands:
-            if os.path.exists(c):
-                return c
-        from statekit.errors import StatekitError
-
-        raise StatekitError(f"no such file: {path} (the samples are in sample_data/: words.jsonl, "
-                            f"clicks.jsonl, sensors.jsonl)")
-
     def cmd_produce(self, cmd: Command):
-        import ipywidgets as W
-
-        from statekit import datagen
+        from kernel_ext.producing import start_producer
         from statekit.errors import StatekitError
 
         self._ensure_up(spark=False)
@@ -401,66 +374,10 @@ class Session:
         if old is not None and old.running:
             raise StatekitError(f"a producer is already writing to {cmd.topic!r}; wait for it or "
                                 f"`%statekit down`")
-        if cmd.file:
-            path = self._resolve_file(cmd.file)
-            records = datagen.read_jsonl(path)
-            source = os.path.basename(path)
-            if cmd.limit is None:
-                with open(path, encoding="utf-8") as f:
-                    total = sum(1 for line in f if line.strip())
-            else:
-                total = cmd.limit
-        else:
-            seed = 42 if cmd.seed is None else cmd.seed
-            keys = cmd.args.get("keys")
-            records = datagen.generate(cmd.generator, seed=seed, keys=keys)
-            source = f"generator {cmd.generator}"
-            total = cmd.limit
-        # a generator with a limit and no pace: pre-encoded record batches, millions per run
-        fast = cmd.generator and cmd.rate is None and cmd.limit is not None
-        bar = W.IntProgress(value=0, min=0, max=total or 1, bar_style="info",
-                            layout=W.Layout(width="320px"))
-        label = W.HTML()
-        box = W.HBox([W.HTML(f"<b>{_e(cmd.topic)}</b> ← {_e(source)}&nbsp;"), bar, label])
-        stop = threading.Event()
-
-        def report(p):
-            job.progress = p
-            if total:
-                bar.value = min(p.sent, total)
-            else:
-                bar.max = max(bar.max, p.sent + 1)
-                bar.value = p.sent
-            if p.error:
-                bar.bar_style = "danger"
-                label.value = f"&nbsp;<span style='color:#c62828'>{_e(p.error)}</span>"
-                return
-            if p.done:
-                bar.bar_style = "success"
-            rate = f"{p.rate:,.0f}/s" if p.elapsed > 0 else ""
-            label.value = (f"&nbsp;{p.sent:,}{f' / {total:,}' if total else ''} records · {rate}"
-                           f"{' · done' if p.done else ''}")
-
-        def work():
-            try:
-                if fast:
-                    datagen.produce_fast(cmd.topic, cmd.generator, seed, cmd.limit, self.bootstrap,
-                                         keys=keys, partitions=cmd.partitions or 4, stop=stop,
-                                         progress=report)
-                else:
-                    datagen.produce(cmd.topic, records, self.bootstrap,
-                                    partitions=cmd.partitions or 4, rate=cmd.rate,
-                                    limit=cmd.limit, stop=stop, progress=report)
-            except Exception:  # shown in the progress label (one line)
-                pass
-
-        th = threading.Thread(target=work, name=f"statekit-produce-{cmd.topic}", daemon=True)
-        job = ProducerJob(cmd.topic, source, th, stop, None, box)
+        job = start_producer(cmd, self.bootstrap, self.display)
         self.producers[cmd.topic] = job
-        self.display(box)
-        th.start()
         if cmd.wait:
-            th.join()
+            job.thread.join()
             if job.progress is not None and job.progress.error:
                 raise StatekitError(f"produce to {cmd.topic!r} failed: {job.progress.error}")
 
@@ -489,10 +406,33 @@ class Session:
                 raise StatekitError(f"--engine spark (Spark's own state store) runs one instance without "
                                     f"standbys or warmups: drop --{unsupported[0].replace('_', '-')}")
         kw = {arg: cmd.args[opt] for opt, arg in options if cmd.args.get(opt) is not None}
-        app = statekit.NativeApp(cmd.name, bootstrap=self.bootstrap, **kw) if native else \
-            statekit.App(cmd.name, bootstrap=self.bootstrap, **kw)
         ns = self.shell.user_ns if self.shell is not None else {}
-        ns["app"] = app
+        before = dict(ns)   # a refused cell changes nothing: the namespace comes back as it was
+        try:
+            app = statekit.NativeApp(cmd.name, bootstrap=self.bootstrap, **kw) if native else \
+                statekit.App(cmd.name, bootstrap=self.bootstrap, **kw)
+            ns["app"] = app
+            self._run_app_body(cmd, ns)
+            # compile and check now (topology, source topics): a mistake shows here, not at start
+            app.validate()
+        except StatekitError as err:
+            for k in [k for k in ns if k not in before]:
+                del ns[k]
+            ns.update({k: v for k, v in before.items() if ns.get(k, before) is not v})
+            raise StatekitError(f"{err}; nothing was defined") from None
+        if old is not None and old is not app:
+            self._retire_dashboard(cmd.name)
+        self.apps[cmd.name] = app
+        self._report_errors(cmd.name, app)
+        n_stores = len(app.plan.stores) if getattr(app, "plan", None) is not None else None
+        say(f"app {cmd.name!r} defined: {self._app_shape(app)}"
+            + (f", {n_stores} store(s)" if n_stores is not None else "")
+            + f". Next: %statekit start {cmd.name}")
+
+    def _run_app_body(self, cmd: Command, ns: dict) -> None:
+        """Run the cell body; a Python mistake in it becomes one line naming the body's line."""
+        from statekit.errors import StatekitError
+
         code = compile(cmd.body or "", f"<%%statekit app {cmd.name}>", "exec")
         try:
             exec(code, ns)
@@ -504,32 +444,12 @@ class Session:
             where = f"line {line}: " if line else ""
             self.last_traceback = traceback.format_exc()
             raise StatekitError(f"the app cell failed at {where}{type(err).__name__}: {err}") from None
-        # compile and check now, so a topology mistake or a topic typo shows here and not at start
-        from statekit.errors import UnknownTopic
-
-        topic_error = None
-        try:
-            app.validate()
-        except UnknownTopic as err:   # the topic may be produced later: said, not refused
-            topic_error = err
-        if old is not None and old is not app:
-            self._retire_dashboard(cmd.name)
-        self.apps[cmd.name] = app
-        self._report_errors(cmd.name, app)
-        n_stores = len(app.plan.stores) if getattr(app, "plan", None) is not None else None
-        print(f"app {cmd.name!r} defined: {self._app_shape(app)}"
-              + (f", {n_stores} store(s)" if n_stores is not None else "")
-              + f". Next: %statekit start {cmd.name}")
-        if topic_error is not None:
-            from kernel_ext.magics import error_line
-
-            error_line(f"%statekit app {cmd.name}: {topic_error}")
 
     def cmd_apps(self, cmd: Command):
         import pandas as pd
 
         if not self.apps:
-            print("no apps yet: define one with a `%%statekit app NAME` cell")
+            say("no apps yet: define one with a `%%statekit app NAME` cell")
             return None
         return pd.DataFrame([{"app": n, "state": str(a.state), "tasks": a.partitions,
                               "instances": getattr(a, "instances", 1),
@@ -549,12 +469,15 @@ class Session:
             except Exception:
                 has_sinks = False
             sink = "kafka" if has_sinks else "none"
-        self._reported.pop(cmd.name, None)
+        self.voice.forget(cmd.name)
         app.start(trigger=trigger, max_records_per_trigger=cmd.max_records, sink=sink)
-        print(f"{cmd.name}: {app.state}")
+        # no state word here: RESTORING would stay on screen above a dashboard that says RUNNING
+        sources = ", ".join(self._source_topics(app)) or "its sources"
+        where = (" (the dashboard below follows it)" if cmd.watch else
+                 self._follow(cmd.name, app) or f" (`%statekit watch {cmd.name}` shows it live)")
+        say(f"{cmd.name}: started: {self._tasks_on(app)}, reading {sources}{where}")
         if cmd.watch:
             return self._watch(app, cmd.name)
-        self._follow(cmd.name, app)
 
     def cmd_stop(self, cmd: Command):
         app = self.app(cmd.name)
@@ -568,7 +491,7 @@ class Session:
         app.stop()
         if d is not None:
             d.final(app.state)
-        print(f"{cmd.name}: {app.state}")
+        say(f"{cmd.name}: stopped")
 
     def _retire_dashboard(self, name: str) -> None:
         d = self.dashboards.pop(name, None)
@@ -585,6 +508,13 @@ class Session:
                           changelog_fn=lambda: self._changelog_stats(app))
         self.dashboards[name] = d
         d.refresh()
+        try:   # where a failure is said when this cell is the one output goes to
+            notice = Notice(current_cell())
+        except ImportError:
+            notice = None
+        if notice is not None:
+            self.voice.notices[name] = notice
+            self.display(notice.widget)
         self.display(d.view.root)
         d.start()
         return None
@@ -600,6 +530,89 @@ class Session:
             self._watch(app, name)
         return ""
 
+    @staticmethod
+    def _tasks_on(app) -> str:
+        try:
+            tasks = len(app.tasks())
+        except Exception:
+            tasks = app.partitions
+        n = getattr(app, "instances", 1)
+        return (f"{tasks} task{'s' * (tasks != 1)} on {n} instance{'s' * (n != 1)}"
+                if hasattr(app, "instances") else f"{tasks} task{'s' * (tasks != 1)} in Spark's own state store")
+
+    @staticmethod
+    def _source_topics(app) -> list[str]:
+        """The app's input topics (not its repartition topics), in the order it reads them."""
+        try:
+            repart = set(getattr(app.plan, "repartition_topics", ()) or ())
+            topics = []
+            for p in app.subplans.values():
+                for t in getattr(p, "source_topics", None) or ():
+                    if t not in repart and t not in topics:
+                        topics.append(t)
+            return topics
+        except Exception:
+            return []
+
+    def cmd_wait(self, cmd: Command):
+        """Say what it waits for, wait until the app has processed and committed every record now
+        in its source topics, then say what happened: caught up, or stopped by a crash the user
+        asked for (said here once, in words), or failed (one red line)."""
+        from statekit.errors import StatekitError
+
+        name, app = cmd.name, self.app(cmd.name)
+        sources = self._source_topics(app)
+        try:
+            k = app.kafka
+            total = sum(sum(k.end_offsets(t).values()) - sum(k.begin_offsets(t).values()) for t in sources)
+            what = f"the {total:,} records in {', '.join(sources)}"
+        except Exception:
+            what = f"every record in {', '.join(sources) or 'its sources'}"
+        d = self.dashboards.get(name)
+        shown = " (the dashboard above shows the progress)" if d is not None and d.app is app else ""
+        since, t0 = time.time(), time.monotonic()
+        if str(app.state) != "ERROR":
+            say(f"{name}: waiting until {what} are processed and committed{shown}…")
+            try:
+                done = app.process_all_available(timeout=cmd.timeout)
+            except StatekitError as err:
+                if str(app.state) != "ERROR" or not self._asked_death(app, since - 60):
+                    if self.voice.claim(name, app.error or err):
+                        raise
+                    return None
+                done = False
+            if done:
+                say(f"{name}: caught up in {time.monotonic() - t0:.1f} s")
+                return None
+            if str(app.state) != "ERROR":
+                raise StatekitError(f"app {name!r} is still catching up after {cmd.timeout:g} s "
+                                    f"(`%statekit wait {name} --timeout S` waits longer)")
+        died = self._asked_death(app, since - 60)
+        if died is None:   # not asked for: a failure, said once
+            if self.voice.claim(name, app.error or "every instance is dead"):
+                raise StatekitError(f"app {name!r} stopped: {one_line(app.error or 'every instance is dead')}")
+            return None
+        crash = next((e for e in reversed(app.events(types="crash", since=died.ts - 60))
+                      if e.instance == died.instance), None)
+        where = ""
+        if crash is not None and crash.batch is not None:
+            where = (f" in the middle of batch {crash.batch}"
+                     + (f" (task {crash.task} had processed {crash.records} of its records)"
+                        if crash.task and crash.records is not None else ""))
+        verb = "was killed" if died.cause == "kill" else "crashed as asked"
+        say(f"{name}: instance {died.instance} {verb}{where}; no instance is left: the app is in "
+            f"ERROR until `%statekit restart {name}`")
+        return None
+
+    @staticmethod
+    def _asked_death(app, since: float):
+        """The last instance death since `since` that the user asked for (a crash or a kill)."""
+        found = app.wait_for_event(lambda e: e.type == "instance_died" and e.ts >= since, timeout=5) \
+            if hasattr(app, "wait_for_event") else None
+        deaths = [e for e in app.events(types="instance_died", since=since)] or ([found] if found else [])
+        last = deaths[-1] if deaths else None
+        return last if last is not None and last.cause in ("crash", "kill") else None
+
     def cmd_watch(self, cmd: Command):
         return self._watch(self.app(cmd.name), cmd.name, cmd.interval, cmd.top)
 
@@ -607,32 +620,45 @@ class Session:
         app = self.app(cmd.name)
         gen0 = getattr(app, "generation", 0)
         rec = app.crash(cmd.mode, instance=cmd.instance, after_records=cmd.after, timeout=60)
-        if cmd.after is None:
-            when = "now"
-        else:
-            when = f"once one of its tasks has processed {cmd.after} record(s) of a batch"
         inst = rec.get("instance", cmd.instance)
         what = f"instance {inst}" if inst is not None else "an instance"
+        how = {"process": "crashed (its disk is kept)", "disk-loss": "crashed and lost its disk",
+               "executor": "crashed with its executor"}.get(cmd.mode, "crashed")
         status = rec.get("status", "")
-        verb = "crashed" if status == "applied" else f"will crash {when}" if status == "pending" else status
         note = self._follow(cmd.name, app)
-        print(f"{cmd.name}: {what} ({cmd.mode}) {verb}{self._moves_since(app, gen0)}; "
-              f"the app is {app.state}{note}")
+        if status == "pending":
+            alone = self._live(app) == str(inst)
+            say(f"{cmd.name}: {what} will crash ({cmd.mode}) once one of its tasks has processed "
+                f"{cmd.after} record(s) of a batch"
+                + (f"; with no other instance the app then stops until `%statekit restart "
+                   f"{cmd.name}`" if alone else "; the other instances then take its tasks over")
+                + note)
+            return
+        if status != "applied":
+            say(f"{cmd.name}: crash of {what}: {status}{note}")
+            return
+        live = self._live(app)
+        rest = (f"no instance is left: the app is in ERROR until `%statekit restart {cmd.name}`"
+                if live == "none" else f"live instances: {live}")
+        say(f"{cmd.name}: {what} {how}{self._moves_since(app, gen0)}; {rest}{note}")
 
     def cmd_restart(self, cmd: Command):
         app = self.app(cmd.name)
         self._ensure_up(spark=app_uses_spark(app))
         kw = {"restore_rate": cmd.restore_rate} if cmd.restore_rate else {}
         gen0 = getattr(app, "generation", 0)
-        self._reported.pop(cmd.name, None)
+        self.voice.forget(cmd.name)
         rec = app.restart(**kw)
         revived = rec.get("revived")
         what = (f"revived instance(s) {', '.join(str(i) for i in revived)}" if revived
                 else "restarted")
         throttle = f", restores throttled to {cmd.restore_rate:,.0f} records/s" if cmd.restore_rate else ""
+        shown = bool(self.dashboards.get(cmd.name)) and self.dashboards[cmd.name].app is app
         note = "" if cmd.no_watch else self._follow(cmd.name, app, show_if_none=True)
-        print(f"{cmd.name}: {what} (generation {rec.get('generation', '?')}){self._moves_since(app, gen0)}"
-              f"{throttle}; {app.state}{note}")
+        if not cmd.no_watch and not shown:
+            note = " (the dashboard below follows the restore)"
+        say(f"{cmd.name}: {what} (generation {rec.get('generation', '?')}){self._moves_since(app, gen0)}"
+            f"{throttle}{note}")
 
     @staticmethod
     def _moves_since(app, gen0) -> str:
@@ -656,8 +682,8 @@ class Session:
         gen0 = app.generation
         result = fn(app)
         note = self._follow(cmd.name, app)
-        print(f"{cmd.name}: {what(result)}{self._moves_since(app, gen0)}; live instances: "
-              f"{self._live(app)}; {app.state}{note}")
+        say(f"{cmd.name}: {what(result)}{self._moves_since(app, gen0)}; live instances: "
+            f"{self._live(app)}{note}")
 
     @staticmethod
     def _live(app) -> str:
@@ -671,7 +697,7 @@ class Session:
     def cmd_instances(self, cmd: Command):
         app = self.app(cmd.name)
         if not hasattr(app, "instances_frame"):
-            print(f"{cmd.name}: one instance (Spark's own state store)")
+            say(f"{cmd.name}: one instance (Spark's own state store)")
             return None
         df = app.instances_frame()
         return df.drop(columns=[c for c in ("reported",) if c in df.columns]).set_index("instance")
@@ -731,8 +757,8 @@ class Session:
             hi = cmd.window_to if cmd.window_to is not None else 2 ** 62
             rows = list(app.query_window(cmd.store, key, lo, hi))
             df = pd.DataFrame(rows[: cmd.limit], columns=["window_start", "value"])
-            print(f"{cmd.store}[{key!r}]: {len(rows)} window(s)"
-                  + (f"; first {cmd.limit}" if len(rows) > cmd.limit else ""))
+            say(f"{cmd.store}[{key!r}]: {len(rows)} window(s)"
+                + (f"; first {cmd.limit}" if len(rows) > cmd.limit else ""))
             return df
         if cmd.key is not None:
             key = self._key(cmd.key, cmd.key_type)
@@ -746,18 +772,18 @@ class Session:
             if owner is not None:
                 where = (f"  (task {getattr(owner, 'task', '?')}, instance {getattr(owner, 'instance', '?')}, "
                          f"{getattr(owner, 'role', 'active')})")
-            print(f"{cmd.store}[{key!r}] = {value!r}{where}")
+            say(f"{cmd.store}[{key!r}] = {value!r}{where}")
             return None
         if cmd.range is not None:
             lo, hi = (self._key(x, cmd.key_type) for x in cmd.range)
             rows = list(app.query_range(cmd.store, lo, hi))
             df = pd.DataFrame(rows[: cmd.limit], columns=["key", "value"])
-            print(f"{len(rows)} key(s) in [{lo!r}, {hi!r}]" + (f"; first {cmd.limit}" if len(rows) > cmd.limit else ""))
+            say(f"{len(rows)} key(s) in [{lo!r}, {hi!r}]" + (f"; first {cmd.limit}" if len(rows) > cmd.limit else ""))
             return df
         df = app.query_all(cmd.store)
         if not hasattr(df, "head"):
             df = pd.DataFrame(list(df), columns=["key", "value"])
-        print(f"{len(df)} key(s) in {cmd.store}" + (f"; first {cmd.limit}" if len(df) > cmd.limit else ""))
+        say(f"{len(df)} key(s) in {cmd.store}" + (f"; first {cmd.limit}" if len(df) > cmd.limit else ""))
         return df.head(cmd.limit)
 
     def cmd_lag(self, cmd: Command):

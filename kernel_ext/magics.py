@@ -2,20 +2,15 @@
 with `kernel_ext.commands.Session`. A user mistake prints one red line on stderr, never a stack trace."""
 from __future__ import annotations
 
-import sys
 import traceback
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from kernel_ext.parser import Help, ParseError, parse, subcommand_names
 from kernel_ext.commands import Session
+from kernel_ext.lines import RED, RESET, error_line, one_line
+from kernel_ext.parser import Help, ParseError, parse, subcommand_names
 
-RED, RESET = "\x1b[31m", "\x1b[0m"
-
-
-def error_line(message: str) -> None:
-    sys.stderr.write(f"{RED}{' '.join(str(message).split())}{RESET}\n")
-    sys.stderr.flush()
+__all__ = ["StatekitMagics", "complete", "error_line", "one_line_errors"]
 
 
 def one_line_errors(shell, session) -> None:
@@ -26,7 +21,10 @@ def one_line_errors(shell, session) -> None:
 
     def handler(_shell, etype, value, tb, tb_offset=None):
         session.last_traceback = "".join(traceback.format_exception(etype, value, tb))
-        return [f"{RED}{etype.__name__}: {' '.join(str(value).split())}{RESET}"]
+        for name, app in list(session.apps.items()):   # an app's failure: said here, not again
+            if getattr(app, "error", None) is not None and one_line(app.error) == one_line(value):
+                session.voice.claim(name, value)
+        return [f"{RED}{etype.__name__}: {one_line(value)}{RESET}"]
 
     shell.set_custom_exc((StatekitError,), handler)
 
@@ -52,7 +50,8 @@ class StatekitMagics(Magics):
         try:
             return self.session.run(cmd)
         except (StatekitError, ParseError) as err:
-            error_line(f"%statekit {cmd.command}: {err}")
+            if not self.session.voice.said(err):   # an app's failure the kernel said already
+                error_line(f"%statekit {cmd.command}: {err}")
         except KeyboardInterrupt:
             error_line(f"%statekit {cmd.command}: interrupted")
         except Exception as err:  # a bug, not a user mistake: still one line, details kept

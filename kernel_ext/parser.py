@@ -21,7 +21,7 @@ CRASH_MODES = ("process", "disk-loss", "executor")
 GENERATORS = ("words", "clicks", "sensors", "accounts")
 
 SUBCOMMANDS = (
-    "up", "down", "status", "topics", "produce", "app", "apps", "start", "stop", "watch",
+    "up", "down", "status", "topics", "produce", "app", "apps", "start", "wait", "stop", "watch",
     "crash", "restart", "instances", "kill", "revive", "add-instance", "remove-instance", "scale",
     "query", "lag", "history", "help",
 )
@@ -249,6 +249,15 @@ def _build() -> _Parser:
                            help="where outputs go: the topology's sink topics (kafka, the default when "
                                 "it has any), a Spark memory table (memory; no restart after a crash), "
                                 "or nowhere (none, the default otherwise)")
+
+    p = sub.add_parser("wait", help="wait until an app has processed every record now in its sources",
+                       description="Say what it waits for (the records now in the app's source "
+                                   "topics), wait until they are processed and committed, then say "
+                                   "what happened: caught up (and how long it took), stopped by a "
+                                   "crash you asked for, or failed.")
+    p.add_argument("name", type=_name, metavar="NAME")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                   help="give up after S seconds (default: wait as long as it takes)")
 
     p = sub.add_parser("watch", help="live dashboard of an app (refreshes about once a second)",
                        description="Show the live dashboard: tasks, lag, store contents, "

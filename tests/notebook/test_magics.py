@@ -104,14 +104,38 @@ def test_app_cell_mistake_is_one_line(ip, capsys):
     assert "broken" not in __import__("kernel_ext").session().apps
 
 
-def test_app_cell_defines_an_app(ip, capsys):
+def test_app_cell_defines_an_app(ip, capsys, kafka, shared_broker, monkeypatch):
+    monkeypatch.setenv("STATEKIT_BOOTSTRAP", shared_broker.bootstrap)
+    kafka.ensure_topic("words-good", 3)
     ip.run_cell_magic("statekit", "app good --partitions 3",
-                      "app.stream('words', value_serde='json').group_by_key().count(store='counts')\n")
+                      "app.stream('words-good', value_serde='json').group_by_key().count(store='counts')\n")
     import kernel_ext
 
     app = kernel_ext.session().apps["good"]
     assert app.partitions == 3 and ip.user_ns["app"] is app
     assert "app 'good' defined: 3 task(s)" in capsys.readouterr().out
+
+
+def test_a_refused_app_cell_defines_nothing(ip, capsys, kafka, shared_broker, monkeypatch):
+    """The topic is misspelled: one red line with the closest name, and the cell changes nothing —
+    no app by that name, `app` and every other name of the namespace as they were."""
+    import kernel_ext
+
+    monkeypatch.setenv("STATEKIT_BOOTSTRAP", shared_broker.bootstrap)
+    kafka.ensure_topic("words-typo", 2)
+    ip.user_ns["app"] = sentinel = object()
+    ip.user_ns["counts"] = "mine"
+    ip.run_cell_magic("statekit", "app typo --partitions 2",
+                      "helper = 1\ncounts = app.stream('wrods-typo', value_serde='json').group_by_key()"
+                      ".count(store='counts')\n")
+    cap = capsys.readouterr()
+    lines = [ln for ln in cap.err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "\x1b[31m" in lines[0], cap.err
+    assert "source topic 'wrods-typo' does not exist" in lines[0]
+    assert "did you mean 'words-typo'?" in lines[0] and lines[0].endswith("nothing was defined\x1b[0m")
+    assert cap.out == ""
+    assert "typo" not in kernel_ext.session().apps
+    assert ip.user_ns["app"] is sentinel and ip.user_ns["counts"] == "mine" and "helper" not in ip.user_ns
 
 
 def test_help_prints_usage(ip, capsys):
