@@ -14,13 +14,9 @@ from collections import defaultdict
 
 import pytest
 
-from statekit.contracts import TaskId
 from statekit.engine.local import LocalEngine
 from statekit.errors import ProcessorError
 from statekit.partition import partition_for
-from statekit.kafka import Kafka
-
-from statekit.worker.task import store_specs  # the plan's stores plus the runtime's internal one
 from statekit.topology import (JoinWindows, Processor, PunctuationType, SessionWindowedSerde,
                                SessionWindows, SlidingWindows, TopologyBuilder, WindowedSerde,
                                kv_store, tumbling, until_window_closes)
@@ -29,6 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("topo_models", os.path.join(HERE, "topo_models.py"))
 M = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(M)
+_spec = importlib.util.spec_from_file_location("topo_chain", os.path.join(HERE, "chain.py"))
+C = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(C)
 
 PARTS = 3
 
@@ -41,95 +40,13 @@ def pair(a, b):
     return [a, b]
 
 
-# -- harness -------------------------------------------------------------------------------------------------
+# -- harness: tests/topology/chain.py ----------------------------------------------------------------------
 
-class Chain:
-    """One LocalEngine per sub-topology (each with its own state dir and application name: the
-    runtime's internal `_task` store must not be shared between sub-topologies' tasks)."""
-
-    def __init__(self, plan, app, broker, tmp_path, partitions=PARTS):
-        self.plan = plan
-        self.app = app
-        self.broker = broker
-        self.partitions = partitions
-        self.subs = plan.subtopologies
-        self.engines = [LocalEngine(sp, f"{app}-s{i}", broker.bootstrap,
-                                    str(tmp_path / f"state-{i}"), partitions)
-                        for i, sp in enumerate(self.subs)]
-        self.readers = {s.topic: i for i, sp in enumerate(self.subs) for s in sp.sources}
-        self.last = []
-
-    def run_batch(self, records):
-        """Run one batch through every sub-topology; returns the external outputs (topic, k, v)."""
-        pending = defaultdict(list)
-        for r in records:
-            pending[self.readers[r[0]]].append(r)
-        external, self.last = [], []
-        while pending:
-            i = min(pending)
-            recs = pending.pop(i)
-            out = self.engines[i].run_batch(recs)
-            self.last.append((i, self.engines[i].last_batch, out))
-            for topic, k, v in self.engines[i].decode(out):
-                if topic in self.readers:
-                    pending[self.readers[topic]].append((topic, k, v, v[0]))
-                else:
-                    external.append((topic, k, v))
-        return external
-
-    def last_runs(self):
-        """Each engine's last batch of the last chain batch (the one Spark may replay)."""
-        last = {i: (i, b, out) for i, b, out in self.last}
-        return [last[i] for i in sorted(last)]
-
-    def replay(self):
-        """Those batches again, same ids: applied already, so skipped."""
-        return [(i, (bid, by_task), self.engines[i].run_tasks(bid, by_task))
-                for i, (bid, by_task), _o in self.last_runs()]
-
-    def store(self, name, restore_into=None):
-        """{key: value} of a store over its tasks ({(key, ws): v} windows, {(key, s, e): v} sessions,
-        {key: (time, value)} buffers), read through the store API. restore_into: open the tasks in
-        that fresh state dir instead, restoring from the changelogs."""
-        i = next(i for i, sp in enumerate(self.subs) if name in sp.store_names)
-        eng, sp = self.engines[i], self.subs[i]
-        state_dir_for = getattr(eng, "state_dir_for", None) or eng.spec.state_dir_for
-        out = {}
-        with Kafka(self.broker.bootstrap) as kafka:
-            for task in range(self.partitions):
-                if restore_into is None and not os.path.isdir(eng.task_dir(task)):
-                    continue
-                out.update(self._read_task(eng, sp, task, name, restore_into or state_dir_for(task),
-                                           restore_into is not None, kafka))
-        return out
-
-    def _read_task(self, eng, sp, task, name, state_dir, restore, kafka) -> dict:
-        from statekit.state import TaskState
-
-        kind = sp.store(name).kind
-        st = TaskState(eng.spec.application, TaskId(0, task), store_specs(sp), state_dir=state_dir,
-                       kafka=kafka, num_tasks=self.partitions, restore=restore)
-        try:
-            s = st.store(name)
-            if kind == "window":
-                return {(k, ws): v for k, ws, v in s.all()}
-            if kind == "session":
-                return {(k, a, e): v for k, a, e, v in s.all()}
-            if kind == "buffer":
-                return {r.key: (r.time, r.value) for r in s.all()}
-            return dict(s.all())
-        finally:
-            st.close()
+def Chain(plan, app, broker, tmp_path, partitions=PARTS):
+    return C.Chain(plan, app, broker, tmp_path, partitions)
 
 
-def check_replay_and_restore(chain, tmp_path, stores):
-    before = {name: chain.store(name) for name in stores}
-    assert any(out for _i, _b, out in chain.last_runs())
-    assert all(out == [] for _i, _b, out in chain.replay())   # applied: nothing is done twice
-    for name in stores:
-        assert chain.store(name) == before[name], name
-        fresh = str(tmp_path / f"fresh-{name}")
-        assert chain.store(name, restore_into=fresh) == chain.store(name), name
+check_replay_and_restore = C.check_replay_and_restore
 
 
 def jitter(rng, ts, spread, late_by):
@@ -230,13 +147,15 @@ def test_sliding_count_on_real_stores(shared_broker, tmp_path):
     offsets, last = {}, {}
     base, span = 0, 30
     for n in range(6):
-        batch = []
-        for _ in range(24):
-            if n and rng.random() < 0.15:   # beyond the grace period for every window it touches
-                ts = max(0, base - span - grace - dd - 1 - rng.randint(0, 10))
-            else:                           # this batch's range starts within the grace period
-                ts = base + rng.randint(0, span)
-            batch.append(("e", rng.choice("abcd"), "x", ts))
+        # this batch's range starts within the grace period; a task takes its records in offset
+        # order, so they come out of order by less than the grace period (a sort key with noise
+        # below it), and some are beyond the grace period for every window they touch
+        stamps = [base + rng.randint(0, span) for _ in range(24)]
+        stamps.sort(key=lambda t: t + rng.uniform(0, grace - 1))
+        for _ in range(4 if n else 0):
+            stamps.insert(rng.randrange(len(stamps) + 1),
+                          max(0, base - span - grace - dd - 1 - rng.randint(0, 10)))
+        batch = [("e", rng.choice("abcd"), "x", ts) for ts in stamps]
         base += span - grace
         for o in chain.run_batch(batch):
             last[o[1]] = o[2]

@@ -7,7 +7,9 @@ into what a task with a record cache forwards (one per key per batch, first-upda
 for a key created and deleted within the batch). Declarative references (the final state a topology
 must reach, computed from scratch) sit beside the step-by-step ones where one exists.
 
-`engine_order` reproduces how LocalEngine / the Spark engine hand a batch to a task.
+`engine_order` reproduces how LocalEngine hands a batch to a task (Kafka Streams' order), with
+`kstreams_merge` — a plain transcription of Kafka Streams' choice of the next record across a task's
+partitions — in place of `Records.merge`.
 """
 from __future__ import annotations
 
@@ -17,20 +19,50 @@ from statekit.partition import partition_for
 
 # -- ordering --------------------------------------------------------------------------------------
 
+def kstreams_merge(parts, timestamp):
+    """Kafka Streams' PartitionGroup: `parts` is [(source index, partition, records in offset
+    order)]; the next record is always the head (first unprocessed record) of the partition whose
+    head has the lowest timestamp, ties to the lower source index, then the lower partition.
+    Returns the records in that order (a record by itself, no sorting key)."""
+    queues = [[src, part, list(recs), 0] for src, part, recs in parts if recs]
+    out = []
+    while queues:
+        best = None
+        for q in queues:
+            if best is None or (timestamp(q[2][q[3]]), q[0], q[1]) < \
+                    (timestamp(best[2][best[3]]), best[0], best[1]):
+                best = q
+        out.append(best[2][best[3]])
+        best[3] += 1
+        if best[3] == len(best[2]):
+            queues.remove(best)
+    return out
+
+
 def engine_order(batch, partitions, source_index, key_bytes, offsets=None, null_task=None):
-    """{task: [record...]} for one batch of (topic, key, value, ts) as LocalEngine orders it: the task
-    is murmur2(key bytes) % partitions; records without a key go to `null_task` (task 0 for a step
-    that takes them: source partition 0 % partitions; None: dropped before keyed steps), sorted by
-    (ts, source index, source partition 0, offset)."""
+    """{task: [record...]} for one batch of (topic, key, value, ts[, partition]) as LocalEngine
+    hands it to its tasks: a task is its source partition (given, else murmur2(key bytes) %
+    partitions, 0 without a key); within a task each source's records in input (offset) order,
+    the sources merged by `kstreams_merge`. Records without a key are merged with the others (they
+    move the head of their partition) and then left out, unless `null_task` is given (a step that
+    takes them, e.g. a stream-stream join: they stay, in task 0, where LocalEngine puts them).
+    `offsets` ({(topic, partition): next offset}) carries offsets from batch to batch."""
     offsets = {} if offsets is None else offsets
-    out = defaultdict(list)
+    rows = defaultdict(lambda: defaultdict(list))     # task -> source index -> [(offset, record)]
     for r in batch:
         topic, key = r[0], r[1]
-        off = offsets.get(topic, 0)
-        offsets[topic] = off + 1
-        task = null_task if key is None else partition_for(key_bytes(key), partitions)
-        out[task].append(((r[3], source_index(topic), 0, off), r))
-    return {t: [r for _k, r in sorted(rs, key=lambda x: x[0])] for t, rs in out.items()}
+        if len(r) > 4 and r[4] is not None:
+            part = r[4]
+        else:
+            part = 0 if key is None else partition_for(key_bytes(key), partitions)
+        off = offsets.get((topic, part), 0)
+        offsets[(topic, part)] = off + 1
+        rows[part][source_index(topic)].append(r)
+    out = {}
+    for task, by_src in rows.items():
+        recs = kstreams_merge([(si, task, rs) for si, rs in by_src.items()], lambda r: r[3])
+        out[task] = [r[:4] for r in recs if null_task is not None or r[1] is not None]
+    return out
 
 
 def cache_collapse(updates):
