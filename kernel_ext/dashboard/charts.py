@@ -1,5 +1,6 @@
-"""Matplotlib drawings for the dashboard (and for `make demo`'s PNGs). No pyplot: every chart is
-its own `Figure` on an Agg canvas, so drawing from the refresh thread touches no global state."""
+"""Matplotlib drawings for the dashboard's rarely drawn charts (the restore timeline, the topology)
+and the colours and axis limits every chart shares (the live charts are SVG: `svg`). No pyplot: every
+chart is its own `Figure` on an Agg canvas, so drawing from a thread touches no global state."""
 from __future__ import annotations
 
 import io
@@ -55,135 +56,6 @@ def instance_color(i) -> str:
         return "#9E9E9E"
 
 
-class LagChart:
-    """The lag-over-time chart with its markers (crash, restart, restored, rebalance), built once and
-    updated in place (new data on the same lines, the same axes), which costs a fraction of building
-    a figure every second. The legend sits right of the plot, never over a line or the title.
-    `png(series, standby, markers)` returns PNG bytes, or None when nothing visible changed and the
-    last picture is recent."""
-
-    def __init__(self, width: float = 4.9, height: float = 2.35, dpi: int = 90, max_age: float = 5.0):
-        from matplotlib.ticker import MaxNLocator
-
-        self.dpi = dpi
-        self.max_age = max_age
-        self.fig = Figure(figsize=(width, height), dpi=dpi)
-        self.canvas = FigureCanvasAgg(self.fig)
-        self.ax = self.fig.add_subplot(111)
-        _style(self.ax)
-        self.ax.set_title("changelog lag per task", fontsize=9, color="#222", loc="left")
-        self.ax.set_xlabel("seconds", fontsize=7.5, color="#444", labelpad=1)
-        self.ax.set_ylabel("records behind", fontsize=7.5, color="#444")
-        self.ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
-        self.empty = self.ax.text(0.5, 0.5, "waiting for the first lag sample", ha="center", va="center",
-                                  transform=self.ax.transAxes, fontsize=8.5, color="#888")
-        self.lines: dict = {}
-        self._marker_artists: list = []
-        self._markers_sig = None
-        self._sig = None
-        self._drawn_at = 0.0
-        self._layout = None
-        self._background = None
-        self.full_draws = 0
-        # fixed margins (tight_layout once would clip wider tick labels later): room for 6 digits
-        # on the left, the legend on the right
-        self.fig.subplots_adjust(left=0.15, right=0.74, top=0.88, bottom=0.19)
-
-    def _line(self, key, i: int, standby: bool):
-        ln = self.lines.get(key)
-        if ln is None:
-            (ln,) = self.ax.plot([], [], color=PALETTE[i % len(PALETTE)], linewidth=1.2 if standby else 1.8,
-                                 linestyle="--" if standby else "-",
-                                 label=f"{'standby' if standby else 'task'} {key[1]}")
-            self.lines[key] = ln
-        return ln
-
-    def _legend(self, kinds) -> None:
-        from matplotlib.lines import Line2D
-
-        handles = [ln for key, ln in self.lines.items() if key[0] == "a"]
-        if any(key[0] == "s" for key in self.lines):
-            handles.append(Line2D([], [], color="#777", linestyle="--", linewidth=1.2, label="dashed: standby"))
-        for k in kinds:
-            color, style, label = MARKER_STYLE.get(k, ("#999", ":", k))
-            handles.append(Line2D([], [], color=color, linestyle=style, linewidth=1.2, label=label))
-        if handles:
-            self.ax.legend(handles=handles, fontsize=6.5, frameon=False, loc="upper left",
-                           bbox_to_anchor=(1.01, 1.02), borderaxespad=0.0, handlelength=1.6)
-
-    def _draw_markers(self, markers) -> None:
-        for a in self._marker_artists:
-            a.remove()
-        self._marker_artists = []
-        for x, kind, _label in markers:
-            color, style, _ = MARKER_STYLE.get(kind, ("#999", ":", kind))
-            self._marker_artists.append(self.ax.axvline(x, color=color, linestyle=style, linewidth=1.0,
-                                                        alpha=0.85, zorder=1))
-
-    def png(self, series: dict, standby: dict | None = None, markers=(), now: float | None = None) -> bytes | None:
-        """PNG of the chart, or None when nothing visible changed and the last picture is recent.
-
-        Cheap in the steady state: the axes limits are rounded up to "nice" values, so most
-        refreshes keep the same axes, ticks, labels and markers; then only the lines are redrawn over
-        a saved background (blitting) and the canvas is encoded at a low PNG compression. A full
-        draw happens only when a limit, the set of lines, the markers or the placeholder changes."""
-        import time as _time
-
-        now = _time.monotonic() if now is None else now
-        markers = [(round(float(x), 2), k, lab) for x, k, lab in markers]
-        data = [(("a", t), i, False, xs, ys) for i, (t, (xs, ys)) in enumerate(series.items())]
-        data += [(("s", t), i, True, xs, ys) for i, (t, (xs, ys)) in enumerate((standby or {}).items())]
-        sig = (tuple((k, tuple(ys[-120:])) for k, _i, _s, _x, ys in data), tuple(markers))
-        if sig == self._sig and now - self._drawn_at < self.max_age:
-            return None  # the same lags: a redraw would only stretch the time axis
-        self._sig, self._drawn_at = sig, now
-        xmax, ymax = 1.0, 0
-        n_lines = len(self.lines)
-        for key, i, sb, xs, ys in data:
-            self._line(key, i, sb).set_data(xs, ys)
-            if xs:
-                xmax = max(xmax, xs[-1])
-                ymax = max(ymax, max(ys))
-        for x, _k, _l in markers:
-            xmax = max(xmax, x)
-        empty = not any(xs for *_r, xs, _ys in data)
-        limits = (axis_limit(xmax, floor=30.0), axis_limit(max(4, ymax * 1.15), floor=4))
-        layout = (limits, len(self.lines), empty, tuple(markers))
-        if layout != self._layout or n_lines != len(self.lines) or self._background is None:
-            self._layout = layout
-            self.empty.set_visible(empty)
-            self.ax.set_xlim(0, limits[0])
-            self.ax.set_ylim(0, limits[1])
-            self._draw_markers(markers)
-            self._legend(sorted({k for _x, k, _l in markers}))
-            for ln in self.lines.values():
-                ln.set_visible(False)
-            self.canvas.draw()  # axes, ticks, labels, grid, markers, legend: the background
-            self._background = self.canvas.copy_from_bbox(self.ax.bbox)
-            for ln in self.lines.values():
-                ln.set_visible(True)
-            self.full_draws += 1
-        else:
-            self.canvas.restore_region(self._background)
-        for ln in self.lines.values():
-            self.ax.draw_artist(ln)
-        return self._encode()
-
-    def _encode(self) -> bytes:
-        return encode_canvas(self.canvas)
-
-
-def encode_canvas(canvas) -> bytes:
-    """PNG of a drawn Agg canvas at a low compression level (fast: the dashboard's 1 Hz path)."""
-    from PIL import Image
-
-    w, h = canvas.get_width_height()
-    img = Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-    buf = io.BytesIO()
-    img.convert("RGB").save(buf, format="png", compress_level=1)
-    return buf.getvalue()
-
-
 def axis_limit(v: float, floor: float = 1.0) -> float:
     """`v` rounded up to a multiple of a 1-2-5 step of about a fifth of it (so an axis that grows
     a little each second keeps its limit, ticks and labels for a while): 37 -> 40, 123 -> 150."""
@@ -212,65 +84,6 @@ def _task_axes(fig, tasks, xmax, title):
     ax.set_xlim(0, xmax)
     ax.tick_params(axis="y", labelsize=7)
     return ax
-
-
-def ownership_figure(timeline, t0: float, now: float, width: float = 4.9, height: float | None = None) -> Figure:
-    """Tasks × time, coloured by the instance that owned each task (pale while it restored there),
-    warmup replicas as thin bars under their task, markers for crashes, promotions, restores,
-    warmups that caught up, and dotted lines for rebalances."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    tasks = timeline.tasks()
-    height = height or max(1.7, 0.9 + 0.24 * len(tasks))
-    fig = Figure(figsize=(width, height))
-    xmax = axis_limit(max(1.0, now - t0), floor=30.0)
-    ax = _task_axes(fig, tasks, xmax, "task ownership (colour = instance)")
-    if not tasks:
-        ax.text(0.5, 0.5, "no assignment yet", ha="center", va="center", transform=ax.transAxes,
-                fontsize=8.5, color="#888")
-    insts = set()
-    for y, t in enumerate(tasks):
-        for s in timeline.segments.get(t, []):
-            insts.add(s.instance)
-            start, end = s.start - t0, (s.end if s.end is not None else now) - t0
-            ready = (s.opened - t0) if s.opened is not None else end
-            c = instance_color(s.instance)
-            if ready > start:
-                ax.broken_barh([(start, ready - start)], (y - 0.32, 0.5), facecolors=c, alpha=0.3,
-                               edgecolor=c, linewidth=0.5)
-            if end > ready:
-                ax.broken_barh([(ready, end - ready)], (y - 0.32, 0.5), facecolors=c)
-        for s in timeline.warmups.get(t, []):
-            insts.add(s.instance)
-            start, end = s.start - t0, (s.end if s.end is not None else now) - t0
-            ax.broken_barh([(start, max(0.0, end - start))], (y + 0.22, 0.12),
-                           facecolors=instance_color(s.instance), alpha=0.7)
-    kinds = set()
-    for m in timeline.markers:
-        x = m.t - t0
-        if m.task is None:
-            if m.kind == "rebalance":
-                ax.axvline(x, color="#9E9E9E", linestyle=":", linewidth=0.9, zorder=0)
-                kinds.add("rebalance")
-            continue
-        if m.task in tasks and m.kind in _POINT_MARKERS:
-            sym, col = _POINT_MARKERS[m.kind]
-            ax.plot([x], [tasks.index(m.task) - 0.07], marker=sym, color=col, markersize=5.5,
-                    markeredgewidth=1.4, linestyle="none", zorder=5)
-            kinds.add(m.kind)
-    handles = [Patch(facecolor=instance_color(i), label=f"instance {i}") for i in sorted(insts)]
-    if any(timeline.warmups.values()):
-        handles.append(Patch(facecolor="#bbb", label="thin: warmup"))
-    handles += [Line2D([], [], marker=_POINT_MARKERS[k][0], color=_POINT_MARKERS[k][1], linestyle="none",
-                       markersize=5, label=_POINT_LABELS[k]) for k in sorted(kinds - {"rebalance"})]
-    if "rebalance" in kinds:
-        handles.append(Line2D([], [], color="#9E9E9E", linestyle=":", label="rebalance"))
-    if handles:
-        ax.legend(handles=handles, fontsize=6.5, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.02),
-                  borderaxespad=0.0, handlelength=1.4)
-    fig.subplots_adjust(left=0.15, right=0.72, top=1 - 0.32 / height, bottom=0.42 / height)
-    return fig
 
 
 RESTORE_COLORS = {"queued": "#BDBDBD", "restoring": "#EF6C00", "done": "#2E7D32",
@@ -382,25 +195,25 @@ def graph_from_describe(d) -> tuple[list[dict], list[tuple[str, str]]]:
         else:
             a, b = e[0], e[1]
         edges.append((str(a), str(b)))
+    from statekit.contracts import changelog_topic
+
     app = d.get("app") or d.get("name") or d.get("application")
-    if app:
-        for n in nodes.values():
-            if n["kind"] == "changelog" and not str(n["label"]).startswith(f"{app}-"):
-                n["label"] = f"{app}-{n['label']}"
+
+    def changelog_of(store: str) -> str:
+        return changelog_topic(app, store) if app else f"{store} changelog"
+
     for s in topo.get("stores", []) or d.get("stores", []) or []:
         name = s if isinstance(s, str) else (s.get("name") if isinstance(s, dict) else getattr(s, "name", None))
         if not name:
             continue
         sid = name if nodes.get(name, {}).get("kind") == "store" else add(f"store:{name}", "store", name)
-        changelog = (s.get("changelog") if isinstance(s, dict) else None) or (
-            f"{app}-{name}-changelog" if app else f"{name}-changelog")
+        changelog = (s.get("changelog") if isinstance(s, dict) else None) or changelog_of(name)
         cid = add(f"changelog:{changelog}", "changelog", changelog)
         edges.append((sid, cid))
     for nid, n in list(nodes.items()):
         if n["kind"] == "store" and not any(a == nid and nodes.get(b, {}).get("kind") == "changelog" for a, b in edges):
-            name = n["label"]
-            cid = add(f"changelog:{app}-{name}-changelog" if app else f"changelog:{name}-changelog", "changelog",
-                      f"{app}-{name}-changelog" if app else f"{name}-changelog")
+            topic = changelog_of(n["label"])
+            cid = add(f"changelog:{topic}", "changelog", topic)
             edges.append((nid, cid))
     seen = set()
     uniq = []

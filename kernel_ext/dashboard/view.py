@@ -18,7 +18,7 @@ from typing import Callable
 
 import ipywidgets as W
 
-from kernel_ext.dashboard import charts
+from kernel_ext.dashboard import charts, svg
 from kernel_ext.dashboard.collect import ALL_PANELS, EventFeed, Poller, StoreCache, Throttled  # noqa: F401
 from kernel_ext.dashboard.formats import clip
 from kernel_ext.dashboard.model import DashboardModel, Picture, Snapshot, collect  # noqa: F401
@@ -208,8 +208,8 @@ class DashboardView:
         self._on_stop = on_stop
         lay = W.Layout
         self.header = W.HTML(layout=lay(width="100%"))
-        self.lag = W.Image(format="png", layout=lay(width="441px", height="auto", flex="0 0 auto"))
-        self.ownership = W.Image(format="png", layout=lay(width="441px", height="auto"))
+        self.lag = W.HTML(layout=lay(width="441px", flex="0 0 auto"))          # inline SVG
+        self.ownership = W.HTML(layout=lay(width="441px"))
         self.moves = W.HTML(layout=lay(width="441px"))
         self.ownership_box = W.VBox([self.ownership, self.moves], layout=lay(flex="0 0 auto", width="441px"))
         self.restore = W.HTML(layout=lay(flex="1 1 640px", min_width="0", width="auto"))
@@ -256,10 +256,10 @@ class DashboardView:
                            layout=lay(width="100%", padding="4px"))
         self.root.add_class("statekit-dashboard")
         self._stopped = False
-        self._last_lag_png = None
+        self._lag_sig = None
+        self._lag_at = 0.0
         self._own_sig = None
         self._own_at = 0.0
-        self._lag_chart = charts.LagChart()
         if topology is not None:
             self.set_topology(*topology)
 
@@ -337,39 +337,35 @@ class DashboardView:
         self.instances.layout.display = None if inst else "none"
         self._render_tab()
         if charts_too:
-            png = self._timed("lag chart", lambda: self._lag_chart.png(p.lag, p.standby_lag, p.markers))
-            if png is not None and png != self._last_lag_png:
-                self.lag.value = png
-                self._last_lag_png = png
+            self._timed("lag chart", lambda: self._render_lag(p))
             self._timed("ownership chart", lambda: self._render_ownership(p))
 
-    OWNERSHIP_EVERY = 5.0   # seconds: the bars grow while the app runs
-    OWNERSHIP_MIN_GAP = 2.0  # seconds between two drawings after changes (a whole figure each)
+    CHART_EVERY = 5.0   # seconds: a chart whose data did not change is drawn again this often (time goes on)
+
+    def _render_lag(self, p: Picture) -> None:
+        """Drawn when a task's lag or a marker changed, else every `CHART_EVERY` s."""
+        sig = (tuple((t, tuple(ys[-120:])) for t, (_xs, ys) in p.lag.items()),
+               tuple((t, tuple(ys[-120:])) for t, (_xs, ys) in p.standby_lag.items()), tuple(p.markers))
+        if sig == self._lag_sig and p.t - self._lag_at < self.CHART_EVERY:
+            return
+        self._lag_sig, self._lag_at = sig, p.t
+        self._set(self.lag, svg.lag_chart(p.lag, p.standby_lag, p.markers))
 
     def _render_ownership(self, p: Picture) -> None:
-        """Redrawn when the ownership changed (at most every `OWNERSHIP_MIN_GAP` s, a crash at
-        once), else every `OWNERSHIP_EVERY` s while the app runs."""
+        """Drawn when the ownership changed, else every `CHART_EVERY` s while the app runs (the
+        bars grow)."""
         own = p.ownership
         if not own.segments:
             self.ownership_box.layout.display = "none"
             return
         self.ownership_box.layout.display = None
         self._set(self.moves, render_moves(p))
-        now = p.t
-        sig = own.version
         running = p.state in ("RUNNING", "RESTORING", "REBALANCING")
-        crash = any(mk.kind == "crash" and mk.t > self._own_at for mk in own.markers)
-        if sig == self._own_sig and (not running or now - self._own_at < self.OWNERSHIP_EVERY):
+        if own.version == self._own_sig and (not running or p.t - self._own_at < self.CHART_EVERY):
             return
-        if sig != self._own_sig and not crash and now - self._own_at < self.OWNERSHIP_MIN_GAP:
-            return
-        self._own_sig, self._own_at = sig, now
+        self._own_sig, self._own_at = own.version, p.t
         t0 = min(x for x in (p.t0, own.t0) if x is not None)
-        fig = charts.ownership_figure(own, t0, now)
-        FigureCanvas = charts.FigureCanvasAgg
-        canvas = FigureCanvas(fig)
-        canvas.draw()
-        self.ownership.value = charts.encode_canvas(canvas)
+        self._set(self.ownership, svg.ownership_chart(own, t0, p.t))
 
     def set_status(self, text: str):
         self.status.value = f"<span class='sk-note' style='font-family:sans-serif'>{_e(text)}</span>"
@@ -446,6 +442,7 @@ class LiveDashboard:
         self.refresh_times: deque = deque(maxlen=10_000)   # seconds per refresh of the picture (wall)
         self.cpu_s = 0.0  # CPU time spent refreshing (the refresh thread's), for the benchmark
         self.last_picture: Picture | None = None
+        self.observers: list[Callable[[Picture], None]] = []   # called with every picture drawn
         self.last_error: str | None = None  # traceback of the last failed refresh
         self.stop_reason: str | None = None
 
@@ -486,6 +483,8 @@ class LiveDashboard:
         self.last_refresh_s = time.perf_counter() - t0
         self.refresh_times.append(self.last_refresh_s)
         self.cpu_s += time.thread_time() - c0
+        for fn in list(self.observers):
+            fn(pic)
         return pic
 
     def refresh(self) -> Snapshot:
