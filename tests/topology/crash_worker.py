@@ -2,6 +2,8 @@
 
     python crash_worker.py BOOTSTRAP STATE_DIR CONTROL_DIR SEED FIRST_BATCH LAST_BATCH
 
+The words come keyed by word (what a word count's repartition topic holds), so each task's count
+is fed straight by its source: the bulk path, which a crash "after N records" cuts in two.
 Prints one JSON line per completed batch: {"batch": b, "outputs": n}.
 """
 from __future__ import annotations
@@ -19,12 +21,13 @@ def build_plan():
     from statekit.topology import TopologyBuilder
 
     b = TopologyBuilder()
-    (b.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w)
+    (b.stream("words").group_by_key()
      .count(store="counts").to_stream().to("counts-out", value_serde="int64"))
     return b.compile()
 
 
 def batches(seed: int, n: int = 6, lines: int = 30) -> list:
+    """Batches of (topic, word, word, ts): a line's words, line after line."""
     rnd = random.Random(seed)
     out = []
     ts = 0
@@ -32,8 +35,8 @@ def batches(seed: int, n: int = 6, lines: int = 30) -> list:
         batch = []
         for _ in range(lines):
             ts += 1
-            words = [rnd.choice(VOCAB) for _ in range(rnd.randint(1, 6))]
-            batch.append(("lines", None, " ".join(words), ts))
+            batch.extend(("words", w, w, ts) for w in
+                         (rnd.choice(VOCAB) for _ in range(rnd.randint(1, 6))))
         out.append(batch)
     return out
 

@@ -22,11 +22,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "cat", "émigré", "日本"]
 
 
-def _load_worker():
-    spec = importlib.util.spec_from_file_location("crash_worker", os.path.join(HERE, "crash_worker.py"))
+def _load(name, file):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, file))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+C = _load("topo_chain", "chain.py")
+
+
+def _load_worker():
+    return _load("crash_worker", "crash_worker.py")
 
 
 def make_engine(plan, broker, tmp_path, app, partitions=3, **kw):
@@ -64,23 +71,39 @@ def end_offsets(broker, topics):
 
 # -- word count ----------------------------------------------------------------------------------
 
-def wordcount_plan(caching=True):
+def wordcount_plan(caching=True, app="wc"):
+    """Two sub-topologies: the lines are split and re-keyed by word, which goes through the
+    repartition topic <app>-counts-repartition to the count."""
     b = TopologyBuilder()
     (b.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w)
      .count(store=kv_store("counts", caching=caching)).to_stream().to("counts-out", value_serde="int64"))
+    plan = b.compile(app)
+    assert [sp.store_names for sp in plan.subtopologies] == [[], ["counts"]]
+    assert plan.repartition_topics == [f"{app}-counts-repartition"]
+    return plan
+
+
+def keyed_wordcount_plan():
+    """The counting half of a word count (records already keyed by word): one sub-topology, the
+    count fed straight by its source (the bulk path)."""
+    b = TopologyBuilder()
+    (b.stream("words").group_by_key().count(store="counts")
+     .to_stream().to("counts-out", value_serde="int64"))
     return b.compile()
 
 
 def wordcount_outputs(batches, partitions, every_update=False):
-    """The exact outputs of the word count, batch by batch (tasks in order, as LocalEngine runs
-    them; within a task, records in input order). Caching on: per batch and task, the final count of
-    each word updated in the batch, once, in first-update order. `every_update`: every count."""
+    """The exact outputs of the word count, batch by batch. A line goes to the task of its source
+    partition (its 5th field); the first sub-topology's tasks run in order, each writing its lines'
+    words (in line order) to the repartition topic, so a word's task of the count reads them in
+    that order. Caching on: per batch and task (in order), the final count of each word updated in
+    the batch, once, in first-update order. `every_update`: every count."""
     running = Counter()
     want = []
     for batch in batches:
         per_task = defaultdict(dict)   # task -> {word: count}, insertion order = first update
         updates = defaultdict(list)    # task -> [(word, count)]
-        for _t, _k, line, _ts in batch:
+        for _t, _k, line, _ts, _p in sorted(batch, key=lambda r: r[4]):   # stable: line order
             for w in line.split():
                 running[w] += 1
                 task = partition_for(w.encode(), partitions)
@@ -92,7 +115,8 @@ def wordcount_outputs(batches, partitions, every_update=False):
     return want
 
 
-def word_batches(seed, n_batches=4, lines=50):
+def word_batches(seed, n_batches=4, lines=50, partitions=3):
+    """Lines (topic, None, line, ts, source partition), spread over the source partitions."""
     rnd = random.Random(seed)
     weights = [1.0 / (i + 1) for i in range(len(VOCAB))]
     ts = 1000
@@ -102,21 +126,28 @@ def word_batches(seed, n_batches=4, lines=50):
         for _ in range(lines):
             ts += rnd.randint(0, 5)
             words = rnd.choices(VOCAB, weights, k=rnd.randint(0, 8))
-            batch.append(("lines", None, " ".join(words), ts))
+            batch.append(("lines", None, " ".join(words), ts, rnd.randrange(partitions)))
         out.append(batch)
     return out
 
 
+def keyed_words(batches):
+    """The same words as records keyed by word (what the repartition topic holds)."""
+    return [[("words", w, w, ts) for _t, _k, line, ts, _p in b for w in line.split()]
+            for b in batches]
+
+
 def test_wordcount_exact(broker, tmp_path):
     plan = wordcount_plan()
-    eng = make_engine(plan, broker, tmp_path, "wc", partitions=3)
+    chain = C.Chain(plan, "wc", broker, tmp_path, 3)
+    eng = chain.engine_of("counts")
     data = word_batches(7)
     ref = Counter()
     seq = defaultdict(list)
     outputs = []
     for batch in data:
-        outputs.extend(eng.decode(eng.run_batch(batch)))
-        for _t, _k, line, _ts in batch:
+        outputs.extend(chain.run_batch(batch))
+        for _t, _k, line, _ts, _p in batch:
             ref.update(line.split())
     assert eng.store("counts") == dict(ref)
     check_partitioning(eng, "counts")
@@ -130,7 +161,7 @@ def test_wordcount_exact(broker, tmp_path):
     # the changelog holds the same state (latest value per key)
     from statekit.stores import get_serde
 
-    cl = changelog_latest(broker, "wc-counts-changelog", 3)
+    cl = changelog_latest(broker, chain.changelog("counts"), 3)
     ks, vs = get_serde("str"), get_serde("int64")
     assert {ks.from_bytes(k): vs.from_bytes(v) for k, v in cl.items()} == dict(ref)
 
@@ -140,14 +171,14 @@ def test_forwarding_rule_cache_on_vs_off(broker, tmp_path, how):
     """Kafka Streams' KTable cache: with caching, an aggregation forwards the latest value per key
     once per commit (here: per batch); without (the store's caching=False, or no record cache in the
     task), every update."""
-    plan = wordcount_plan(caching=(how != "store caching=False"))
+    plan = wordcount_plan(caching=(how != "store caching=False"), app="fwd")
     kw = {"cache_bytes": 0} if how == "cache_bytes=0" else {}
-    eng = make_engine(plan, broker, tmp_path, "fwd", partitions=2, **kw)
-    data = [[("lines", None, "a b a", 1), ("lines", None, "a c b", 2)],
-            [("lines", None, "b b", 3)],
-            [("lines", None, "c a", 4)]]
-    outs = [eng.decode(eng.run_batch(b)) for b in data]
-    assert eng.store("counts") == {"a": 4, "b": 4, "c": 2}
+    chain = C.Chain(plan, "fwd", broker, tmp_path, 2, **kw)
+    data = [[("lines", None, "a b a", 1, 0), ("lines", None, "a c b", 2, 0)],
+            [("lines", None, "b b", 3, 0)],
+            [("lines", None, "c a", 4, 0)]]
+    outs = [chain.run_batch(b) for b in data]
+    assert chain.store("counts") == {"a": 4, "b": 4, "c": 2}
     task = {w: partition_for(w.encode(), 2) for w in "abc"}
 
     def ordered(pairs):   # tasks in order, records in input order within a task
@@ -164,7 +195,7 @@ def test_forwarding_rule_cache_on_vs_off(broker, tmp_path, how):
     assert outs == _split(wordcount_outputs(data, 2, every_update=(how != "caching on")),
                           [len(o) for o in outs])
     # a replayed batch is skipped: its outputs were written with its commit
-    assert eng.replay() == []
+    assert all(out == [] for _i, _b, out in chain.replay())
 
 
 def _split(items, sizes):
@@ -177,9 +208,9 @@ def _split(items, sizes):
 
 
 def test_replay_skips_an_applied_batch(broker, tmp_path):
-    plan = wordcount_plan()
+    plan = keyed_wordcount_plan()
     eng = make_engine(plan, broker, tmp_path, "wcr", partitions=3)
-    data = word_batches(11, n_batches=3)
+    data = keyed_words(word_batches(11, n_batches=3))
     first = [eng.run_batch(b) for b in data]
     assert first[-1]
     before = eng.store("counts")
@@ -193,26 +224,23 @@ def test_replay_skips_an_applied_batch(broker, tmp_path):
     assert eng.store("counts") == before
     # the next batch continues normally
     eng.run_batch(data[0])
-    ref = Counter()
-    for batch in data + [data[0]]:
-        for _t, _k, line, _ts in batch:
-            ref.update(line.split())
+    ref = Counter(w for batch in data + [data[0]] for _t, w, _v, _ts in batch)
     assert eng.store("counts") == dict(ref)
 
 
 def test_restore_from_scratch_then_replay_skips(broker, tmp_path):
     from statekit.event_bus import EventReader
 
-    plan = wordcount_plan()
+    plan = keyed_wordcount_plan()
     reader = EventReader(broker.bootstrap, "wcs")
     try:
         eng = make_engine(plan, broker, tmp_path, "wcs", partitions=2, events=True)
-        data = word_batches(5, n_batches=3)
+        data = keyed_words(word_batches(5, n_batches=3))
         outs = [eng.run_batch(b) for b in data]
         shutil.rmtree(tmp_path / "state")       # disk loss: every task restores from its changelog
         assert outs[-1]
         assert eng.replay() == []               # opens (restores), sees batch 2 applied, skips it
-        ref = Counter(w for b in data for _t, _k, line, _ts in b for w in line.split())
+        ref = Counter(w for b in data for _t, w, _v, _ts in b)
         assert eng.store("counts") == dict(ref)
         ev = reader.wait_for(lambda e: e.type == "batch_skipped" and e.task == "0_1", timeout=10)
         assert ev is not None and ev.batch == 2 and ev.last_batch == 2
@@ -245,18 +273,18 @@ def window_events(seed, n=400, keys=6, late_every=7):
 
 
 def window_reference(batches, windows, grace, partitions, outputs=None):
-    """The window store after `batches`; `outputs` (a list), when given, gets what a caching window
-    store forwards: per batch and task (in order), the final count of each (key, window start) the
+    """The window store after `batches` (each task's records in input order: late ones arrive late);
+    `outputs` (a list), when given, gets what a caching window store forwards: per batch and task (in order), the final count of each (key, window start) the
     batch updated, once, in first-update order."""
     store = Counter()
     stream_time = defaultdict(lambda: -1)
     for batch in batches:
-        by_task = defaultdict(list)
-        for i, (_t, k, _v, ts) in enumerate(batch):
-            by_task[partition_for(k.encode(), partitions)].append((ts, i, k))
+        by_task = defaultdict(list)    # a task takes its partition's records in offset order
+        for _t, k, _v, ts in batch:
+            by_task[partition_for(k.encode(), partitions)].append((ts, k))
         for task in sorted(by_task):
             updated = {}
-            for ts, _i, k in sorted(by_task[task]):
+            for ts, k in by_task[task]:
                 stream_time[task] = max(stream_time[task], ts)
                 for start in windows.starts(ts):
                     if start + windows.size_ms > stream_time[task] - grace:
@@ -303,10 +331,15 @@ def test_windowed_count_exact(broker, tmp_path, windows):
 def test_stream_table_join_exact(broker, tmp_path):
     b = TopologyBuilder()
     users = b.table("users", store="users")
-    (b.stream("clicks").map(lambda k, v: (v.split(":")[0], v.split(":")[1]))   # re-key in stage 1
+    (b.stream("clicks").map(lambda k, v: (v.split(":")[0], v.split(":")[1]))   # re-key
      .join(users, lambda click, user: f"{click}|{user}", how="left").to("enriched"))
-    plan = b.compile()
-    eng = make_engine(plan, broker, tmp_path, "join", partitions=4)
+    plan = b.compile("join")
+    # the re-keyed clicks reach the join through a repartition topic, in the users' sub-topology
+    [topic] = plan.repartition_topics
+    assert topic.startswith("join-") and topic.endswith("-repartition")
+    assert [sp.source_topics for sp in plan.subtopologies] == [["clicks"], ["users", topic]]
+    chain = C.Chain(plan, "join", broker, tmp_path, 4)
+    eng = chain.engine_of("users")
     rnd = random.Random(21)
     names = [f"u{i}" for i in range(12)]
     records = []
@@ -328,9 +361,12 @@ def test_stream_table_join_exact(broker, tmp_path):
         else:
             u, page = v.split(":")
             ref_out[u].append(f"{page}|{table.get(u)}")
+    # the clicks (no key: source partition 0) keep their order through the repartition topic and
+    # their event time as its records' timestamps, so each task of the join merges them with its
+    # users partition in timestamp order: the reference takes the records in input order
     got_out = defaultdict(list)
     for i in range(0, len(records), 150):
-        for topic, k, v in eng.decode(eng.run_batch(records[i:i + 150])):
+        for topic, k, v in chain.run_batch(records[i:i + 150]):
             assert topic == "enriched"
             got_out[k].append(v)
     assert eng.store("users") == table
@@ -391,22 +427,27 @@ def test_reduce_and_aggregate_exact(broker, tmp_path):
                                  "min": v["temp"] if a["min"] is None else min(a["min"], v["temp"]),
                                  "max": v["temp"] if a["max"] is None else max(a["max"], v["temp"])},
                 store="stats").to_stream().to("stats-out", value_serde="json")
-    plan = b.compile()
-    eng = make_engine(plan, broker, tmp_path, "agg", partitions=2)
+    plan = b.compile("agg")
+    assert plan.subtopologies[0].store_names == [] and len(plan.subtopologies) == 2
+    chain = C.Chain(plan, "agg", broker, tmp_path, 2)
     rnd = random.Random(5)
-    records = [("readings", None, {"sensor": f"s{rnd.randrange(5)}", "temp": rnd.randint(-20, 40)}, i)
-               for i in range(250)]
+    # readings without a key, over both source partitions (sums, counts, min and max do not
+    # depend on the order the re-keyed readings arrive in)
+    records = [("readings", None, {"sensor": f"s{rnd.randrange(5)}", "temp": rnd.randint(-20, 40)}, i,
+                i % 2) for i in range(250)]
     sums, stats = {}, {}
-    for _t, _k, v, _ts in records:
+    for _t, _k, v, _ts, _p in records:
         s = v["sensor"]
         sums[s] = {"sensor": s, "temp": sums.get(s, {"temp": 0})["temp"] + v["temp"]}
         a = stats.get(s, {"n": 0, "min": None, "max": None})
         stats[s] = {"n": a["n"] + 1, "min": v["temp"] if a["min"] is None else min(a["min"], v["temp"]),
                     "max": v["temp"] if a["max"] is None else max(a["max"], v["temp"])}
-    eng.run(records, batch_size=60)
-    assert eng.store("sum") == sums
-    assert eng.store("stats") == stats
-    check_partitioning(eng, "stats", key_bytes=lambda k: k.encode())
+    for i in range(0, len(records), 60):
+        chain.run_batch(records[i:i + 60])
+    assert chain.store("sum") == sums
+    assert chain.store("stats") == stats
+    check_partitioning(chain.engine_of("stats"), "stats", key_bytes=lambda k: k.encode())
+    check_partitioning(chain.engine_of("sum"), "sum", key_bytes=lambda k: k.encode())
 
 
 # -- errors ----------------------------------------------------------------------------------------------
@@ -457,9 +498,11 @@ def test_crash_directive_then_replay_is_exactly_once(broker, tmp_path, point):
     assert r.returncode == -9, (r.returncode, r.stdout, r.stderr[-2000:])
     claim = crash_mod.claimed(control, d["id"])
     assert claim and claim.get("pid") and claim.get("point") == point
+    if point == "records":           # inside a task's batch (each has about 35 words): cut at 5
+        assert claim.get("records") == 5 and claim.get("batch") == 2
     r = run(2, 3)                                # Spark replays batch 2, then goes on
     assert r.returncode == 0, r.stderr[-2000:]
-    ref = Counter(wd for b in w.batches(3)[:4] for _t, _k, line, _ts in b for wd in line.split())
+    ref = Counter(wd for b in w.batches(3)[:4] for _t, wd, _v, _ts in b)
     eng = w.engine(broker.bootstrap, state, None)
     assert eng.store("counts") == dict(ref)
 
@@ -470,14 +513,12 @@ def test_stateless_topology_keeps_source_partition_order(broker, tmp_path):
      .peek(lambda k, v: None).to("out"))
     plan = b.compile()
     assert plan.stores == [] and [r.keyed for r in plan.routes] == [False]
-    eng = make_engine(plan, broker, tmp_path, "stateless", partitions=2, source_partitions=4)
-    records = [("in", None, str(i), i, i % 4) for i in range(40)]
+    eng = make_engine(plan, broker, tmp_path, "stateless", partitions=4)
+    # timestamps against the offsets: a task keeps its partition's offset order, not time order
+    records = [("in", None, str(i), 1000 - i, i % 4) for i in range(40)]
     raw = eng.run_batch(records)
     out = eng.decode(raw)
-    want = [str(i * 2) for i in range(40) if i % 3]
-    assert sorted(v for _t, _k, v in out) == sorted(want)
-    # null keys: task = source partition % tasks, so each source partition stays in order
-    for p in range(4):
-        vals = [int(v) // 2 for _t, _k, v in out if (int(v) // 2) % 4 == p]
-        assert vals == sorted(vals)
+    # task = source partition: the tasks run in order, each its partition's records in offset order
+    want = [("out", None, str(i * 2)) for p in range(4) for i in range(p, 40, 4) if i % 3]
+    assert out == want
     assert raw and eng.replay() == []            # applied: its outputs went out with its commit
