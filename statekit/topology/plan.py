@@ -409,8 +409,11 @@ class Plan:
                 if sub["repartition_out"]:
                     extra += f" writes {', '.join(sub['repartition_out'])}"
                 lines.append(f"Sub-topology {i}:{extra}")
-            for phase, title in (("pre-shuffle", "Stage 1 (stateless, where records are read)"),
-                                 ("task", "Stage 2 (one task per partition, after the shuffle)")):
+            stages = ((("pre-shuffle", "Stage 1 (stateless, where records are read)"),
+                       ("task", "Stage 2 (one task per partition, after the shuffle)"))
+                      if self.engine_shuffle else
+                      (("task", "Tasks (one per source partition, every step)"),))
+            for phase, title in stages:
                 lines.append(pad + title + ":")
                 for nd in d["nodes"]:
                     if nd["phase"] != phase or nd.get("subtopology") != i:
