@@ -7,9 +7,27 @@ import pickle
 import pytest
 
 from statekit.errors import StatekitError, TopologyError
+from statekit.topology.plan import RouteSpec
+from statekit.topology.records import Records
 from statekit.topology import (JoinWindows, Processor, PunctuationType, SessionWindows,
                                SlidingWindows, TopologyBuilder, kv_store, session_store, tumbling,
                                until_time_limit, until_window_closes)
+
+
+class Memory:
+    """A kv store in a dict (what a task's store does, without RocksDB)."""
+
+    def __init__(self):
+        self.d = {}
+
+    def get(self, k):
+        return self.d.get(k)
+
+    def put(self, k, v):
+        if v is None:
+            self.d.pop(k, None)
+        else:
+            self.d[k] = v
 
 
 def one_line(excinfo, *parts):
@@ -173,10 +191,12 @@ def test_plan_contract_of_a_repartitioned_topology():
     with pytest.raises(TopologyError) as ei:
         plan.new_processor(object())
     one_line(ei, "3 sub-topologies", "each of plan.subtopologies")
-    with pytest.raises(TopologyError):
-        plan.shuffle(0, b"k", b"v", 0, 0, 0, 2)
     for sp in subs:
         assert sp.subtopologies == [sp] and not sp.is_composite
+        # a task reads its partition of every source: one route per source, into its source node
+        assert sp.routes == [RouteSpec(s.index, s.index, s.node, s.key_serde, False)
+                             for s in sp.sources]
+        assert all(sp.post.values()) and not sp.engine_shuffle
 
 
 def test_plan_contract_without_repartition_is_the_plan_itself():
@@ -204,10 +224,27 @@ def test_subplans_pickle_and_run_alone():
         assert again.subtopologies == [again]
     mid = pickle.loads(cloudpickle.dumps(plan.subtopologies[1]))
     ks, vs = mid.source_serdes(0)
-    # a repartition record carries its event time: the shuffle uses it, not the Kafka one
-    [(task, rec)] = mid.shuffle(0, ks.to_bytes("eu"), vs.to_bytes((1234, ({"region": "eu"}, None))),
-                                999, 0, 7, 4)
-    assert rec[3] == 1234 and task == mid.task_for_key("eu", 4, "str")
+    # a table's changes travel as (new, old); the record's event time is its Kafka timestamp, and
+    # what the task makes of it keeps that time (the next repartition record's timestamp)
+    assert vs.to_bytes(({"region": "eu"}, None)) == (
+        b"\x00\x00\x00\x0f" + b'{"region":"eu"}' + b"\xff\xff\xff\xff")
+    out = []
+
+    class Ctx:
+        task_id, batch_id = 2, 0
+        stores = {"per-region": Memory()}
+
+        def get_store(self, name):
+            return self.stores[name]
+
+        def forward(self, topic, key, value, timestamp=None):
+            out.append((topic, key, value, timestamp))
+
+    proc = mid.new_processor(Ctx())
+    proc.process_batch(Records.of(0, 2, [7], [1234], [ks.to_bytes("eu")],
+                                  [vs.to_bytes(({"region": "eu"}, None))]))
+    assert out == [("app-regions-per-size-repartition", "1", "eu", 1234)]
+    assert proc.stream_time == 1234
 
 
 def test_compiling_twice_or_with_another_name_leaves_the_builder_alone():

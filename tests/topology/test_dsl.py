@@ -7,8 +7,11 @@ import pickle
 import pytest
 
 from statekit.errors import ProcessorError, TopologyError
+from statekit.partition import partition_for
 from statekit.topology import (Processor, TopologyBuilder, WindowedSerde, hopping, kv_store, tumbling,
                                window_store)
+from statekit.topology.plan import RouteSpec, SinkSpec
+from statekit.topology.records import Records
 
 
 def wordcount(store="counts"):
@@ -60,84 +63,165 @@ class FakeCtx:
             self.cache_bytes = cache_bytes
         self.stores = {s.name: (FakeWindow() if s.kind == "window" else FakeKV()) for s in plan.stores}
         self.out = []
+        self.stamps = []
 
     def get_store(self, name):
         return self.stores[name]
 
-    def forward(self, topic, k, v):
+    def forward(self, topic, k, v, timestamp=None):
         self.out.append((topic, k, v))
+        self.stamps.append(timestamp)
+
+
+def batch_of(plan, rows):
+    """One task's `Records` from (source index, partition, offset, timestamp, key, value) rows
+    with Python keys and values (serialized with the source serdes), merged as a task merges its
+    partitions."""
+    by_src = {}
+    for si, part, off, ts, k, v in rows:
+        ks, vs = plan.source_serdes(si)
+        by_src.setdefault(si, []).append((si, part, off, ts, None if k is None else ks.to_bytes(k),
+                                          None if v is None else vs.to_bytes(v)))
+    return Records.merge([Records.from_rows(r) for _si, r in sorted(by_src.items())])
 
 
 def run_local(plan, records, partitions=1, cache_bytes=None):
-    """records: (topic, key, value, ts). Runs stage 1 and one TaskProcessor per task over fakes
-    (then flushes them: the end of the batch)."""
-    ctxs, procs = {}, {}
-    for i, (topic, k, v, ts) in enumerate(records):
+    """records: (topic, key, value, ts[, partition]). One TaskProcessor per task over fakes, each
+    task's records one batch (task = source partition; default murmur2(key bytes) % partitions, 0
+    without key), flushed at the end."""
+    rows, offsets = {}, {}
+    for topic, k, v, ts, *part in records:
         si = plan.source_index(topic)
-        ks, vs = plan.source_serdes(si)
-        kb = None if k is None else ks.to_bytes(k)
-        vb = None if v is None else vs.to_bytes(v)
-        for task, rec in plan.shuffle(si, kb, vb, ts, 0, i, partitions):
-            if task not in procs:
-                ctxs[task] = FakeCtx(plan, task, cache_bytes=cache_bytes)
-                procs[task] = plan.new_processor(ctxs[task])
-            procs[task].process_record(rec)
-    for p in procs.values():
-        p.flush()
+        if part:
+            p = part[0]
+        else:
+            p = 0 if k is None else partition_for(plan.source_serdes(si)[0].to_bytes(k), partitions)
+        off = offsets.get((topic, p), 0)
+        offsets[(topic, p)] = off + 1
+        rows.setdefault(p, []).append((si, p, off, ts, k, v))
+    ctxs, procs = {}, {}
+    for task in sorted(rows):
+        ctxs[task] = FakeCtx(plan, task, cache_bytes=cache_bytes)
+        procs[task] = plan.new_processor(ctxs[task])
+        procs[task].process_batch(batch_of(plan, rows[task]))
+        procs[task].flush()
     return ctxs, procs
+
+
+def run_subtopologies(plan, records):
+    """Every sub-topology of `plan` in order (one task each, over fakes), the records a
+    sub-topology writes to a repartition topic serialized with the sink serdes and read back by
+    the one that reads it, with the record's timestamp. Returns the external outputs."""
+    pending = list(records)
+    external = []
+    for sp in plan.subtopologies:
+        mine = [r for r in pending if r[0] in sp.source_topics]
+        ctxs, _ = run_local(sp, mine)
+        for c in ctxs.values():
+            for (topic, k, v), ts in zip(c.out, c.stamps):
+                if topic in plan.repartition_topics:
+                    ks, vs = sp.sink_serdes(topic)
+                    pending.append((topic, ks.from_bytes(ks.to_bytes(k)),
+                                    vs.from_bytes(vs.to_bytes(v)), ts))
+                else:
+                    external.append((topic, k, v))
+    return external
 
 
 # -- shape -----------------------------------------------------------------------------------------
 
 def test_wordcount_plan_shape():
-    plan = wordcount().compile()
+    """A key change before the count: two sub-topologies joined by <app>-counts-repartition; a
+    route per source, straight into its source node (every step runs in the task)."""
+    b = wordcount()
+    with pytest.raises(TopologyError, match="needs a repartition topic"):
+        b.compile()
+    plan = b.compile("wc")
+    assert plan.is_composite and plan.repartition_topics == ["wc-counts-repartition"]
     assert plan.source_topics == ["lines"]
     assert [s.role for s in plan.sources] == ["stream"]
     assert plan.store_names == ["counts"]
     assert plan.sink_topics == ["counts-out"]
-    assert len(plan.routes) == 1
-    r = plan.routes[0]
-    assert r.keyed and r.key_serde == "str" and r.target.startswith("KSTREAM-AGGREGATE-")
+    up, down = plan.subtopologies
+    assert up.source_topics == ["lines"] and up.store_names == []
+    assert up.sinks == [SinkSpec("wc-counts-repartition", "str", "str", internal=True)]
+    assert [(s.topic, s.key_serde, s.value_serde, s.internal) for s in down.sources] == [
+        ("wc-counts-repartition", "str", "str", True)]
+    for sp in (up, down):
+        [src] = sp.sources
+        assert sp.routes == [RouteSpec(0, 0, src.node, src.key_serde, False)]
+        assert all(sp.post.values())                         # no stage before a shuffle
+    assert down.store_names == ["counts"] and down.sink_topics == ["counts-out"]
     spec = plan.store("counts")
     assert (spec.kind, spec.key_serde, spec.value_serde) == ("kv", "str", "int64")
     assert plan.changelog_topics("wc") == {"counts": "wc-counts-changelog"}
 
 
-def test_pre_shuffle_is_the_stateless_part():
-    plan = wordcount().compile()
+def test_pre_shuffle_only_for_engine_shuffle_plans():
+    """The stateless part before a shuffle exists only for an engine that shuffles itself
+    (compile(engine_shuffle=True), Spark's own state store): there the word count needs no
+    repartition topic and pre_shuffle yields the re-keyed words; a normal plan refuses it."""
+    plan = wordcount().compile(engine_shuffle=True)
+    assert not plan.is_composite and plan.repartition_topics == []
     assert list(plan.pre_shuffle(0, None, "a b a", 5)) == [("a", "a"), ("b", "b"), ("a", "a")]
+    [r] = plan.routes
+    assert r.keyed and r.key_serde == "str" and r.target.startswith("KSTREAM-AGGREGATE-")
+    b = TopologyBuilder()
+    b.stream("w").flat_map_values(str.split).to("o")
+    with pytest.raises(TopologyError, match="engine_shuffle=True"):
+        list(b.compile().pre_shuffle(0, None, "a b", 5))
+    with pytest.raises(TopologyError, match="each of plan.subtopologies"):
+        wordcount().compile("wc").pre_shuffle_routed(0, None, "a b", 5)
 
 
 def test_describe_nodes_and_edges():
-    plan = wordcount().compile()
+    plan = wordcount().compile("wc")
     d = plan.describe("wc")
     ids = {n["id"]: n for n in d["nodes"]}
     types = sorted({n["type"] for n in d["nodes"]})
-    assert types == ["changelog", "processor", "sink", "source", "store"]
+    assert types == ["changelog", "processor", "sink", "source", "store", "topic"]
     assert ids["counts"]["kind"] == "kv"
     assert ids["wc-counts-changelog"]["cleanup_policy"] == "compact"
+    assert ids["wc-counts-repartition"]["kind"] == "repartition"
     kinds = {(e["from"].split("-0")[0], e["to"].split("-0")[0], e["kind"]) for e in d["edges"]}
-    assert ("KSTREAM-KEY-SELECT", "KSTREAM-AGGREGATE", "shuffle") in kinds
+    assert ("KSTREAM-KEY-SELECT", "KSTREAM-SINK-counts-repartition", "flow") in kinds
+    assert ("KSTREAM-SINK-counts-repartition", "wc-counts-repartition", "repartition") in kinds
+    assert ("wc-counts-repartition", "KSTREAM-SOURCE-counts-repartition", "repartition") in kinds
+    assert ("KSTREAM-SOURCE-counts-repartition", "KSTREAM-AGGREGATE", "flow") in kinds
     assert ("counts", "wc-counts-changelog", "changelog") in kinds
-    phases = {n["kind"]: n["phase"] for n in d["nodes"] if n["type"] != "store"}
-    assert phases["flat_map_values"] == "pre-shuffle" and phases["aggregate"] == "task"
+    assert not any(e["kind"] == "shuffle" for e in d["edges"])
+    phases = {n["kind"]: n["phase"] for n in d["nodes"] if n["type"] not in ("store", "topic")}
+    assert phases["flat_map_values"] == "task" and phases["aggregate"] == "task"
+    subs = {n["kind"]: n["subtopology"] for n in d["nodes"] if n["type"] == "processor"}
+    assert subs == {"flat_map_values": 0, "key_select": 0, "aggregate": 1, "to_stream": 1}
     text = plan.describe_text("wc")
-    assert "==shuffle==>" in text and "wc-counts-changelog" in text
+    assert "==repartition topic==> wc-counts-repartition" in text and "wc-counts-changelog" in text
+    assert "shuffle" not in text and "Stage 1" not in text
+    assert text.count("Tasks (one per source partition, every step):") == 2
+    native = wordcount().compile("wc", engine_shuffle=True).describe_text("wc")
+    assert "Stage 1 (stateless, where records are read):" in native and "==shuffle==>" in native
 
 
-def test_branch_before_shuffle_gives_two_routes():
+def test_branch_gives_one_route_per_source():
+    """A branch is steps of the task like any other: one route per source; the branch that
+    re-keys for a count writes the repartition topic, the other writes its sink, both in the
+    first sub-topology's task. A None key cannot be partitioned: the repartition sink skips it."""
     b = TopologyBuilder()
     words = b.stream("lines").flat_map_values(str.split)
     words.to("words")
-    words.group_by(lambda k, w: w).count(store="c")
-    plan = b.compile()
-    assert len(plan.routes) == 2
-    routed = plan.pre_shuffle_routed(0, None, "x y", 1)
-    assert sorted(routed, key=lambda r: (r[0], r[2])) == [(0, None, "x"), (0, None, "y"),
-                                                         (1, "x", "x"), (1, "y", "y")]
-    # unkeyed route: None keys go to partition % N, keyed route drops None keys
-    tasks = [(t, rec[0]) for t, rec in plan.shuffle(0, None, b"x", 1, 3, 0, 4)]
-    assert (3, 0) in tasks and any(r == 1 for _t, r in tasks)
+    words.group_by(lambda k, w: w if w != "skip" else None).count(store="c")
+    plan = b.compile("br")
+    up, down = plan.subtopologies
+    assert up.routes == [RouteSpec(0, 0, up.sources[0].node, "str", False)]
+    assert up.sink_topics == ["words", "br-c-repartition"]
+    ctx = FakeCtx(up)
+    proc = up.new_processor(ctx)
+    proc.process_batch(batch_of(up, [(0, 3, 7, 100, "k", "x y skip")]))
+    proc.flush()
+    assert ctx.out == [("words", "k", "x"), ("br-c-repartition", "x", "x"),
+                       ("words", "k", "y"), ("br-c-repartition", "y", "y"),
+                       ("words", "k", "skip")]
+    assert ctx.stamps == [100] * 5 and proc.skipped_null == 1
 
 
 def test_table_and_join_plan():
@@ -146,7 +230,10 @@ def test_table_and_join_plan():
     b.stream("clicks").join(users, lambda c, u: f"{c}@{u}", how="left").to("enriched")
     plan = b.compile()
     assert [(s.topic, s.role) for s in plan.sources] == [("users", "table"), ("clicks", "stream")]
-    assert {r.target.split("-0")[0] for r in plan.routes} == {"KTABLE-SOURCE", "KSTREAM-JOIN"}
+    assert plan.routes == [RouteSpec(s.index, s.index, s.node, s.key_serde, False)
+                           for s in plan.sources]
+    assert [plan._by_name[r.target].children[0].name.split("-0")[0] for r in plan.routes] == [
+        "KTABLE-SOURCE", "KSTREAM-JOIN"]
     lookups = [e for e in plan.describe()["edges"] if e["kind"] == "lookup"]
     assert lookups and lookups[0]["from"] == "users"
 
@@ -237,9 +324,9 @@ def test_processor_store_declared_twice_vs_shared_by_name():
 
 # -- structural errors -------------------------------------------------------------------------------
 
-def test_second_repartition_needs_the_application_name():
+def test_repartition_after_an_aggregation_needs_the_application_name():
     b = TopologyBuilder()
-    counts = b.stream("w").group_by(lambda k, v: v).count(store="c1")
+    counts = b.stream("w").group_by_key().count(store="c1")
     counts.to_stream().map(lambda k, v: (str(v), k)).group_by_key().count(store="c2")
     with pytest.raises(TopologyError) as ei:
         b.compile()
@@ -249,6 +336,16 @@ def test_second_repartition_needs_the_application_name():
     plan = b.compile("app")
     assert [sp.store_names for sp in plan.subtopologies] == [["c1"], ["c2"]]
     assert plan.repartition_topics == ["app-c2-repartition"]
+    # a group_by(fn) straight off the source changes the key as well: a topic of its own
+    b = TopologyBuilder()
+    counts = b.stream("w").group_by(lambda k, v: v).count(store="c1")
+    counts.to_stream().map(lambda k, v: (str(v), k)).group_by_key().count(store="c2")
+    with pytest.raises(TopologyError) as ei:
+        b.compile()
+    assert "KSTREAM-KEY-SELECT" in str(ei.value) and "<application>-c1-repartition" in str(ei.value)
+    plan = b.compile("app")
+    assert [sp.store_names for sp in plan.subtopologies] == [[], ["c1"], ["c2"]]
+    assert plan.repartition_topics == ["app-c1-repartition", "app-c2-repartition"]
 
 
 def test_keyed_step_after_task_side_key_change_processor_repartitions():
@@ -271,7 +368,9 @@ def test_keyless_steps_after_aggregation_are_fine():
     t = b.stream("w").group_by(lambda k, v: v).count(store="c")
     t.to_stream().map(lambda k, v: (k.upper(), v)).filter(lambda k, v: v > 1).to("out")
     t.filter(lambda k, v: v % 2 == 0).map_values(lambda v: v * 10).to_stream().to("even")
-    b.compile()
+    plan = b.compile("a")
+    assert plan.repartition_topics == ["a-c-repartition"]        # the group_by's only
+    assert plan.subtopologies[1].sink_topics == ["out", "even"]
 
 
 def test_join_needs_same_key_serde():
@@ -282,15 +381,28 @@ def test_join_needs_same_key_serde():
         b.compile()
 
 
-def test_join_after_rekey_in_stage1_is_fine_and_routes_by_new_key():
+def test_join_after_rekey_goes_through_a_repartition_topic_keyed_by_the_new_key():
+    """A task is its source partition: a click re-keyed by user is not in the task of that user's
+    table partition, so the join reads the clicks back from a repartition topic, keyed (and so
+    partitioned by the producer) by the new key; the table's sub-topology does the join."""
     b = TopologyBuilder()
     users = b.table("users", store="users")
     (b.stream("clicks").map(lambda k, v: (v.split(":")[0], v))
      .join(users, lambda c, u: (c, u)).to("out", value_serde="json"))
-    plan = b.compile()
-    [(task, rec)] = list(plan.shuffle(1, None, b"bob:home", 7, 0, 0, 8))
-    from statekit.partition import partition_for
-    assert task == partition_for(b"bob", 8)
+    with pytest.raises(TopologyError) as ei:
+        b.compile()
+    assert "KSTREAM-MAP" in str(ei.value) and "needs a repartition topic" in str(ei.value)
+    plan = b.compile("a")
+    up, down = plan.subtopologies
+    [topic] = plan.repartition_topics
+    assert up.source_topics == ["clicks"] and up.sink_topics == [topic]
+    assert down.source_topics == ["users", topic] and down.store_names == ["users"]
+    ctx = FakeCtx(up)
+    up.new_processor(ctx).process_batch(batch_of(up, [(0, 5, 0, 7, None, "bob:home")]))
+    assert ctx.out == [(topic, "bob", "bob:home")] and ctx.stamps == [7]
+    assert up.sink_serdes(topic)[0].to_bytes("bob") == b"bob"   # murmur2(b"bob") picks its task
+    out = run_subtopologies(plan, [("users", "bob", "Bob", 1), ("clicks", None, "bob:home", 7)])
+    assert out == [("out", "bob", ("bob:home", "Bob"))]
 
 
 def test_other_errors():
@@ -334,18 +446,23 @@ def test_plan_pickles_with_cloudpickle_and_runs_after():
     b.stream("clicks").join(users, lambda c, u: [c, u], how="left").to("j", value_serde="json")
     (b.stream("ticks").group_by_key().windowed_by(tumbling(100)).aggregate(
         lambda: 0, lambda k, v, a: a + int(v), store="w"))
-    plan = b.compile()
-    plan.stores  # materialize cached specs: they must not break pickling
-    plan._pre_funcs()
+    plan = b.compile("app")
+    for sp in plan.subtopologies:
+        sp.stores                  # materialize cached specs: they must not break pickling
+        sp.source_serdes(0)
     blob = cloudpickle.dumps(plan)
     plan2 = pickle.loads(blob)
     assert plan2.store_names == plan.store_names
-    count_route = next(r.index for r in plan2.routes if r.keyed and r.source_index == plan2.source_index("lines"))
-    routed = plan2.pre_shuffle_routed(plan2.source_index("lines"), None, "ab c", 0)
-    assert [(k, v) for r, k, v in routed if r == count_route] == [("ab", "ab"), ("c", "c")]
-    ctxs, _ = run_local(plan2, [("lines", None, "ab c ab", 1)])
-    out = ctxs[0].out
-    assert ("out", "ab", 2) in out and ("lens", None, 6) in out and ("upper", None, "AB") in out
+    assert [sp.store_names for sp in plan2.subtopologies] == [
+        sp.store_names for sp in plan.subtopologies]
+    out = run_subtopologies(plan2, [("lines", None, "ab c ab", 1)])
+    assert [o for o in out if o[0] == "out"] == [("out", "ab", 1), ("out", "c", 1), ("out", "ab", 2)]
+    assert [o for o in out if o[0] != "out"] == [
+        ("lens", None, 6), ("upper", None, "AB"), ("lens", None, 3), ("upper", None, "C"),
+        ("lens", None, 6), ("upper", None, "AB")]
+    # each sub-topology pickled alone (as an engine ships it) runs the same
+    again = [pickle.loads(cloudpickle.dumps(sp)) for sp in plan.subtopologies]
+    assert [sp.store_names for sp in again] == [sp.store_names for sp in plan.subtopologies]
 
 
 # -- windows -------------------------------------------------------------------------------------------------
@@ -412,10 +529,8 @@ def test_aggregations_forward_on_flush_with_a_record_cache():
             ("nums", "b", 2, 15), ("nums", "a", 1, 16)]
     ctx = FakeCtx(plan, cache_bytes=1 << 20)
     proc = plan.new_processor(ctx)
-    for i, (topic, k, v, ts) in enumerate(recs):
-        for _task, rec in plan.shuffle(0, plan.source_serdes(0)[0].to_bytes(k) if k else None,
-                                       plan.source_serdes(0)[1].to_bytes(v), ts, 0, i, 1):
-            proc.process_record(rec)
+    assert proc._bulk is None        # the source feeds several steps: record by record
+    proc.process_batch(batch_of(plan, [(0, 0, i, ts, k, v) for i, (_t, k, v, ts) in enumerate(recs)]))
     # before the flush: only the uncached store's updates went out
     assert ctx.out == [("raw", "a", 1), ("raw", "b", 1), ("raw", "a", 2), ("raw", "b", 2),
                        ("raw", "a", 3)]
@@ -520,8 +635,9 @@ def test_processor_error_is_one_line_and_names_the_record():
     b = TopologyBuilder()
     b.stream("in").map_values(lambda v: 1 // int(v)).group_by_key().count(store="c")
     plan = b.compile()
+    proc = plan.new_processor(FakeCtx(plan))
     with pytest.raises(ProcessorError) as ei:
-        list(plan.shuffle(0, b"key-1", b"0", 5, 2, 41, 4))
+        proc.process_batch(batch_of(plan, [(0, 2, 40, 4, "key-0", "1"), (0, 2, 41, 5, "key-1", "0")]))
     msg = str(ei.value)
     assert "\n" not in msg
     for part in ("KSTREAM-MAPVALUES", "key='key-1'", "value='0'", "in partition 2 offset 41",
@@ -541,12 +657,19 @@ def test_processor_error_in_task_step():
     assert "in partition 0 offset 1" in msg and "…" in msg and len(msg) < 400
 
 
-def test_key_serde_mismatch_in_shuffle_is_one_line():
+def test_key_serde_mismatch_before_a_repartition_is_one_line():
+    """A group_by whose new key the repartition topic's key serde cannot write fails the batch in
+    one line that names the topic and says where the serde goes."""
+    from statekit.testing import TopologyTestDriver
+
     b = TopologyBuilder()
     b.stream("in").group_by(lambda k, v: len(v)).count(store="c")
-    plan = b.compile()
-    with pytest.raises(ProcessorError, match="key_serde"):
-        list(plan.shuffle(0, None, b"abc", 1, 0, 0, 2))
+    with TopologyTestDriver(b, "a") as driver:
+        with pytest.raises(ProcessorError, match="key_serde") as ei:
+            driver.pipe_input("in", None, "abc", 1)
+        assert list(driver.get_store("c").all()) == []      # the failed batch left nothing
+    msg = str(ei.value)
+    assert "\n" not in msg and "a-c-repartition" in msg and "to the step before it" in msg
 
 
 def test_store_decl_serdes_inherit_and_mismatch():

@@ -649,7 +649,12 @@ def test_readme_example():
       .count(store="counts").to_stream().to("counts-out", value_serde="int64"))
     with TopologyTestDriver(b) as driver:
         driver.pipe_input("lines", None, "a b a", timestamp=1_000)
-        assert driver.read_output("counts-out") == [("a", 2), ("b", 1)]
+        # one record, one commit, as in Kafka's driver: the words reach the count through the
+        # repartition topic, each record processed and committed on its own (every update)
+        assert driver.read_output("counts-out") == [("a", 1), ("b", 1), ("a", 2)]
         assert driver.get_store("counts").get("a") == 2
         driver.advance_wall_clock(60_000)
         assert driver.read_output("counts-out") == []
+        # a micro-batch: its repartition records are one batch too (one update per key)
+        driver.pipe_batch([("lines", None, "a b a", 2_000), ("lines", None, "b", 2_001)])
+        assert driver.read_output_records("counts-out") == [("a", 4, 2_000), ("b", 3, 2_001)]
