@@ -17,7 +17,7 @@ import bisect
 import time
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view as _window
+from numpy.lib.stride_tricks import as_strided
 
 from . import batch as B
 from .compression import compress
@@ -167,12 +167,18 @@ def _header_runs(a, buf: bytes, ve, rend, hs: list, he: list, n: int) -> list:
     return runs
 
 
+def _rows(a, L: int):
+    """Every window of ``L`` bytes of ``a`` as a read-only (len(a) - L + 1, L) view."""
+    return as_strided(a, shape=(len(a) - L + 1, L), strides=(a.strides[0], a.strides[0]),
+                      writeable=False)
+
+
 def _odd_sections(a, buf, ve, rend, hs, he, n, ref) -> list:
     """Indexes of the records whose header section (``[ve, rend)``) differs from ``ref``."""
     L = len(ref)
     if L <= 256:
         fits = (rend - ve) == L
-        rows = np.ascontiguousarray(_window(a, L)[np.where(fits, ve, ve[0])])
+        rows = np.ascontiguousarray(_rows(a, L)[np.where(fits, ve, ve[0])])
         same = (rows.view(f"V{L}").ravel() == np.frombuffer(ref, f"V{L}")[0]) & fits
         return np.flatnonzero(~same).tolist()
     return [i for i in range(n) if buf[hs[i]:he[i]] != ref]
@@ -330,7 +336,10 @@ def flat(blobs) -> tuple:
     """(uint8 buffer of the non-null ``blobs`` end to end, int64 lengths with -1 for None),
     without a Python loop per item."""
     n = len(blobs)
-    if n and None in blobs:
+    try:  # no None (the common case): join and len refuse one, so nothing scans for it first
+        data = b"".join(blobs)
+        lens = np.fromiter(map(len, blobs), np.int64, n)
+    except TypeError:
         arr = np.empty(n, object)
         arr[:] = blobs
         null = arr == None  # noqa: E711 - element-wise
@@ -338,9 +347,6 @@ def flat(blobs) -> tuple:
         lens = np.fromiter(map(len, arr), np.int64, n)
         lens[null] = -1
         data = b"".join(arr.tolist())
-    else:
-        lens = np.fromiter(map(len, blobs), np.int64, n)
-        data = b"".join(blobs)
     return np.frombuffer(data, np.uint8), lens
 
 
@@ -447,13 +453,20 @@ def _encode_one(kbuf, vbuf, hbuf, kl, vl, hl, kstart, vstart, hstart, zk, zv, ks
     p = p + osz
     put_varints(buf, p, zk, ksz)
     p = p + ksz
-    _scatter(buf, p, kl, kbuf[kstart[0]:])
+    pk = p
     p = p + kl
     put_varints(buf, p, zv, vsz)
-    p = p + vsz
-    _scatter(buf, p, vl, vbuf[vstart[0]:])
-    if hbuf is not None:
-        _scatter(buf, p + vl, hl, hbuf[hstart[0]:])  # else the header count 0 (zero already)
+    pv = p + vsz
+    # keys, values and header sections: one scatter of their bytes (each kind end to end)
+    kseg = kbuf[kstart[0]:kstart[-1] + kl[-1]]
+    vseg = vbuf[vstart[0]:vstart[-1] + vl[-1]]
+    if hbuf is None:  # the header count 0 is there already (zeros)
+        _scatter(buf, np.concatenate((pk, pv)), np.concatenate((kl, vl)),
+                 np.concatenate((kseg, vseg)))
+    else:
+        hseg = hbuf[hstart[0]:hstart[-1] + hl[-1]]
+        _scatter(buf, np.concatenate((pk, pv, pv + vl)), np.concatenate((kl, vl, hl)),
+                 np.concatenate((kseg, vseg, hseg)))
     data = buf.tobytes()
     attrs = codec
     if codec:

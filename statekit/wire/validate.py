@@ -13,16 +13,15 @@ for its verdict and message.
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view as _window
 
 from . import batch as B
 
-from .columns import record_fields, record_starts
+from .columns import _rows, record_fields, record_starts
 from .compression import decompress
 from .errors import CodecUnavailable, InvalidBatch
 from .varint import VARINT_MAX_BYTES, VARLONG_MAX_BYTES, read_varint_bounded
 
-VECTOR_MIN = 32  # records in a batch from which the column-wise check is cheaper
+VECTOR_MIN = 200  # records in a batch from which the column-wise check is cheaper (~0.2 ms fixed)
 
 
 def validate_produce(buf) -> list[tuple[int, B.BatchHeader]]:
@@ -107,7 +106,7 @@ def records_valid(buf, p: int, end: int, count: int) -> bool:
     cve, crend = ve[cand], rend[cand]
     if L <= 256:
         fits = (crend - cve) == L
-        rows = np.ascontiguousarray(_window(a, L)[np.where(fits, cve, cve[0])])
+        rows = np.ascontiguousarray(_rows(a, L)[np.where(fits, cve, cve[0])])
         same = (rows.view(f"V{L}").ravel() == np.frombuffer(ref, f"V{L}")[0]) & fits
         others = cand[~same].tolist()
     else:

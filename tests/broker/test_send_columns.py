@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from statekit.kafka import Kafka
 from statekit.wire import Columns, WireError
 
 MARKER = [("__marker", b"1"), ("__batch", b"7")]

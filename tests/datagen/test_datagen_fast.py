@@ -12,7 +12,7 @@ from statekit import datagen
 from statekit.errors import StatekitError
 from statekit.kafka import Kafka
 from statekit.wire import decode_batch, encode_batches, encode_batches_flat
-from statekit.partition import partition_for
+from statekit.partition import partition_for, partitions_for, partitions_of_rows
 
 
 def test_accounts_visit_every_account_once_first_and_are_seeded():
@@ -52,12 +52,17 @@ def test_keys_sets_how_many_distinct_keys_every_generator_draws_from():
 
 def test_vectorized_partitioner_is_kafkas_murmur2():
     r = random.Random(3)
+    mixed = []
     for length in range(1, 21):
         keys = [bytes(r.randrange(256) for _ in range(length)) for _ in range(300)]
+        mixed += keys[:20] + [None]
         mat = np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), length)
         for n in (1, 4, 7):
-            assert datagen._murmur2_partitions(mat, n).tolist() == [partition_for(k, n)
-                                                                    for k in keys]
+            assert partitions_of_rows(mat, n).tolist() == [partition_for(k, n) for k in keys]
+    r.shuffle(mixed)
+    for n in (1, 4, 7):
+        assert partitions_for(mixed, n).tolist() == [-1 if k is None else partition_for(k, n)
+                                                     for k in mixed]
 
 
 def _decoded(batches) -> list:
