@@ -32,7 +32,6 @@ and at once, for every compacted partition, when `request_clean` drops `DIR/clea
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import struct
@@ -43,41 +42,10 @@ from statekit.wire.records import decode_rows, encode_headers, encode_record
 from statekit.wire.varint import read_varint
 
 from . import records as R
-from .log import Segment, seg_name, write_json_atomic
+from .log import SWAP_FILE, Segment, recover_swap, seg_name, write_json_atomic  # noqa: F401
+# (SWAP_FILE and recover_swap live with the log, which opens before any cleaner runs)
 
 log = logging.getLogger("statekit.broker.cleaner")
-
-SWAP_FILE = "cleaner-swap.json"
-
-
-def recover_swap(directory: str) -> None:
-    """Finish a swap interrupted by a crash (called before a partition's segments are loaded)."""
-    path = os.path.join(directory, SWAP_FILE)
-    try:
-        with open(path) as f:
-            plan = json.load(f)
-    except FileNotFoundError:
-        return
-    except ValueError:
-        # the plan is written atomically: unreadable means it never completed; nothing was swapped
-        os.unlink(path)
-        return
-    for g in plan.get("groups", []):
-        tmp = os.path.join(directory, g["tmp"])
-        first = os.path.join(directory, seg_name(g["first"], ".log"))
-        if os.path.exists(tmp):
-            os.replace(tmp, first)
-        for suffix_base in [g["first"]] + list(g["others"]):
-            idx = os.path.join(directory, seg_name(suffix_base, ".index"))
-            if os.path.exists(idx):
-                os.unlink(idx)
-        for b in g["others"]:
-            p = os.path.join(directory, seg_name(b, ".log"))
-            if os.path.exists(p):
-                os.unlink(p)
-    os.unlink(path)
-    log.warning("%s: finished a cleaner swap interrupted by a crash", directory)
-
 
 class LogCleaner:
     def __init__(self, broker):

@@ -69,6 +69,39 @@ def write_json_atomic(path: str, obj, durable: bool = True) -> None:
         fsync_dir(os.path.dirname(path) or ".")
 
 
+SWAP_FILE = "cleaner-swap.json"
+
+
+def recover_swap(directory: str) -> None:
+    """Finish a cleaner swap (see cleaner.py) interrupted by a crash: called before a
+    partition's segments are loaded, so it lives with the log the cleaner imports."""
+    path = os.path.join(directory, SWAP_FILE)
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except FileNotFoundError:
+        return
+    except ValueError:
+        # the plan is written atomically: unreadable means it never completed; nothing was swapped
+        os.unlink(path)
+        return
+    for g in plan.get("groups", []):
+        tmp = os.path.join(directory, g["tmp"])
+        first = os.path.join(directory, seg_name(g["first"], ".log"))
+        if os.path.exists(tmp):
+            os.replace(tmp, first)
+        for suffix_base in [g["first"]] + list(g["others"]):
+            idx = os.path.join(directory, seg_name(suffix_base, ".index"))
+            if os.path.exists(idx):
+                os.unlink(idx)
+        for b in g["others"]:
+            p = os.path.join(directory, seg_name(b, ".log"))
+            if os.path.exists(p):
+                os.unlink(p)
+    os.unlink(path)
+    log.warning("%s: finished a cleaner swap interrupted by a crash", directory)
+
+
 def fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -366,8 +399,6 @@ class PartitionLog:
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
-        from .cleaner import recover_swap
-
         recover_swap(self.dir)
         for name in os.listdir(self.dir):
             if name.endswith((".cleaned", ".tmp", ".swap")):
