@@ -1,50 +1,191 @@
-"""Dashboard overhead: pipeline throughput with the live dashboard (model + view, refreshing at
-1 Hz from its background thread) against the same pipeline without it, in the same run.
+"""Dashboard refresh cost, idle and while a million keys restore, on a quiet machine and beside a CPU
+hog on every core: the dashboard as it was (every refresh a whole collection: the app's lag table,
+task status, instances, store contents, changelog figures, forecast, then the model and the
+drawing; loaded from git at --baseline-rev) against the current one (a refresh draws a picture of
+the model; events reach the model as they arrive; polls run in a thread of their own), in the same
+run, on the same app.
 
-    .venv/bin/python bench/dashboard.py [--records N] [--rounds R] [--partitions P]
+    .venv/bin/python bench/dashboard.py [--keys N] [--rounds R] [--idle-s S] [--baseline-rev REV]
+                                        [--baseline-repo DIR]
 
-Starts its own broker (temp dir, port 0) and a local Spark session, runs one word-count app on the
-Spark engine, and alternates phases without and with the dashboard (A B A B ...; the order flips
-every round so neither side always runs first). Each phase produces N fresh records (not timed),
-then times `process_all_available()` over micro-batches of at most --per-batch records (so a phase
-lasts many seconds and many refreshes, as in a notebook). Throughput = records / seconds. On a
-noisy machine (shared cores, other benchmarks) the throughput drifts over minutes, so the overhead
-is the median over rounds of the paired ratio (each round's phase with the dashboard against the
-same round's phase without, run back to back); the ratio of the medians is printed too. A second
-figure does not depend on the pipeline's noise: the dashboard's own CPU time per refresh (its
-thread's CPU clock), the median over the phases with the dashboard. The dashboard does everything it does
-in a notebook: snapshots (metrics, lag table, the whole store through interactive queries, events,
-changelog figures), model update, HTML rendering and the lag chart PNG.
+Starts its own broker (temp dir, port 0) and one app on the local engine (no Spark): one instance,
+4 tasks, `--keys` accounts counted into one store. Per machine condition (quiet, then `os.cpu_count()`
+spinning processes) and per dashboard (none, old, new):
 
-Last line: ``RESULT name=dashboard_overhead value=<percent> unit=% baseline=<records/s without>
-ratio=<with/without>`` (the CPU per refresh is on the line before); the goal is an overhead below 5%.
+* idle: the dashboard refreshes the running app for `--idle-s` seconds;
+* restoring: `--rounds` times, a disk-loss crash and a restart, so every task restores its whole
+  changelog; meanwhile the main thread runs a CPU-bound Python loop, as a user's cell would, and
+  its speed is compared with the rounds without a dashboard.
+
+Figures: refresh wall time p50/p95 (old: its whole refresh; new: its refresh, and beside it the
+poll, which no refresh waits for), the kernel CPU the dashboard spends per second, how long after
+the crash the dashboard drew the instance dead, and the user loop's speed. The idle CPU and memory
+of a started app are measured by the engine's own benchmark, not here.
+
+Last lines: ``RESULT name=dashboard_refresh_<p50|p95>_<idle|restoring>_<quiet|loaded> value=<ms>
+unit=ms baseline=<old ms> ratio=<new/old>``, the p95 while restoring beside the hog last.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+BASELINE_REV = "831de5b"   # the last commit with the dashboard that collected everything per refresh
+
+
+def q(xs, f):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(f * len(xs)))] if xs else float("nan")
+
+
+@contextlib.contextmanager
+def cpu_hog(on: bool):
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(os.cpu_count() or 2)] if on else []
+    try:
+        if procs:
+            time.sleep(1.0)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
+
+
+def load_old(rev: str, repo: str = ROOT):
+    """The dashboard package at `rev`, importable as `old_dashboard` (None: no git, no such rev)."""
+    try:
+        names = subprocess.run(["git", "-C", repo, "ls-tree", "--name-only", rev, "kernel_ext/dashboard/"],
+                               capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError) as err:
+        print(f"no baseline: {err}", file=sys.stderr)
+        return None
+    root = tempfile.mkdtemp(prefix="statekit-old-dashboard-")
+    pkg = os.path.join(root, "old_dashboard")
+    os.makedirs(pkg)
+    for path in names:
+        if not path.endswith(".py"):
+            continue
+        src = subprocess.run(["git", "-C", repo, "show", f"{rev}:{path}"], capture_output=True, text=True,
+                             check=True).stdout
+        with open(os.path.join(pkg, os.path.basename(path)), "w") as f:
+            f.write(src.replace("kernel_ext.dashboard", "old_dashboard"))
+    sys.path.insert(0, root)
+    import old_dashboard.view
+
+    return old_dashboard.view
+
+
+class Old:
+    """The old LiveDashboard, each refresh timed; `dead_at()`: when a refresh first showed the
+    crashed instance dead."""
+
+    def __init__(self, mod, app, changelog_fn):
+        self.d = mod.LiveDashboard(app, name=app.name, interval=1.0, changelog_fn=changelog_fn)
+        self.times, self.crash_at, self.seen_dead = [], None, None
+        orig = self.d.refresh
+
+        def timed():
+            t = time.perf_counter()
+            snap = orig()
+            self.times.append(time.perf_counter() - t)
+            if self.crash_at is not None and self.seen_dead is None and any(
+                    str(r.get("status")) == "dead" for r in snap.instances):
+                self.seen_dead = time.time() - self.crash_at
+            return snap
+
+        self.d.refresh = timed
+
+    def start(self):
+        self.d.start()
+
+    def stop(self):
+        self.d.stop()
+
+    def cpu(self):
+        return self.d.cpu_s
+
+
+class New:
+    def __init__(self, app, changelog_fn):
+        from kernel_ext.dashboard.view import LiveDashboard
+
+        self.d = LiveDashboard(app, name=app.name, interval=1.0, changelog_fn=changelog_fn)
+        self.crash_at, self.seen_dead = None, None
+        self.d.observers.append(self._seen)
+        self.n0 = self.p0 = 0
+
+    def _seen(self, p):
+        if self.crash_at is not None and self.seen_dead is None and any(
+                r["status"] == "dead" for r in p.instances):
+            self.seen_dead = time.time() - self.crash_at
+
+    @property
+    def times(self):
+        return list(self.d.refresh_times)[self.n0:]
+
+    @property
+    def polls(self):
+        return list(self.d.poller.times)[self.p0:]
+
+    def start(self):
+        self.n0, self.p0 = len(self.d.refresh_times), len(self.d.poller.times)
+        self.d.start()
+
+    def stop(self):
+        self.d.stop()
+
+    def cpu(self):
+        return self.d.cpu_s + self.d.poller.cpu_s + self.d.feed.cpu_s
+
+
+def spin_until(done) -> float:
+    """A user's cell: a CPU-bound Python loop until `done()`; returns its loops per second."""
+    n, t0 = 0, time.perf_counter()
+    while n % 20 or not done():
+        x = 0
+        for i in range(20_000):
+            x += i
+        n += 1
+    return n / max(1e-9, time.perf_counter() - t0)
+
+
+OPENED = [0]   # task_opened events seen (counted by an App.on_event callback)
+
+
+def restore_round(app, dash) -> float:
+    """A disk-loss crash and a restart (every task restores from scratch) with the user loop
+    running; returns the loop's speed meanwhile."""
+    from statekit.app import AppState
+
+    app.wait_for_state([AppState.RUNNING], timeout=120)
+    if dash is not None:
+        dash.crash_at = time.time()
+    app.crash(mode="disk-loss", instance=0)
+    app.wait_for_state([AppState.ERROR], timeout=60)
+    time.sleep(1.5)   # the dashboard shows the crash (and the old one its ERROR)
+    opened = OPENED[0]
+    app.restart()
+    return spin_until(lambda: app.state == AppState.RUNNING and OPENED[0] >= opened + app.partitions)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=200_000, help="records per phase")
-    ap.add_argument("--per-batch", type=int, default=10_000,
-                    help="max records per micro-batch: a phase is many batches, as in a notebook")
-    ap.add_argument("--rounds", type=int, default=5, help="phases of each kind")
-    ap.add_argument("--warmup-phases", type=int, default=2,
-                    help="full-size phases (without, with, ...) run first and not counted: the first "
-                         "phases run markedly slower (JIT, caches) and would bias the first round")
-    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3, help="restores per dashboard and condition")
+    ap.add_argument("--idle-s", type=float, default=8.0)
+    ap.add_argument("--baseline-rev", default=BASELINE_REV)
+    ap.add_argument("--baseline-repo", default=ROOT, help="the git checkout to read --baseline-rev from")
     a = ap.parse_args(argv)
 
     home = tempfile.mkdtemp(prefix="statekit-bench-dashboard-")
@@ -52,103 +193,90 @@ def main(argv=None) -> int:
     from statekit import broker as broker_mod
     from statekit import datagen
 
+    old_mod = load_old(a.baseline_rev, a.baseline_repo)
     handle = broker_mod.start(dir=os.path.join(home, "broker"), port=0)
-    os.environ["STATEKIT_BOOTSTRAP"] = handle.bootstrap
     app = None
-    dash = None
     try:
         import statekit
-        from kernel_ext.dashboard.view import LiveDashboard
 
-        seed = iter(range(1000, 10_000))
-
-        def feed(n):
-            datagen.produce("words", datagen.generate("words", seed=next(seed), limit=n), handle.bootstrap,
-                            partitions=a.partitions)
-
-        feed(2000)
-        app = statekit.App("benchdash", partitions=a.partitions)
-        app.stream("words", value_serde="json").group_by_key().count(store="counts")
         t0 = time.monotonic()
-        app.start(max_records_per_trigger=a.per_batch, sink="none")
-        app.process_all_available()  # warm-up: JVM, Python workers, first restore
-        feed(a.per_batch * 2)
-        app.process_all_available()
-        print(f"warm-up done in {time.monotonic() - t0:.1f} s", flush=True)
+        datagen.produce_fast("accounts", "accounts", 1, a.keys, handle.bootstrap, keys=a.keys, partitions=4)
+        app = statekit.App("benchdash", bootstrap=handle.bootstrap, partitions=4, instances=1, engine="local",
+                           state_dir=os.path.join(home, "state"))
+        app.stream("accounts", value_serde="json").group_by_key().count(store="counts")
+        app.start(sink="none")
+        assert app.process_all_available(timeout=600)
+        print(f"{a.keys:,} keys in the store after {time.monotonic() - t0:.1f} s", flush=True)
 
         def changelog_stats():
             return [s for s in broker_mod.log_stats(handle.dir) if s["topic"].startswith("benchdash-")
                     and s["topic"].endswith("-changelog")]
 
-        rates = {"without": [], "with": []}
-        refreshes = []
-        order = []
-        for r in range(a.rounds):
-            order += (["without", "with"] if r % 2 == 0 else ["with", "without"])
-        order = [("without", "with")[i % 2] for i in range(a.warmup_phases)] + order
-        pairs: dict[int, dict] = {}
-        for n, kind in enumerate(order):
-            warm = n < a.warmup_phases
-            n -= a.warmup_phases
-            feed(a.records)
-            if kind == "with":
-                dash = LiveDashboard(app, interval=1.0, changelog_fn=changelog_stats)
-                dash.start()
-            t = time.perf_counter()
-            app.process_all_available()
-            dt = time.perf_counter() - t
-            if kind == "with":
-                dash.stop()
-                refreshes.append((dash.refreshes, dash.cpu_s))
-                dash = None
-            rate = a.records / dt
-            if warm:
-                if kind == "with":
-                    refreshes.pop()
-                print(f"  {kind:>7} dashboard: {a.records} records in {dt:6.2f} s = {rate:9.0f} records/s "
-                      f"(warm-up, not counted)", flush=True)
-                continue
-            rates[kind].append(rate)
-            pairs.setdefault(n // 2, {})[kind] = rate
-            extra = ""
-            if kind == "with" and refreshes[-1][0]:
-                extra = f" ({refreshes[-1][0]} refreshes, {refreshes[-1][1] / refreshes[-1][0] * 1000:.1f} ms CPU each)"
-            print(f"  {kind:>7} dashboard: {a.records} records in {dt:6.2f} s = {rate:9.0f} records/s{extra}",
-                  flush=True)
-
-        without = statistics.median(rates["without"])
-        with_ = statistics.median(rates["with"])
-        ratio_of_medians = with_ / without
-        paired = [p["with"] / p["without"] for _, p in sorted(pairs.items()) if len(p) == 2]
-        ratio = statistics.median(paired)
-        overhead = (1 - ratio) * 100  # negative: no overhead measurable above the noise
-        n_ref = sum(n for n, _ in refreshes)
-        cpu_ms = statistics.median([c / n * 1000 for n, c in refreshes if n]) if n_ref else float("nan")
-        if n_ref:
-            print(f"dashboard: {n_ref} refreshes in {len(refreshes)} phases, {cpu_ms:.1f} ms of CPU per refresh "
-                  f"(median over phases; snapshot, model, HTML, lag chart)")
-        spread = lambda xs: f"{min(xs):.0f}..{max(xs):.0f}"  # noqa: E731
-        print(f"records/s without: median {without:.0f} ({spread(rates['without'])}); with: median "
-              f"{with_:.0f} ({spread(rates['with'])}); ratio of medians {ratio_of_medians:.3f}")
-        print(f"paired with/without per round: {', '.join(f'{x:.3f}' for x in paired)}; median {ratio:.3f}: "
-              f"overhead {overhead:.1f}% (goal < 5%)")
-        print(f"RESULT name=dashboard_overhead value={overhead:.2f} unit=% baseline={without:.0f} "
-              f"ratio={ratio:.3f}")
+        kinds = ["none"] + (["old"] if old_mod is not None else []) + ["new"]
+        app.on_event(lambda e: OPENED.__setitem__(0, OPENED[0] + (e.type == "task_opened")))
+        res: dict = {}
+        for cond in ("quiet", "loaded"):
+            with cpu_hog(cond == "loaded"):
+                dashes = {"none": None}
+                for kind in kinds[1:]:
+                    dash = dashes[kind] = Old(old_mod, app, changelog_stats) if kind == "old" else New(app, changelog_stats)
+                    dash.start()
+                    w0, c0 = time.monotonic(), dash.cpu()
+                    time.sleep(a.idle_s)
+                    res[(cond, kind)] = {"idle": list(dash.times), "idle_cpu": (dash.cpu() - c0) / (time.monotonic() - w0),
+                                         "restoring": [], "polls": [], "speeds": [], "dead": [], "busy": 0.0, "cpu": 0.0}
+                    dash.stop()
+                res[(cond, "none")] = {"speeds": []}
+                for _ in range(a.rounds):   # the dashboards take turns, so the machine's drift hits each alike
+                    for kind in kinds:
+                        r, dash = res[(cond, kind)], dashes[kind]
+                        if dash is None:
+                            r["speeds"].append(restore_round(app, None))
+                            continue
+                        dash.start()
+                        n, np_ = len(dash.times), len(dash.polls) if kind == "new" else 0
+                        w, c = time.monotonic(), dash.cpu()
+                        dash.seen_dead = None
+                        r["speeds"].append(restore_round(app, dash))
+                        r["busy"] += time.monotonic() - w
+                        r["cpu"] += dash.cpu() - c
+                        r["dead"].append(dash.seen_dead)
+                        r["restoring"] += list(dash.times)[n:]
+                        if kind == "new":
+                            r["polls"] += list(dash.polls)[np_:]
+                        dash.stop()
+                none = statistics.median(res[(cond, "none")]["speeds"])
+                print(f"[{cond}] no dashboard: a user's loop runs {none:.0f} loops/s while the app restores", flush=True)
+                for kind in kinds[1:]:
+                    r = res[(cond, kind)]
+                    idle, restoring, polls = r["idle"], r["restoring"], r["polls"]
+                    poll = (f"; polls (off the refresh path) p50 {q(polls, .5) * 1000:.1f} / p95 "
+                            f"{q(polls, .95) * 1000:.1f} ms" if kind == "new" else "")
+                    print(f"[{cond}] {kind} dashboard: refresh idle p50 {q(idle, .5) * 1000:.1f} / p95 "
+                          f"{q(idle, .95) * 1000:.1f} ms ({len(idle)}), restoring p50 {q(restoring, .5) * 1000:.1f} / "
+                          f"p95 {q(restoring, .95) * 1000:.1f} ms ({len(restoring)}){poll}; kernel CPU "
+                          f"{r['idle_cpu'] * 1000:.0f} ms/s idle, {r['cpu'] / max(1e-9, r['busy']) * 1000:.0f} ms/s "
+                          f"restoring; crash drawn after "
+                          f"{', '.join('–' if x is None else f'{x:.2f} s' for x in r['dead'])}; the user's loop at "
+                          f"{statistics.median(r['speeds']) / none:.2f}x its speed without a dashboard", flush=True)
+        results = []
+        for cond in ("quiet", "loaded"):
+            new, old = res[(cond, "new")], res.get((cond, "old"))
+            for phase in ("idle", "restoring"):
+                for f in (0.5, 0.95):
+                    v = q(new[phase], f) * 1000
+                    b = q(old[phase], f) * 1000 if old else float("nan")
+                    results.append((f"dashboard_refresh_p{int(f * 100)}_{phase}_{cond}", v, b))
+        results.sort(key=lambda r: r[0] == "dashboard_refresh_p95_restoring_loaded")
+        for name, v, b in results:
+            print(f"RESULT name={name} value={v:.2f} unit=ms baseline={b:.2f} ratio={v / b:.4f}")
         return 0
     finally:
-        if dash is not None:
-            dash.stop()
         if app is not None:
             try:
                 app.stop()
             except Exception as err:
                 print(f"stopping the app: {err}", file=sys.stderr)
-        try:
-            from statekit.engine.spark.session import stop_session
-
-            stop_session()
-        except Exception:
-            pass
         handle.stop()
         shutil.rmtree(home, ignore_errors=True)
 

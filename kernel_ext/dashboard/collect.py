@@ -40,6 +40,7 @@ class EventFeed:
         self._last = -1
         self._closed = True
         self.applied = 0
+        self.cpu_s = 0.0                           # CPU time spent applying events (the reader's thread)
         self.delays: deque = deque(maxlen=2000)   # seconds from an event's ts to its application
         on = getattr(app, "on_event", None)
         self.push = callable(on)
@@ -65,7 +66,9 @@ class EventFeed:
             if off <= self._last:
                 return
             self._last = off
+        c0 = time.thread_time()
         urgent = self.model.apply(e)
+        self.cpu_s += time.thread_time() - c0
         self.applied += 1
         ts = getattr(e, "ts", None)
         if ts:
@@ -326,6 +329,8 @@ class Poller:
         self.cache = StoreCache()
         self._lag_at = self._changelog_at = None
         self._fc_seen = None            # (forecast object, its plain data)
+        self._fc_made = None            # the latest forecast made here
+        self._fc_busy = False
         self._fc_sig = None             # what the last forecast made here was made on
         self._fc_at = None
         self._stop = threading.Event()
@@ -373,34 +378,43 @@ class Poller:
     def _forecast(self, snap: Snapshot, force: bool):
         """The latest forecast made for the app (a notebook cell's), else one made here when
         something changed since the last (commits, the generation) and none is recent; never
-        during a restore."""
+        during a restore. Made in a thread of its own (a first one calibrates: a second or more),
+        so the light polls go on meanwhile; `force` waits for it."""
         if self.forecast_fn is None or snap.state not in LIVE_STATES:
             return None
         from statekit.runtime import forecasts
 
         name = getattr(self.app, "name", None)
-        fc = forecasts.latest(name) if isinstance(name, str) else None
         m = self.model
         sig = (m.board.generation, m.commits)
         now = time.monotonic()
-        mine = self._fc_seen[0] if self._fc_seen else None
-        stale = fc is None or time.time() - getattr(fc, "made_at", 0) >= self.heavy_interval
-        if (stale and not m.restoring and sig != self._fc_sig
+        latest = forecasts.latest(name) if isinstance(name, str) else None
+        stale = latest is None or time.time() - getattr(latest, "made_at", 0) >= self.heavy_interval
+        if (stale and not m.restoring and sig != self._fc_sig and not self._fc_busy
                 and (force or self._due(self._fc_at, self.heavy_interval, now))):
-            self._fc_sig, self._fc_at = sig, now
-            try:
-                got = self.forecast_fn()
-            except Exception:
-                got = None
-            if got is not None:
-                fc = got if fc is None or getattr(got, "made_at", 0) >= getattr(fc, "made_at", 0) else fc
-        if fc is None:
-            fc = mine
-        if fc is None:
+            self._fc_sig, self._fc_at, self._fc_busy = sig, now, True
+            if force:
+                self._make_forecast()
+            else:
+                threading.Thread(target=self._make_forecast, daemon=True,
+                                 name=f"statekit-dashboard-forecast-{name}").start()
+        made = [f for f in (latest, self._fc_made, self._fc_seen[0] if self._fc_seen else None) if f is not None]
+        if not made:
             return None
-        if mine is not fc:
+        fc = max(made, key=lambda f: getattr(f, "made_at", 0))
+        if self._fc_seen is None or self._fc_seen[0] is not fc:
             self._fc_seen = (fc, forecast_data(fc))
         return self._fc_seen[1]
+
+    def _make_forecast(self) -> None:
+        try:
+            got = self.forecast_fn()
+            if got is not None:
+                self._fc_made = got
+        except Exception:  # no forecast now: the panel keeps the last one
+            pass
+        finally:
+            self._fc_busy = False
 
     # -- the thread --------------------------------------------------------------------------
 

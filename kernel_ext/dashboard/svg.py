@@ -10,7 +10,7 @@ from kernel_ext.dashboard.charts import MARKER_STYLE, PALETTE, axis_limit, insta
 
 W, H = 441, 211                      # pixels: the width the layout reserves for each chart
 LEFT, RIGHT, TOP, BOTTOM = 52, 116, 22, 34   # plot margins (the legend sits right of the plot)
-FONT = "font-family:-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif"
+FONT = "font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif"
 DASH = {"-": "", "--": "5,3", ":": "1.5,2.5"}
 MAX_POINTS = 300                     # per line: more than the plot's width in pixels is not seen
 
