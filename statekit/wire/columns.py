@@ -83,9 +83,19 @@ class Columns:
         return zip(self.offsets, self.timestamps, self.keys, self.values, self.headers())
 
     def extend(self, other: "Columns") -> None:
+        """Append ``other``'s records (timestamps: both one per record, or the same one)."""
         n = len(self.keys)
+        ta, tb = self.timestamps, other.timestamps
+        if isinstance(ta, list) and isinstance(tb, list) and len(ta) == n and len(tb) == len(other.keys):
+            ta.extend(tb)
+        elif not (n == 0 and not other.keys) and ta != tb:
+            if n == 0 and isinstance(ta, list) and not ta:
+                self.timestamps = tb if not isinstance(tb, list) else list(tb)
+            elif not other.keys:
+                pass
+            else:
+                raise WireError("Columns.extend: give both one timestamp per record, or the same one")
         self.offsets.extend(other.offsets)
-        self.timestamps.extend(other.timestamps)
         self.keys.extend(other.keys)
         self.values.extend(other.values)
         runs = self.runs
