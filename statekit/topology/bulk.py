@@ -22,6 +22,7 @@ halves one after the other stores and forwards the same as applying the whole.
 """
 from __future__ import annotations
 
+import re
 import struct
 from collections import Counter
 
@@ -31,6 +32,8 @@ from statekit.topology.graph import same_serde, serde_label
 from statekit.topology.steps import _fail
 
 _Q = struct.Struct(">q")
+_BYTES = object()    # a held new value to decode from its bytes at flush
+_CANONICAL_JSON_KEY = re.compile(rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*"|0|-?[1-9][0-9]*').fullmatch
 
 
 def _getter_nodes(t) -> list:
@@ -105,27 +108,33 @@ class BulkAggregate:
         self._new: list = []       # new value bytes (None: deleted)
         self._old: list = []       # value bytes before the batch
         self._meta: list = []      # (timestamp, offset, partition) of the key's last record
+        self._obj: list = []       # the new value as the user's function returned it, else _BYTES
         self.sink = self._columnar_sink()
 
     # -- keys ------------------------------------------------------------------------------------
     def _canonical(self, kb: bytes) -> bool:
-        """Are these JSON key bytes what the store's serde writes (so a query finds them)?"""
-        c = kb[:1]
-        if c == b'"':
-            return kb.isascii() and b"\\" not in kb and kb.count(b'"') == 2 and kb[-1:] == b'"'
-        return kb.isdigit() or (c == b"-" and kb[1:].isdigit() and kb[1:2] != b"0")
+        """Are these JSON key bytes what the store's serde writes (so a query finds them)? A
+        string of printable ASCII without escapes, or an integer without leading zeros (the
+        serde reads b"01" as 1 and writes b"1"; it escapes control characters and DEL)."""
+        return _CANONICAL_JSON_KEY(kb) is not None
 
-    def _store_keys(self, kbs: list) -> list:
-        """The store's key bytes for the source's key bytes."""
+    def _store_keys(self, kbs: list, values, offs, parts) -> list:
+        """The store's key bytes for the source's key bytes; None for a key whose bytes decode
+        to None (JSON null: skipped, as one record at a time)."""
         if self.same_key and (not self.json_key or all(map(self._canonical, set(kbs)))):
             return kbs
         conv: dict = {}
         dec, enc = self.src_kdec, self.kenc
         out = []
-        for kb in kbs:
-            sk = conv.get(kb)
-            if sk is None:
-                sk = conv[kb] = enc(dec(kb))
+        for i, kb in enumerate(kbs):
+            sk = conv.get(kb, conv)
+            if sk is conv:
+                try:
+                    k = dec(kb)
+                except Exception as e:
+                    raise self.tp._undecodable(self.source_index, parts[i], offs[i], kb,
+                                               values[i], e) from e
+                sk = conv[kb] = None if k is None else enc(k)
             out.append(sk)
         return out
 
@@ -161,22 +170,38 @@ class BulkAggregate:
             parts = [parts[i] for i in sel]
             if not keys:
                 return
-        skeys = self._store_keys(keys)
+        skeys = self._store_keys(keys, values, offs, parts)
+        if None in skeys:                            # keys that decode to None
+            sel = [i for i, sk in enumerate(skeys) if sk is not None]
+            self.tp.skipped_null += len(skeys) - len(sel)
+            keys, values, skeys = [keys[i] for i in sel], [values[i] for i in sel], \
+                [skeys[i] for i in sel]
+            stamps, offs, parts = [stamps[i] for i in sel], [offs[i] for i in sel], \
+                [parts[i] for i in sel]
+            if not keys:
+                return
         if self.op == "count":
             self._count(skeys, stamps, offs, parts)
         else:
             self._fold(skeys, keys, values, stamps, offs, parts)
 
-    def _hold(self, uniq: list, news: list, olds: list, last: dict, stamps, offs, parts) -> None:
+    def _hold(self, uniq: list, news: list, olds: list, last: dict, stamps, offs, parts,
+              objs=None) -> None:
+        """Remember what flush forwards; `objs`: the new values as the user's function returned
+        them (one record at a time forwards those, not the store's copy), None for a count."""
         pos, keys_, new_, old_, meta = self._pos, self._keys, self._new, self._old, self._meta
+        obj_ = self._obj
+        if objs is None:
+            objs = [_BYTES] * len(uniq)
         if not pos:   # the first (usually only) apply of the batch: columns as they are
             pos.update(zip(uniq, range(len(uniq))))
             keys_.extend(uniq)
             new_.extend(news)
             old_.extend(olds)
+            obj_.extend(objs)
             meta.extend((stamps[i], offs[i], parts[i]) for i in map(last.__getitem__, uniq))
             return
-        for kb, nb, ob in zip(uniq, news, olds):
+        for kb, nb, ob, o in zip(uniq, news, olds, objs):
             i = last[kb]
             p = pos.get(kb)
             if p is None:
@@ -184,9 +209,11 @@ class BulkAggregate:
                 keys_.append(kb)
                 new_.append(nb)
                 old_.append(ob)
+                obj_.append(o)
                 meta.append((stamps[i], offs[i], parts[i]))
             else:
                 new_[p] = nb
+                obj_[p] = o
                 meta[p] = (stamps[i], offs[i], parts[i])
 
     def _count(self, skeys: list, stamps, offs, parts) -> None:
@@ -226,7 +253,7 @@ class BulkAggregate:
         vdec, kdec = self.vdec, self.kdec
         sdec, senc = self.vdec_store, self.venc
         reduce = self.op == "reduce"
-        news, keep_uniq, keep_olds, last = [], [], [], {}
+        news, keep_uniq, keep_olds, last, objs, firsts = [], [], [], {}, [], []
         saved = (rec.topic, rec.partition, rec.offset, rec.timestamp)
         rec.topic = self.topic
         try:
@@ -247,6 +274,8 @@ class BulkAggregate:
                         continue
                     if not first and acc is not None:
                         acc = sdec(senc(acc))            # what the store would give back
+                    elif first:
+                        firsts.append(i)
                     first = False
                     try:
                         if reduce:
@@ -263,14 +292,21 @@ class BulkAggregate:
                 keep_uniq.append(sk)
                 keep_olds.append(ob)
                 news.append(None if acc is None else senc(acc))
+                objs.append(acc)
         finally:
             rec.topic, rec.partition, rec.offset, rec.timestamp = saved
         if not keep_uniq:
             return
+        if any(a > b for a, b in zip(firsts, firsts[1:])):
+            # a key whose first records had None values was first updated later: flush forwards
+            # in first-update order
+            order = sorted(range(len(firsts)), key=firsts.__getitem__)
+            keep_uniq, news, keep_olds, objs = ([c[j] for j in order] for c in
+                                                (keep_uniq, news, keep_olds, objs))
         store.put_many(keep_uniq, news)
         self.top._n_put += len(keep_uniq)
         self.top._n_get += len(uniq)
-        self._hold(keep_uniq, news, keep_olds, last, stamps, offs, parts)
+        self._hold(keep_uniq, news, keep_olds, last, stamps, offs, parts, objs)
 
     # -- forwarding at flush ---------------------------------------------------------------------
     def _columnar_sink(self):
@@ -290,8 +326,8 @@ class BulkAggregate:
 
     def forward(self, down, send_old: bool) -> int:
         """Forward the held results (flush): columns to the sink, or one key at a time."""
-        keys, news, olds, meta = self._keys, self._new, self._old, self._meta
-        self._pos, self._keys, self._new, self._old, self._meta = {}, [], [], [], []
+        keys, news, olds, meta, objs = self._keys, self._new, self._old, self._meta, self._obj
+        self._pos, self._keys, self._new, self._old, self._meta, self._obj = {}, [], [], [], [], []
         if not keys:
             return 0
         kids = self.n.children
@@ -310,11 +346,11 @@ class BulkAggregate:
         rec = tp.rec
         kdec, vdec = self.kdec, self.vdec_store
         n = 0
-        for kb, nb, ob, (ts, off, part) in zip(keys, news, olds, meta):
+        for kb, nb, ob, o, (ts, off, part) in zip(keys, news, olds, objs, meta):
             if nb is None and ob is None:
                 continue
             n += 1
             rec.topic, rec.partition, rec.offset, rec.timestamp = self.topic, part, off, ts
-            down(kdec(kb), (None if nb is None else vdec(nb),
+            down(kdec(kb), (o if o is not _BYTES else None if nb is None else vdec(nb),
                             None if (ob is None or not send_old) else vdec(ob)))
         return n

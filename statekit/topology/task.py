@@ -31,6 +31,44 @@ _MEMO_BYTES = 80             # only values this short are memoized (decoded once
 _IMMUTABLE = (str, int, float, bool, bytes)
 
 
+def held_key(k):
+    """The key of a record key in a cached aggregation's held-back updates: the key itself when it
+    is a str (or a window's (str, ...) tuple); else a `_Held`, so that a JSON object or array key
+    (unhashable) can be held, and 1, 1.0 and True (three keys of a JSON store) stay three."""
+    t = type(k)
+    if t is str or (t is tuple and k and type(k[0]) is str):
+        return k
+    return _Held(k)
+
+
+def _freeze(x):
+    """A hashable token equal for keys the JSON serde writes alike (object keys in any order)."""
+    t = type(x)
+    if t is dict:
+        return (dict, frozenset((_freeze(a), _freeze(b)) for a, b in x.items()))
+    if t is list or t is tuple:
+        return (list, tuple(map(_freeze, x)))
+    try:
+        hash(x)
+    except TypeError:
+        return (t, repr(x))
+    return (t, x)
+
+
+class _Held:
+    __slots__ = ("key", "token")
+
+    def __init__(self, key) -> None:
+        self.key = key
+        self.token = _freeze(key)
+
+    def __hash__(self) -> int:
+        return hash(self.token)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is _Held and other.token == self.token
+
+
 class TaskProcessor:
     """The task half of a plan, for one task and one batch. `process_batch(records)` runs a
     `Records` batch (bytes, decoded here with the source serdes, each record once);
@@ -123,13 +161,15 @@ class TaskProcessor:
         rec = self.rec
 
         def emit(k, new, old):
-            h = held.get(k)
-            held[k] = (new, old if h is None else h[1], rec.timestamp, rec.offset, rec.partition,
-                       rec.topic)
+            hk = held_key(k)
+            h = held.get(hk)
+            held[hk] = (new, old if h is None else h[1], rec.timestamp, rec.offset, rec.partition,
+                        rec.topic)
         return emit, True
 
     def held_of(self, n: Node) -> dict:
-        """The held-back updates of a cached aggregation (its emit's dict), for fast paths."""
+        """The held-back updates of a cached aggregation (its emit's dict, keyed by `held_key(key)`),
+        for fast paths."""
         return next(h for _i, m, h, _d, _s in self._held if m is n)
 
     def forward_at(self, down, key, value, timestamp) -> None:
@@ -293,6 +333,8 @@ class TaskProcessor:
                 for k, (new, old, ts, off, part, topic) in items:
                     if new is None and old is None:
                         continue   # created and deleted within the batch: nothing to tell
+                    if type(k) is _Held:
+                        k = k.key
                     n += 1
                     rec.topic, rec.partition, rec.offset, rec.timestamp = topic, part, off, ts
                     down(k, (new, old if send_old else None))

@@ -20,6 +20,8 @@ def table_source(tp, n, down):
 
 
 def aggregate(tp, n, down):
+    from statekit.topology.task import held_key
+
     store = tp.store(n.stores[0].name)
     op = n.params["op"]
     emit, cached = tp.holder(n, down)
@@ -36,9 +38,10 @@ def aggregate(tp, n, down):
                 old = get(k)
                 c = 1 if old is None else old + 1
                 put(k, c)
-                h = held.get(k)
-                held[k] = (c, old if h is None else h[1], rec.timestamp, rec.offset,
-                           rec.partition, rec.topic)
+                hk = k if type(k) is str else held_key(k)
+                h = held.get(hk)
+                held[hk] = (c, old if h is None else h[1], rec.timestamp, rec.offset,
+                            rec.partition, rec.topic)
             return f
 
         def f(k, v):
