@@ -1,11 +1,14 @@
-"""Bulk aggregation bench (issue 14): a task's micro-batches through `TaskProcessor` with the record
-cache on, an aggregation applied per key in bulk vs one record at a time.
+"""Bulk aggregation bench (issues 14 and 21): a task's micro-batches through `TaskProcessor` with the
+record cache on, an aggregation applied column-wise per key (bulk) vs one record at a time.
 
-Each cycle: a batch of `--batch` word records (zipf-distributed over `--keys` keys, as the shuffle
-hands them to a task) -> `plan.new_processor(ctx).process_records(...)` -> flush -> close -> the
-stores' flush and commit (RocksDB, one WriteBatch; the changelog into memory). Records per second
-over `--batches` batches, for a count and for a reduce with a Python function; bulk and per-record
-rounds alternate, the best of `--rounds` is kept for each.
+The plan is a word count's second sub-topology (`group_by(word)` compiles to a repartition topic;
+its task reads the repartition topic's partition, the words keyed by word). Each cycle: a batch of
+`--batch` word records (zipf-distributed over `--keys` keys), a `Records` of key and value bytes as
+the task reads them -> `plan.new_processor(ctx).process_batch(records)` -> flush -> close -> the
+stores' flush and commit (RocksDB, one WriteBatch; the changelog into memory). The context has
+`forward_columns`, as a worker's does. Records per second over `--batches` batches, for a count and
+for a reduce with a Python function; bulk and per-record rounds alternate, the best of `--rounds`
+is kept for each.
 
 Baseline, in the same run: the same cycles with bulk aggregation off (`TaskProcessor.
 bulk_aggregation = False`), i.e. the per-record path.
@@ -26,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from statekit.stores import RecordingSink, build_stores  # noqa: E402
 from statekit.topology import TaskProcessor, TopologyBuilder  # noqa: E402
+from statekit.topology.records import Records  # noqa: E402
 
 
 class Ctx:
@@ -41,33 +45,38 @@ class Ctx:
     def get_store(self, name):
         return self.stores[name]
 
-    def forward(self, topic, k, v):
+    def forward(self, topic, k, v, timestamp=None):
         self.outputs.append((topic, k, v))
+
+    def forward_columns(self, topic, keys, values, timestamps):
+        self.outputs.append((topic, keys, values))
 
 
 def plan_for(op: str):
+    """The counting sub-topology of a word count (it reads <app>-agg-repartition)."""
     b = TopologyBuilder()
-    g = b.stream("words").group_by(lambda k, w: w)
+    g = b.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w)
     if op == "count":
         t = g.count(store="agg")
         t.to_stream().to("out", value_serde="int64")
     else:
         t = g.reduce(lambda a, v: a if len(a) >= len(v) else v, store="agg")
         t.to_stream().to("out")
-    return b.compile()
+    plan = b.compile("bench").subtopologies[1]
+    assert plan.source_topics == ["bench-agg-repartition"] and plan.store_names == ["agg"]
+    return plan
 
 
 def batches_for(plan, n_batches: int, size: int, keys: int, seed: int = 7) -> list:
+    """`Records` batches of one partition of the repartition topic: key = value = the word."""
     rng = random.Random(seed)
-    words = [f"w{i:05d}" for i in range(keys)]
+    words = [f"w{i:05d}".encode() for i in range(keys)]
     weights = [1.0 / (i + 1) for i in range(keys)]
     out = []
     for b in range(n_batches):
-        batch = []
-        for i, w in enumerate(rng.choices(words, weights, k=size)):
-            for _t, rec in plan.shuffle(0, None, w.encode(), b * size + i, 0, b * size + i, 1):
-                batch.append(rec)
-        out.append(batch)
+        ws = rng.choices(words, weights, k=size)
+        offs = list(range(b * size, (b + 1) * size))
+        out.append(Records.of(0, 0, offs, list(offs), ws, list(ws)))
     return out
 
 
@@ -82,7 +91,8 @@ def run(plan, batches, bulk: bool, workdir: str) -> float:
         for i, batch in enumerate(batches):
             ctx = Ctx(stores, i)
             proc = plan.new_processor(ctx)
-            n += proc.process_records(batch)
+            assert bool(proc._bulk) == bulk, "the bulk path should be on exactly when asked"
+            n += proc.process_batch(batch)
             proc.flush()
             proc.close()
             db.flush()

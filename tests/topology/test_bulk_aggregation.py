@@ -1,22 +1,43 @@
-"""Bulk aggregation (issue 14): with a record cache, a batch's records of an aggregation whose store
-nothing else reads are applied per key at once. Everything observable must be what the per-record
-path gives: outputs (values, order, metadata), store contents, changelog, skipped counts — also for a
-user function that depends on the order of the records."""
+"""Bulk aggregation (issues 14 and 21): with a record cache, the records of a source that feeds an
+aggregation straight (its store read by nothing else) are applied column-wise, per key. Everything
+observable must be what one record at a time gives (`TaskProcessor.bulk_aggregation = False`):
+outputs (bytes, order, metadata), store contents and changelog bytes, skipped counts — for keys and
+values as they come off the wire (None, JSON null, JSON whose bytes are not the store's canonical
+ones), for a batch cut in two (a crash "after N records") and for user functions that depend on the
+order of the records (they see a key's records in offset order on both paths)."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import random
+from collections import defaultdict
 
 import pytest
 
+from statekit.engine.local import LocalEngine
 from statekit.errors import ProcessorError
 from statekit.stores import RecordingSink, build_stores
 from statekit.topology import Processor, TaskProcessor, TopologyBuilder, kv_store
+from statekit.topology import bulk as bulk_mod
+from statekit.topology.records import Records
 
-VOCAB = ["a", "b", "c", "d", "e", "f", "é", "日本"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("topo_models", os.path.join(HERE, "topo_models.py"))
+M = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(M)
+
+# key bytes as producers write them; several are JSON the store's serde writes otherwise
+KEYS = [None, b'"a"', b' "a"', b'"\\u0061"', b'"b"', b'"\xc3\xa9"', b'"\\u00e9"', b'"\x7f"',
+        b"1", b" 1", b"01", b"1.0", b"true", b"-0", b"0", b"null", b" null",
+        b'{"b": 1, "a": 2}', b'{"a":2,"b":1}', b"[1, 2]", b"[1,2]"]
+VALUES = [None, b"null", b"0", b"3", b" 4", b"-2", b"17"]
 
 
 class Ctx:
-    def __init__(self, stores, batch, cache_bytes=1 << 20):
+    """A task's context without `forward_columns`: a bulk aggregation forwards key by key."""
+
+    def __init__(self, plan, stores, batch, cache_bytes=1 << 20):
+        self.plan = plan
         self.task_id = 0
         self.batch_id = batch
         self.stream_time = -1
@@ -29,93 +50,144 @@ class Ctx:
     def get_store(self, name):
         return self.stores[name]
 
-    def forward(self, topic, k, v):
+    def _bytes(self, topic, k, v):
+        ks, vs = self.plan.sink_serdes(topic)
+        return None if k is None else ks.to_bytes(k), None if v is None else vs.to_bytes(v)
+
+    def forward(self, topic, k, v, timestamp=None):
         r = self.proc.rec
-        self.out.append((topic, k, v, r.timestamp, r.offset, r.partition, r.topic))
+        assert timestamp == r.timestamp
+        self.out.append((topic, *self._bytes(topic, k, v), timestamp, r.offset, r.partition, r.topic))
 
 
-def run(plan, batches, tmp_path, bulk, tag):
-    """Every batch through a TaskProcessor over real stores, committed; returns (outputs per batch,
-    store contents, changelog records, skipped_null)."""
+class ColumnCtx(Ctx):
+    """A context with `forward_columns` (the worker's): outputs as (topic, key, value, timestamp)
+    bytes, whichever way they come."""
+
+    def forward(self, topic, k, v, timestamp=None):
+        self.out.append((topic, *self._bytes(topic, k, v), timestamp))
+
+    def forward_columns(self, topic, keys, values, timestamps):
+        self.out.extend(zip([topic] * len(keys), keys, values, timestamps))
+
+
+def run(plan, batches, tmp_path, bulk, tag, cuts=None, ctx_cls=Ctx):
+    """Every batch (a `Records`) through a TaskProcessor over real stores, committed; `cuts[i]`:
+    positions where batch i is cut into several process_batch calls. Returns (outputs per batch,
+    store contents as bytes, changelog records, skipped_null)."""
     sink = RecordingSink()
     stores, db = build_stores(plan.stores, str(tmp_path / tag), sink, cache_bytes=1 << 20, sync=False)
     old = TaskProcessor.bulk_aggregation
     TaskProcessor.bulk_aggregation = bulk
     outs, skipped, engaged = [], 0, []
-    run.engaged = engaged      # did each batch take the bulk path
+    run.engaged = engaged      # did each batch have bulk aggregations
     try:
         for i, batch in enumerate(batches):
-            recs = []
-            for j, (topic, k, v, ts) in enumerate(batch):
-                si = plan.source_index(topic)
-                ks, vs = plan.source_serdes(si)
-                recs.extend(rec for _t, rec in plan.shuffle(
-                    si, None if k is None else ks.to_bytes(k), None if v is None else vs.to_bytes(v),
-                    ts, 0, i * 1000 + j, 1))
-            ctx = Ctx(stores, i)
+            ctx = ctx_cls(plan, stores, i)
             proc = plan.new_processor(ctx)
             ctx.proc = proc
-            engaged.append(proc._bulk is not None)
-            proc.process_records(recs)
+            engaged.append(bool(proc._bulk))
+            edges = [0] + list((cuts or {}).get(i, [])) + [len(batch)]
+            for a, b in zip(edges, edges[1:]):
+                proc.process_batch(batch.slice(a, b))
             proc.flush()
             proc.close()
             skipped += proc.skipped_null
             db.flush()
             db.commit({"batch": i})
             outs.append(ctx.out)
-        contents = {name: sorted(map(repr, s.all())) for name, s in stores.items()}
+        contents = {name: sorted(s.inner.all()) for name, s in stores.items()}
         return outs, contents, list(sink.records), skipped
     finally:
         TaskProcessor.bulk_aggregation = old
         db.close()
 
 
-def batches_of(seed, n_batches=5, size=60, nulls=True):
-    rng = random.Random(seed)
-    out, ts = [], 0
-    for _ in range(n_batches):
-        batch = []
-        for _ in range(size):
-            ts += rng.randint(0, 3)
-            k = rng.choice(VOCAB + ([None] if nulls else []))
-            v = None if nulls and rng.random() < 0.05 else rng.randint(0, 50)
-            batch.append(("nums", k, v, ts))
-        out.append(batch)
-    return out
+def batch_of(plan, rows, offsets):
+    """A task's `Records` from (topic, key bytes, value bytes, timestamp) rows: each topic's
+    records in row order (its offsets continue from `offsets`), the sources merged as a task
+    merges its partitions."""
+    by_src = defaultdict(list)
+    for topic, kb, vb, ts in rows:
+        si = plan.source_index(topic)
+        off = offsets.get(topic, 0)
+        offsets[topic] = off + 1
+        by_src[si].append((si, 0, off, ts, kb, vb))
+    return Records.merge([Records.from_rows(r) for _si, r in sorted(by_src.items())])
 
 
-def plan_all_three():
+def seq(k, v, agg):
+    """Not order-insensitive, and it must get the aggregate as the json store gives it back (a
+    list), though it returns a tuple: the bulk path must go through the store's serde between two
+    records of a key, as one record at a time does."""
+    if type(agg) is not list:
+        raise TypeError(f"the aggregate should come back from the store as a list: {agg!r}")
+    return tuple(agg) + (v,)
+
+
+def plan_three_sources():
+    """Three sources, each feeding one aggregation (bulk), and a fourth one a stateless step
+    (always record by record), all in one task."""
     b = TopologyBuilder()
-    g = b.stream("nums", value_serde="json").group_by_key()
-    g.count(store="n").to_stream().to("n-out", value_serde="int64")
-    g.reduce(lambda a, v: a * 31 + v, store="r", value_serde="json").to_stream().to(
-        "r-out", value_serde="json")
-    # not order-insensitive: the aggregate is the sequence of values, as a tuple it gets back as
-    # a list from its json store (the function must see exactly that)
-    g.aggregate(lambda: [], lambda k, v, agg: agg + [v] if isinstance(agg, list) else None,
-                store="seq").to_stream().to("seq-out", value_serde="json")
+    js = {"key_serde": "json", "value_serde": "json"}
+    b.stream("n1", **js).group_by_key().count(store="n").to_stream().to(
+        "n-out", key_serde="json", value_serde="int64")
+    b.stream("n2", **js).group_by_key().reduce(lambda a, v: a * 31 + v, store="r").to_stream().to(
+        "r-out", key_serde="json", value_serde="json")
+    b.stream("n3", **js).group_by_key().aggregate(lambda: [], seq, store="seq").to_stream().to(
+        "seq-out", key_serde="json", value_serde="json")
+    b.stream("n4", **js).filter(lambda k, v: v is not None).to("f-out", key_serde="json",
+                                                               value_serde="json")
     return b.compile()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+def random_batches(plan, seed, n_batches=5, size=80):
+    rng = random.Random(seed)
+    offsets, out, ts = {}, [], 0
+    for _ in range(n_batches):
+        rows = []
+        for _ in range(size):
+            ts += rng.randint(-2, 3)          # timestamps against the offsets now and then
+            rows.append((rng.choice(["n1", "n2", "n3", "n3", "n4"]), rng.choice(KEYS),
+                         rng.choice(VALUES), max(ts, 0)))
+        out.append((batch_of(plan, rows, offsets), rows))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_bulk_equals_per_record(tmp_path, seed):
-    plan = plan_all_three()
-    data = batches_of(seed)
-    bulk = run(plan, data, tmp_path, True, "bulk")
-    assert run.engaged == [True] * len(data)
-    one = run(plan, data, tmp_path, False, "one")
-    assert run.engaged == [False] * len(data)
+    plan = plan_three_sources()
+    data = random_batches(plan, seed)
+    batches = [b for b, _rows in data]
+    rng = random.Random(seed)
+    cuts = {i: sorted(rng.sample(range(1, len(b)), rng.randint(1, 2))) for i, b in enumerate(batches)}
+    one = run(plan, batches, tmp_path, False, "one")
+    assert run.engaged == [False] * len(batches)
+    bulk = run(plan, batches, tmp_path, True, "bulk")
+    assert run.engaged == [True] * len(batches)
     assert bulk == one
-    outs, contents, changelog, skipped = bulk
-    assert skipped == one[3] > 0
-    assert sum(len(o) for o in outs) < sum(len(b) for b in data)     # once per key per batch
-    # the sequence aggregate holds every value in the order the records came
-    want = {}
-    for batch in data:
-        for _t, k, v, _ts in batch:
-            if k is not None and v is not None:
-                want.setdefault(k, []).append(v)
-    assert contents["seq"] == sorted(map(repr, want.items()))
+    # a batch cut in two or three process_batch calls (a crash "after N records") stores, logs and
+    # forwards what the whole batch does
+    assert run(plan, batches, tmp_path, True, "cut", cuts) == one
+    # a worker's context takes the results as columns: the same records
+    cols = run(plan, batches, tmp_path, True, "columns", cuts, ColumnCtx)
+    assert cols[1:] == one[1:]
+    assert cols[0] == [[o[:4] for o in batch] for batch in one[0]]
+    outs, contents, changelog, skipped = one
+    assert skipped > 0 and sum(len(o) for o in outs) < sum(len(b) for b in batches)
+    # keys are stored as the store's serde writes them (a query finds them), one entry per key
+    for name in ("n", "r", "seq"):
+        assert all(kb in (b'"a"', b'"b"', b'"\\u00e9"', b'"\\u007f"', b"1", b"1.0", b"true",
+                          b"0", b'{"a":2,"b":1}', b"[1,2]") for kb, _vb in contents[name])
+    # the sequence holds every value of a key in the order of its records (offset order)
+    ks, vs = plan.source_serdes(plan.source_index("n3"))
+    want = defaultdict(list)
+    for _b, rows in data:
+        for topic, kb, vb, _ts in rows:
+            if topic == "n3" and kb is not None and vb is not None and ks.from_bytes(kb) is not None \
+                    and vs.from_bytes(vb) is not None:
+                want[ks.to_bytes(ks.from_bytes(kb))].append(vs.from_bytes(vb))
+    assert {kb: vs.from_bytes(vb) for kb, vb in contents["seq"]} == dict(want)
 
 
 def test_bulk_applies_only_where_nothing_reads_the_store(tmp_path):
@@ -123,9 +195,10 @@ def test_bulk_applies_only_where_nothing_reads_the_store(tmp_path):
     counts = b.stream("nums", value_serde="json").group_by_key().count(store="n")
     b.stream("lookups").join(counts, lambda x, n: f"{x}:{n}").to("o")   # reads "n" mid-batch
     plan = b.compile()
-    out = run(plan, [[("nums", "a", 1, 1), ("lookups", "a", "x", 2), ("nums", "a", 1, 3),
-                      ("lookups", "a", "y", 4)]], tmp_path, True, "t")[0]
-    assert [o[:3] for o in out[0]] == [("o", "a", "x:1"), ("o", "a", "y:2")]
+    rows = [("nums", b"a", b"1", 1), ("lookups", b"a", b"x", 2), ("nums", b"a", b"1", 3),
+            ("lookups", b"a", b"y", 4)]
+    out = run(plan, [batch_of(plan, rows, {})], tmp_path, True, "t")[0]
+    assert [o[:3] for o in out[0]] == [("o", b"a", b"x:1"), ("o", b"a", b"y:2")]
     assert run.engaged == [False]
 
     class Peek(Processor):
@@ -137,8 +210,15 @@ def test_bulk_applies_only_where_nothing_reads_the_store(tmp_path):
     s.group_by_key().count(store=kv_store("m"))
     s.process(Peek, stores=["m"], value_serde="json").to("p", value_serde="json")
     plan = b.compile()
-    ctx = Ctx(*build_stores(plan.stores, str(tmp_path / "p"), RecordingSink())[:1], 0)
+    ctx = Ctx(plan, build_stores(plan.stores, str(tmp_path / "p"), RecordingSink())[0], 0)
     assert not plan.new_processor(ctx)._bulk                  # the processor shares the store
+    b = TopologyBuilder()
+    g = b.stream("nums", value_serde="json").group_by_key()
+    g.count(store="c1")
+    g.count(store="c2")
+    plan = b.compile()
+    ctx = Ctx(plan, build_stores(plan.stores, str(tmp_path / "g"), RecordingSink())[0], 0)
+    assert not plan.new_processor(ctx)._bulk                  # the source feeds two steps
 
 
 def test_bulk_error_names_the_failing_record(tmp_path):
@@ -146,28 +226,133 @@ def test_bulk_error_names_the_failing_record(tmp_path):
     b.stream("nums", value_serde="json").group_by_key().reduce(lambda a, v: a // v, store="r",
                                                                value_serde="json")
     plan = b.compile()
+    rows = [("nums", b"a", b"10", 1), ("nums", b"b", b"3", 2), ("nums", b"a", b"0", 3)]
     with pytest.raises(ProcessorError) as ei:
-        run(plan, [[("nums", "a", 10, 1), ("nums", "b", 3, 2), ("nums", "a", 0, 3)]], tmp_path,
-            True, "e")
+        run(plan, [batch_of(plan, rows, {})], tmp_path, True, "e")
     assert run.engaged == [True]
     msg = str(ei.value)
     assert "ZeroDivisionError" in msg and "offset 2" in msg and "key='a'" in msg and "\n" not in msg
 
 
-def test_no_bulk_with_a_per_record_callback_or_without_a_cache(tmp_path):
-    plan = plan_all_three()
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "per-record"])
+def test_undecodable_key_is_the_same_one_line_error_on_both_paths(tmp_path, bulk):
+    b = TopologyBuilder()
+    b.stream("nums", key_serde="json", value_serde="json").group_by_key().count(store="n")
+    plan = b.compile()
+    rows = [("nums", b'"a"', b"1", 1), ("nums", b'"a', b"1", 2)]
+    with pytest.raises(ProcessorError) as ei:
+        run(plan, [batch_of(plan, rows, {})], tmp_path, bulk, "u")
+    assert run.engaged == [bulk]
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("cannot decode a record of nums partition 0 offset 1")
+    assert "key_serde=" in msg
+
+
+def test_no_bulk_without_a_cache_and_a_cut_batch_stays_bulk(tmp_path, monkeypatch):
+    plan = plan_three_sources()
     stores, db = build_stores(plan.stores, str(tmp_path / "x"), RecordingSink(), sync=False)
     try:
-        assert plan.new_processor(Ctx(stores, 0))._bulk
-        assert not plan.new_processor(Ctx(stores, 0, cache_bytes=0))._bulk
-        ctx = Ctx(stores, 0)
-        proc = plan.new_processor(ctx)
-        ctx.proc = proc
-        seen = []
-        ks, vs = plan.source_serdes(0)
-        recs = [rec for i in range(3) for _t, rec in plan.shuffle(0, b"a", vs.to_bytes(i), i, 0, i, 1)]
-        proc.process_records(recs, seen.append)           # a crash directive counts records
-        assert seen == list(range(1, 10)) and stores["n"].get("a") == 3   # 3 routes per record
-        assert stores["seq"].get("a") == [0, 1, 2]
+        assert sorted(plan.new_processor(Ctx(plan, stores, 0))._bulk) == [0, 1, 2]
+        assert not plan.new_processor(Ctx(plan, stores, 0, cache_bytes=0))._bulk
     finally:
         db.close()
+    applied = []
+    real = bulk_mod.BulkAggregate.apply
+    monkeypatch.setattr(bulk_mod.BulkAggregate, "apply",
+                        lambda self, records, idx: applied.append(self.topic) or
+                        real(self, records, idx))
+    rows = [("n3", b'"a"', b"%d" % i, i) for i in range(6)]
+    batch = batch_of(plan, rows, {})
+    whole = run(plan, [batch], tmp_path, True, "whole")
+    assert applied == ["n3"]
+    cut = run(plan, [batch], tmp_path, True, "cut", {0: [4]})   # a crash "after 4 records"
+    assert applied == ["n3", "n3", "n3"] and cut == whole
+    assert whole[1]["seq"] == [(b'"a"', b"[0,1,2,3,4,5]")]
+    # one update per key per batch, with the last record's metadata, the function's own value
+    assert whole[0] == [[("seq-out", b'"a"', b"[0,1,2,3,4,5]", 5, 5, 0, "n3")]]
+
+
+def test_forwards_the_functions_own_value_as_one_record_at_a_time(tmp_path):
+    """With caching, one record at a time forwards at flush the value the user's function last
+    returned (a tuple here), not the store's copy of it (a list): the bulk path does too."""
+    b = TopologyBuilder()
+    (b.stream("n3", key_serde="json", value_serde="json").group_by_key()
+     .aggregate(lambda: [], seq, store="seq").to_stream()
+     .map_values(lambda v: [type(v).__name__, *v]).to("t-out", key_serde="json", value_serde="json"))
+    plan = b.compile()
+    rows = [("n3", b'"a"', b"1", 1), ("n3", b'"b"', b"2", 2), ("n3", b'"a"', b"3", 3)]
+    batches = [batch_of(plan, rows, {}), batch_of(plan, rows[:1], {"n3": 3})]
+    one = run(plan, batches, tmp_path, False, "one")
+    assert run(plan, batches, tmp_path, True, "bulk", {0: [2]}) == one
+    assert run.engaged == [True, True]
+    assert [[o[1:3] for o in batch] for batch in one[0]] == [
+        [(b'"a"', b'["tuple",1,3]'), (b'"b"', b'["tuple",2]')], [(b'"a"', b'["tuple",1,3,1]')]]
+
+
+# -- a key's records in offset order, on both paths, over several partitions and sources --------------
+
+def concat(k, v, agg):
+    return agg + v
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "per-record"])
+def test_user_aggregator_sees_a_keys_records_in_offset_order(shared_broker, tmp_path, monkeypatch,
+                                                              bulk):
+    """String concatenation and a list append (not commutative) over 3 partitions: s1 and s2 each
+    feed their own aggregation (the bulk path when bulk is on), m1 and m2 are merged first (always
+    record by record). Timestamps run against the offsets: a task takes its partitions in offset
+    order, merged across sources by head timestamp, never sorted by time."""
+    b = TopologyBuilder()
+    b.stream("s1").group_by_key().aggregate(lambda: "", concat, store="cat").to_stream().to("cat-out")
+    b.stream("s2").group_by_key().aggregate(lambda: [], lambda k, v, a: a + [v], store="lst",
+                                            value_serde="json")
+    b.stream("m1").merge(b.stream("m2")).group_by_key().aggregate(lambda: "", concat, store="both")
+    plan = b.compile()
+    assert len(plan.subtopologies) == 1
+    applied = []
+    real = bulk_mod.BulkAggregate.apply
+    monkeypatch.setattr(bulk_mod.BulkAggregate, "apply",
+                        lambda self, records, idx: applied.append(self.topic) or
+                        real(self, records, idx))
+    monkeypatch.setattr(TaskProcessor, "bulk_aggregation", bulk)
+    eng = LocalEngine(plan, f"order-{int(bulk)}", shared_broker.bootstrap, str(tmp_path / "s"), 3)
+    rng = random.Random(5)
+    want = {"cat": defaultdict(str), "lst": defaultdict(list), "both": defaultdict(str)}
+    offsets, n = {}, 0
+    for _ in range(4):
+        batch = []
+        for _ in range(120):
+            n += 1
+            batch.append((rng.choice(["s1", "s2", "m1", "m2"]), rng.choice("abcdefg"), f"{n},",
+                          rng.randint(0, 1000)))
+        outs = eng.decode(eng.run_batch(batch))
+        for _t, k, v, _ts in batch:          # one source per key: input order is offset order
+            if _t == "s1":
+                want["cat"][k] += v
+            elif _t == "s2":
+                want["lst"][k].append(v)
+        for _task, recs in M.engine_order(batch, 3, plan.source_index, str.encode, offsets).items():
+            for topic, k, v, _ts in recs:
+                if topic in ("m1", "m2"):
+                    want["both"][k] += v
+        # the cached aggregation forwards each key's value at the end of the batch, once
+        assert sorted(outs) == sorted(("cat-out", k, want["cat"][k]) for k in
+                                      {k for t, k, _v, _ts in batch if t == "s1"})
+    assert eng.store("cat") == dict(want["cat"])
+    assert eng.store("lst") == dict(want["lst"])
+    assert eng.store("both") == dict(want["both"])
+    # the merged order is neither the input order nor time order for some key
+    by_input, by_time = defaultdict(str), defaultdict(str)
+    recs = [r for r in batch if r[0] in ("m1", "m2")]
+    for _t, k, v, _ts in recs:
+        by_input[k] += v
+    for _t, k, v, _ts in sorted(recs, key=lambda r: r[3]):
+        by_time[k] += v
+    last = defaultdict(str)
+    for _task, rs in M.engine_order(batch, 3, plan.source_index, str.encode, {}).items():
+        for _t, k, v, _ts in rs:
+            if _t in ("m1", "m2"):
+                last[k] += v
+    assert last != by_input and last != by_time
+    assert (set(applied) == {"s1", "s2"}) if bulk else applied == []
+    eng.close()
