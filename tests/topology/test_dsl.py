@@ -224,6 +224,25 @@ def test_branch_gives_one_route_per_source():
     assert ctx.stamps == [100] * 5 and proc.skipped_null == 1
 
 
+@pytest.mark.parametrize("steps,topics", [
+    (lambda s: s.group_by_key(), []),
+    (lambda s: s.map_values(str.upper).filter(lambda k, v: True).peek(print)
+     .flat_map_values(str.split).group_by_key(), []),
+    (lambda s: s.group_by_key(key_serde="json"), ["a-c-repartition"]),      # other key bytes
+    (lambda s: s.select_key(lambda k, v: v).group_by_key(), ["a-c-repartition"]),
+    (lambda s: s.map(lambda k, v: (k, v)).group_by_key(), ["a-c-repartition"]),
+    (lambda s: s.group_by(lambda k, v: k), ["a-c-repartition"]),
+], ids=["group_by_key", "value_steps", "key_serde", "select_key", "map", "group_by"])
+def test_a_repartition_topic_exactly_where_the_key_may_have_changed(steps, topics):
+    """Steps that keep the key (and its bytes) leave a record in its source partition's task; a
+    step that may change the key sends it through a repartition topic before the count."""
+    b = TopologyBuilder()
+    steps(b.stream("w")).count(store="c")
+    plan = b.compile("a")
+    assert plan.repartition_topics == topics
+    assert len(plan.subtopologies) == 1 + len(topics)
+
+
 def test_table_and_join_plan():
     b = TopologyBuilder()
     users = b.table("users", store="users")
