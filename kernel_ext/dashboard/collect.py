@@ -16,9 +16,9 @@ import time
 from collections import deque
 from typing import Callable, Iterable
 
-from kernel_ext.dashboard.formats import clip, task_id
-from kernel_ext.dashboard.model import (LIVE_STATES, DashboardModel, Snapshot, _records, forecast_data,
-                                        normalize_task)
+from kernel_ext.dashboard.forecast import forecast_data
+from kernel_ext.dashboard.formats import clip, records, task_id
+from kernel_ext.dashboard.model import LIVE_STATES, DashboardModel, Snapshot, normalize_task
 
 ALL_PANELS = frozenset({"tasks", "store", "changelog", "timeline", "topology", "history", "events"})
 
@@ -209,11 +209,11 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000, even
         snap.app_error = clip(err, 400) if err else None
     snap.metrics = guard("metrics", lambda: dict(app.metrics() or {})) or {}
     if lag:
-        snap.tasks = guard("lag", lambda: _records(app.lag())) or []
+        snap.tasks = guard("lag", lambda: records(app.lag())) or []
     if callable(getattr(app, "task_status", None)):
         snap.status = guard("task status", app.task_status) or {}
     if callable(getattr(app, "instances_frame", None)):
-        snap.instances = guard("instances", lambda: _records(app.instances_frame())) or []
+        snap.instances = guard("instances", lambda: records(app.instances_frame())) or []
     names = list(stores) if stores is not None else guard("stores", lambda: _store_names(app)) or []
     live = snap.state in LIVE_STATES
     for name in names:

@@ -117,3 +117,14 @@ def short_error(text: str) -> str:
         return text
     step = _STEP_RE.search(text[: m.start()])
     return f"{step.group(1)} failed: {m.group(0)}" if step else m.group(0)
+
+
+def records(obj) -> list[dict]:
+    """A pandas DataFrame, a list of dicts or a dict of dicts -> list of dicts."""
+    if obj is None:
+        return []
+    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
+        return obj.to_dict("records")
+    if isinstance(obj, dict):
+        return [dict(v, task=k) if isinstance(v, dict) else {"task": k, "value": v} for k, v in obj.items()]
+    return [dict(r) if not isinstance(r, dict) else r for r in obj]

@@ -27,7 +27,8 @@ from typing import Any, Iterable
 from kernel_ext.dashboard.formats import (clip, fmt_eta, fmt_num, fmt_rate, fmt_secs, num,  # noqa: F401
                                           short_error, task_id, task_order)
 from kernel_ext.dashboard.membership import InstanceRates, OwnershipTimeline
-from kernel_ext.dashboard.restore import RestoreBoard, RestoreRound, forecast_seconds  # noqa: F401
+from kernel_ext.dashboard.forecast import forecast_by_instance, forecast_data, forecast_seconds  # noqa: F401
+from kernel_ext.dashboard.restore import RestoreBoard, RestoreRound
 from kernel_ext.dashboard.tasks import LIVE_STATUSES, TaskBoard
 from statekit import events as ev
 
@@ -205,59 +206,6 @@ def layout_topology(nodes: Iterable[dict], edges: Iterable[tuple]) -> dict[str, 
         for i, n in enumerate(members):
             pos[n] = (float(c), 0.5 if k == 1 else 0.1 + 0.8 * i / (k - 1))
     return pos
-
-
-# ---------------------------------------------------------------------------------------------
-# the restore forecast (App.restore_forecast(): one row per task and way back, a line per instance)
-
-
-def _records(obj) -> list[dict]:
-    """A pandas DataFrame, a list of dicts or a dict of dicts -> list of dicts."""
-    if obj is None:
-        return []
-    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
-        return obj.to_dict("records")
-    if isinstance(obj, dict):
-        return [dict(v, task=k) if isinstance(v, dict) else {"task": k, "value": v} for k, v in obj.items()]
-    return [dict(r) if not isinstance(r, dict) else r for r in obj]
-
-
-def forecast_data(obj) -> dict | None:
-    """`App.restore_forecast()`'s result as plain data: ``{"rows": [{task, instance, source, records,
-    seconds, ...}], "lines": {instance: "if instance 0 died now: ..."}}``."""
-    if obj is None:
-        return None
-    if isinstance(obj, dict) and "rows" in obj:
-        return obj
-    frame = getattr(obj, "frame", obj)
-    lines = getattr(obj, "lines", None) or {}
-    return {"rows": _records(frame), "lines": {int(k): str(v) for k, v in dict(lines).items()}}
-
-
-def forecast_by_instance(fc: dict | None) -> list[dict]:
-    """Per instance, what a restore of its active tasks would take if it died now: ``{"instance",
-    "tasks", "scratch_s", "standby_s", "line"}`` (standby_s: its tasks with a replica, each at its
-    best replica; None when none has one)."""
-    out: dict = {}
-    promo: dict = {}
-    for r in (fc or {}).get("rows") or []:
-        inst = num(r.get("instance"))
-        if inst is None:
-            continue
-        o = out.setdefault(inst, {"instance": inst, "tasks": [], "scratch_s": 0.0, "standby_s": None,
-                                  "line": ((fc or {}).get("lines") or {}).get(inst)})
-        t = task_id(r.get("task"))
-        if t not in o["tasks"]:
-            o["tasks"].append(t)
-        sec = num(r.get("seconds")) or 0.0
-        if r.get("source") == "scratch":
-            o["scratch_s"] += sec
-        elif r.get("source") in ("standby", "warmup"):
-            key = (inst, t)
-            promo[key] = min(sec, promo.get(key, sec))
-    for (inst, _t), sec in promo.items():
-        out[inst]["standby_s"] = (out[inst]["standby_s"] or 0.0) + sec
-    return [out[i] for i in sorted(out)]
 
 
 # ---------------------------------------------------------------------------------------------

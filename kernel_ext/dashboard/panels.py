@@ -11,8 +11,8 @@ import time
 
 from kernel_ext.dashboard import charts
 from kernel_ext.dashboard.formats import clip, fmt_eta, fmt_num, fmt_rate, fmt_secs
-from kernel_ext.dashboard.model import DashboardModel, Picture, forecast_by_instance
-from kernel_ext.dashboard.restore import forecast_seconds
+from kernel_ext.dashboard.forecast import forecast_by_instance, forecast_seconds
+from kernel_ext.dashboard.model import DashboardModel, Picture
 
 
 def _pic(m) -> Picture:

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from kernel_ext.dashboard.forecast import forecast_rows, forecast_seconds
 from statekit import events as ev
 
 FINAL = {"done", "nothing", "promoted", "failed", "moved"}
@@ -214,29 +215,6 @@ class RoundSummary:
         if self.throttle:
             parts.append(f"throttled to {self.throttle:,.0f} records/s")
         return "; ".join(parts) or "no task opened"
-
-
-def forecast_rows(forecast: Optional[dict], task: str, source: Optional[str] = None) -> list:
-    from kernel_ext.dashboard.formats import task_id
-
-    return [r for r in (forecast or {}).get("rows") or []
-            if task_id(r.get("task")) == task and (source is None or r.get("source") == source)]
-
-
-def forecast_seconds(fc: Optional[dict], task: str, source: str, records: Optional[int] = None) -> Optional[float]:
-    """The forecast seconds of `task` restoring from `source` (scratch, checkpoint, standby, warmup).
-    With `records` (what the restore really had to read): None when the forecast counted none of
-    them (it was made before they were written) rather than a forecast of nothing."""
-    from kernel_ext.dashboard.formats import num
-
-    best = None
-    for r in forecast_rows(fc, task, source):
-        sec = num(r.get("seconds"))
-        if records and not num(r.get("records")):
-            continue
-        if sec is not None and (best is None or sec < best):
-            best = sec
-    return best
 
 
 class RestoreRound:
@@ -510,8 +488,8 @@ class RestoreBoard:
     def _same_episode(self, cur: RestoreRound, e) -> bool:
         """A task queued by the same rebalance generation, or within `episode_gap` seconds after the
         round ended (a start or a restart rebalances once per instance), joins the round."""
-        if e.generation is not None and cur.generations and e.generation in cur.generations:
-            return True
+        if isinstance(e, ev.RestoreQueued) and e.generation is not None and e.generation in cur.generations:
+            return True    # (a death carries the generation it ended, that of the round before it)
         return cur.finished is not None and e.ts - cur.finished <= self.episode_gap
 
     def feed(self, e, forecast: Optional[dict] = None) -> Optional[RestoreRound]:

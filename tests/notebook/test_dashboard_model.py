@@ -224,7 +224,9 @@ def test_a_crash_opens_a_round_with_the_dead_instances_tasks_queued():
         E(ev.TaskOpened, 1.1, task="0_0", instance=0),
         E(ev.TaskOpened, 1.1, task="0_1", instance=1)]))
     assert m.restores.current.final
-    m.update(Snapshot(t=3.0, events=[E(ev.InstanceDied, 20.0, instance=0, tasks=["0_0"], mode="disk-loss")]))
+    # (the death carries the generation it ended: the round before's, yet it opens a new one)
+    m.update(Snapshot(t=3.0, events=[E(ev.InstanceDied, 20.0, instance=0, tasks=["0_0"], mode="disk-loss",
+                                       generation=1)]))
     rnd = m.restores.current
     assert len(m.restores.rounds) == 2 and list(rnd.rows) == ["0_0"] and rnd.started == 20.0
     p = m.picture()
@@ -522,3 +524,113 @@ def test_a_restoring_task_that_read_every_record_is_not_shown_done():
     assert r.fraction == 0.99        # the last write and the checkpoint are still to come
     r.status = "done"
     assert r.fraction == 1.0
+
+
+def test_an_eta_does_not_jump_when_one_report_dips():
+    # a restore at 100k records/s whose tail stalls for a report (RocksDB flushing): the ETA of the
+    # task queued behind it moves by a fraction, where the last two reports alone said 100x
+    E = Events()
+    m = DashboardModel()
+    evs = [E(ev.RestoreQueued, 0.0, task="0_0", instance=0, to_replay=1_000_000, generation=2),
+           E(ev.RestoreQueued, 0.0, task="0_1", instance=0, to_replay=1_000_000, generation=2),
+           E(ev.RestoreStarted, 0.1, task="0_0", instance=0, store="s", to_replay=1_000_000, start_offset=0,
+             end_offset=1_000_000)]
+    m.update(Snapshot(t=0.2, events=evs))
+    rnd = m.restores.current
+    etas, naive = [], []
+    restored = 0
+    for i, step in enumerate([100_000] * 4 + [1_000] + [100_000] * 3):
+        restored += step
+        t = 0.1 + (i + 1) * 1.0
+        m.update(Snapshot(t=t, events=[E(ev.RestoreProgress, t, task="0_0", instance=0, store="s",
+                                         restored=restored, remaining=1_000_000 - restored)]))
+        etas.append(rnd.eta(rnd.rows["0_1"]))
+        naive.append((2_000_000 - restored) / rnd.rows["0_0"].rate)   # the last two reports' rate
+    assert naive[4] / naive[3] > 90                              # what a dip did to the old ETA
+    jumps = [b / a for a, b in zip(etas, etas[1:])]
+    assert all(0.5 < j < 1.5 for j in jumps), (etas, jumps)
+    assert max(jumps) < 1.3                                      # the dip: +27%, not 100x
+
+
+def test_the_first_eta_is_the_forecast_and_the_rate_starts_from_it():
+    E = Events()
+    m = DashboardModel()
+    fc = {"rows": [{"task": "0_0", "instance": 1, "source": "scratch", "records": 1000, "seconds": 10.0},
+                   {"task": "0_1", "instance": 1, "source": "scratch", "records": 1000, "seconds": 10.0}],
+          "lines": {1: "if instance 1 died now: ≈ 20.0 s from scratch for 0_0, 0_1 (2,000 records)"}}
+    m.update(Snapshot(t=1.0, state="RUNNING", forecast=fc))
+    m.update(Snapshot(t=2.0, events=[
+        E(ev.RestoreQueued, 2.0, task="0_0", instance=0, source="scratch", to_replay=1000, generation=2),
+        E(ev.RestoreQueued, 2.0, task="0_1", instance=0, source="scratch", to_replay=1000, generation=2),
+        E(ev.RestoreStarted, 2.1, task="0_0", instance=0, store="s", source="scratch", to_replay=1000,
+          end_offset=1000)]))
+    rnd = m.restores.current
+    assert rnd.forecast is fc and m.round_forecast() == (1.0, fc)
+    # no rate measured yet: the forecast's seconds, the queued task behind the restoring one
+    assert rnd.estimate(rnd.rows["0_0"]) == (10.0, True) and rnd.estimate(rnd.rows["0_1"]) == (20.0, True)
+    m.update(Snapshot(t=3.2, events=[E(ev.RestoreProgress, 3.1, task="0_0", instance=0, store="s",
+                                       restored=200, remaining=800)]))
+    # one report at 200 records/s moves the forecast's 100 records/s a quarter of the way (1 s of 4)
+    rate = 100 + (1 - math.exp(-1 / 4)) * (200 - 100)
+    assert rnd.rate(0) == pytest.approx(rate)
+    assert rnd.estimate(rnd.rows["0_1"]) == (pytest.approx(1800 / rate), False)
+
+
+def test_store_rows_are_the_latest_key_counts_of_the_commits():
+    # STORE ROWS is the sum of each task's latest commit's key count, never a sum of updates
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=5.0, events=[
+        E(ev.Committed, 1.0, task="0_0", instance=0, batch=0, records=100, rows={"counts": 60}),
+        E(ev.Committed, 1.0, task="0_1", instance=0, batch=0, records=100, rows={"counts": 40}),
+        E(ev.Committed, 2.0, task="0_0", instance=0, batch=1, records=100, rows={"counts": 70}),
+        E(ev.Committed, 2.0, task="0_1", instance=0, batch=1, records=100, rows={"counts": 40})]))
+    assert m.header()["rows"] == 110 and m.header()["records"] == 400
+    assert [(r["task"], r["rows"]) for r in m.tasks()] == [("0_0", 70), ("0_1", 40)]
+
+
+def test_the_model_reads_typed_events_only():
+    m = DashboardModel()
+    assert m.apply({"type": "instance_died", "instance": 0, "ts": 1.0}) is False
+    assert m.ignored == 1 and m.board.instances == {} and m.version == 0
+    assert m.apply(ev.InstanceDied(instance=0, ts=1.0, tasks=[])) is True   # urgent: drawn at once
+    assert m.board.instances[0].status == "dead"
+
+
+def test_a_stopped_app_shows_no_live_instance_or_task():
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=2.0, state="RUNNING", events=[
+        E(ev.InstanceStarted, 0.5, instance=0), E(ev.InstanceStarted, 0.5, instance=1),
+        E(ev.RestoreQueued, 1.0, task="0_0", instance=0, generation=1),
+        E(ev.TaskOpened, 1.1, task="0_0", instance=0)],
+        instances=[{"instance": 0, "status": "alive"}, {"instance": 1, "status": "alive"}]))
+    assert m.header()["instances"] == (2, 2)
+    m.final("NOT_RUNNING")       # after stop or down: nothing is asked any more
+    p = m.picture()
+    assert p.state == "NOT_RUNNING" and p.header["instances"] == (0, 2) and p.reason == "stopped"
+    assert [c["state"] for c in p.chips] == ["closed"] and [r["status"] for r in p.instances] == ["stopped"] * 2
+    from kernel_ext.dashboard.model import disagreements
+    assert disagreements(p) == []
+    # a poll of a stopped app says the same (the StateChanged event may never be read)
+    m2 = DashboardModel()
+    m2.update(Snapshot(t=1.0, state="RUNNING", instances=[{"instance": 0, "status": "alive"}]))
+    m2.update(Snapshot(t=2.0, state="NOT_RUNNING"))
+    assert m2.header()["instances"] == (0, 1)
+
+
+def test_disagreements_are_found():
+    from kernel_ext.dashboard.model import disagreements
+
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=2.0, state="RUNNING", instances=[{"instance": 0, "status": "alive"}], events=[
+        E(ev.RestoreQueued, 1.0, task="0_0", instance=0, generation=1),
+        E(ev.RestoreStarted, 1.1, task="0_0", instance=0, store="s", to_replay=10, end_offset=10)]))
+    p = m.picture()
+    assert disagreements(p) == []
+    p.chips[0]["state"] = "running"                  # a chip that says otherwise than the panel
+    p.header["instances"] = (2, 2)
+    assert disagreements(p) == ["task 0_0: chip running@0 vs Tasks tab restoring@0",
+                                "task 0_0: Restoration restoring@0 vs chip running@0",
+                                "header 2 alive vs Instances panel 1"]

@@ -296,3 +296,65 @@ def test_before_a_round_has_a_rate_the_eta_comes_from_the_forecast():
     assert cells["0_1"][eta] == "≈ 7 s"       # queued behind 0_0 on instance 0: 4 s + its own 3 s
     assert cells["1_0"][eta] == "–"           # no forecast for it: unknown, not made up
     assert render_restore_table(rnd).count("≈") == 0    # without a forecast nothing is guessed
+
+
+def _wait(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_the_dashboard_shows_the_forecast_a_notebook_cell_made():
+    # one forecast: the figure a cell printed is the one the Restoration panel shows
+    from statekit.runtime import forecasts
+
+    app = FakeApp()
+    app.name = f"fc-{time.monotonic_ns()}"
+    app._events = []
+    made = []
+
+    def restore_forecast(settle: float = 5.0):   # as App.restore_forecast: every forecast is remembered
+        n = len(made) + 1
+        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10 * n,
+                               "seconds": float(n)}])
+        made.append(settle)
+        return forecasts._remember(app.name, forecasts.RestoreForecast(
+            frame, {0: f"if instance 0 died now: ≈ {n}.0 s from scratch for 0_0 ({10 * n} records)"}))
+
+    app.restore_forecast = restore_forecast
+    d = LiveDashboard(app, interval=0.1)
+    d.refresh()
+    assert made == [0.0]          # the dashboard's own, made without waiting for a quiet machine
+    assert "≈ 1.0 s from scratch" in html.unescape(d.view.restore.value)
+    cell = app.restore_forecast()  # a notebook cell, later
+    d.refresh()
+    shown = html.unescape(d.view.restore.value)
+    assert cell.lines[0] in shown and "≈ 1.0 s" not in shown
+    assert made == [0.0, 5.0]      # nothing changed since: the dashboard made no other
+
+
+def test_after_stop_and_down_the_dashboard_shows_the_app_stopped():
+    app = FakeApp()
+    d = LiveDashboard(app, interval=0.1).start()
+    _wait(lambda: "1 alive" in d.view.header.value)
+    d.stop()                  # `%statekit down` stops the dashboards, then the apps
+    app.state = "NOT_RUNNING"
+    _wait(lambda: ">NOT_RUNNING<" in d.view.header.value)
+    h = d.view.header.value
+    assert "0 alive / 1" in h and "1 alive" not in h
+    assert "0 alive" in d.view.instances.value and ">stopped<" in d.view.instances.value
+
+
+def test_an_urgent_event_is_drawn_before_the_next_tick():
+    app = FakeApp()
+    d = LiveDashboard(app, interval=30.0)   # a tick every 30 s: only the event can draw it
+    d.refresh()
+    d.start()
+    n = d.refreshes
+    t = time.monotonic()
+    app.push(ev.InstanceDied(instance=0, tasks=["0_0"], ts=time.time()))
+    _wait(lambda: ">dead<" in d.view.instances.value, timeout=5)
+    assert time.monotonic() - t < 2 and d.refreshes > n
+    assert "1 queued" in d.view.header.value      # its task waits for a new owner
+    d.stop()
