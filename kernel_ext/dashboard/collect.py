@@ -379,7 +379,7 @@ class Poller:
         """The latest forecast made for the app (a notebook cell's), else one made here when
         something changed since the last (commits, the generation) and none is recent; never
         during a restore. Made in a thread of its own (a first one calibrates: a second or more),
-        so the light polls go on meanwhile; `force` waits for it."""
+        so the light polls go on meanwhile; `force` waits for it up to `FORCE_WAIT_S`."""
         if self.forecast_fn is None or snap.state not in LIVE_STATES:
             return None
         from statekit.runtime import forecasts
@@ -393,11 +393,11 @@ class Poller:
         if (stale and not m.restoring and sig != self._fc_sig and not self._fc_busy
                 and (force or self._due(self._fc_at, self.heavy_interval, now))):
             self._fc_sig, self._fc_at, self._fc_busy = sig, now, True
-            if force:
-                self._make_forecast()
-            else:
-                threading.Thread(target=self._make_forecast, daemon=True,
-                                 name=f"statekit-dashboard-forecast-{name}").start()
+            th = threading.Thread(target=self._make_forecast, daemon=True,
+                                  name=f"statekit-dashboard-forecast-{name}")
+            th.start()
+            if force:   # a refresh in a cell waits a moment for it, not for a calibration
+                th.join(self.FORCE_WAIT_S)
         made = [f for f in (latest, self._fc_made, self._fc_seen[0] if self._fc_seen else None) if f is not None]
         if not made:
             return None
@@ -405,6 +405,8 @@ class Poller:
         if self._fc_seen is None or self._fc_seen[0] is not fc:
             self._fc_seen = (fc, forecast_data(fc))
         return self._fc_seen[1]
+
+    FORCE_WAIT_S = 1.0
 
     def _make_forecast(self) -> None:
         try:
