@@ -89,7 +89,7 @@ def forecast(application: str, assignment, statuses: dict, plans: dict, kafka, l
     made_at = time.time()
     rows = []
     if assignment is None:
-        return RestoreForecast(pd.DataFrame(columns=COLUMNS), made_at=made_at)
+        return _remember(application, RestoreForecast(pd.DataFrame(columns=COLUMNS), made_at=made_at))
     for t in assignment.tasks:
         specs = store_specs(plans[t.subtopology], t.subtopology)
         owner = assignment.active[t]

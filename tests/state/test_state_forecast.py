@@ -244,3 +244,19 @@ def test_a_calibration_is_measured_on_a_quiet_machine_and_again_when_the_changel
     finally:
         F.clear_calibration()
         k.close()
+
+
+def test_every_forecast_made_is_the_latest_of_its_application():
+    # one forecast per application: what a notebook cell printed is what the dashboard reads
+    import pandas as pd
+
+    from statekit.runtime import forecasts
+
+    assert forecasts.forecast("fc-latest-a", None, {}, {}, None, None).frame.empty  # nothing started
+    first = forecasts.latest("fc-latest-a")
+    assert first is not None and forecasts.latest("fc-latest-b") is None
+    newer = forecasts._remember("fc-latest-a", forecasts.RestoreForecast(pd.DataFrame(), {0: "x"}))
+    assert forecasts.latest("fc-latest-a") is newer and newer.made_at >= first.made_at
+    older = forecasts.RestoreForecast(pd.DataFrame(), {}, made_at=first.made_at - 60)
+    forecasts._remember("fc-latest-a", older)       # one made before (a slow call that ends late)
+    assert forecasts.latest("fc-latest-a") is newer
