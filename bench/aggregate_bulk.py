@@ -1,5 +1,5 @@
-"""Bulk aggregation bench (issues 14 and 21): a task's micro-batches through `TaskProcessor` with the
-record cache on, an aggregation applied column-wise per key (bulk) vs one record at a time.
+"""Bulk aggregation bench (issues 14 and 21): a task's micro-batches through `TaskProcessor` with
+the record cache on, an aggregation applied column-wise per key (bulk) vs one record at a time.
 
 The plan is a word count's second sub-topology (`group_by(word)` compiles to a repartition topic;
 its task reads the repartition topic's partition, the words keyed by word). Each cycle: a batch of

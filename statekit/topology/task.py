@@ -168,8 +168,8 @@ class TaskProcessor:
         return emit, True
 
     def held_of(self, n: Node) -> dict:
-        """The held-back updates of a cached aggregation (its emit's dict, keyed by `held_key(key)`),
-        for fast paths."""
+        """The held-back updates of a cached aggregation (its emit's dict, keyed by
+        `held_key(key)`), for fast paths."""
         return next(h for _i, m, h, _d, _s in self._held if m is n)
 
     def forward_at(self, down, key, value, timestamp) -> None:

@@ -20,8 +20,8 @@ from statekit.worker.task import StreamTask, store_specs
 
 class TimedEngine(LocalEngine):
     """LocalEngine that also keeps each output's timestamp and task (`out_meta`, parallel to what
-    run_batch returns): LocalEngine.run_batch returns (topic, key, value) only, and a chain needs the
-    timestamp a repartition record carries to the next sub-topology."""
+    run_batch returns): LocalEngine.run_batch returns (topic, key, value) only, and a chain needs
+    the timestamp a repartition record carries to the next sub-topology."""
 
     out_meta: list = []
 
@@ -101,9 +101,9 @@ class Chain:
                 for i, (bid, by_task), _o in self.last_runs()]
 
     def store(self, name, restore_into=None):
-        """{key: value} of a store over its tasks ({(key, ws): v} windows, {(key, s, e): v} sessions,
-        {key: (time, value)} buffers), read through the store API. restore_into: open the tasks in
-        that fresh state dir instead, restoring from the changelogs."""
+        """{key: value} of a store over its tasks ({(key, ws): v} windows, {(key, s, e): v}
+        sessions, {key: (time, value)} buffers), read through the store API. restore_into: open the
+        tasks in that fresh state dir instead, restoring from the changelogs."""
         i = self.index_of(name)
         eng, sp = self.engines[i], self.subs[i]
         out = {}

@@ -1,10 +1,10 @@
 """Bulk aggregation (issues 14 and 21): with a record cache, the records of a source that feeds an
 aggregation straight (its store read by nothing else) are applied column-wise, per key. Everything
 observable must be what one record at a time gives (`TaskProcessor.bulk_aggregation = False`):
-outputs (bytes, order, metadata), store contents and changelog bytes, skipped counts — for keys and
-values as they come off the wire (None, JSON null, JSON whose bytes are not the store's canonical
-ones), for a batch cut in two (a crash "after N records") and for user functions that depend on the
-order of the records (they see a key's records in offset order on both paths)."""
+outputs (bytes, order, metadata), store contents and changelog bytes, skipped counts — for keys
+and values as they come off the wire (None, JSON null, JSON whose bytes are not the store's
+canonical ones), for a batch cut in two (a crash "after N records") and for user functions that
+depend on the order of the records (they see a key's records in offset order on both paths)."""
 from __future__ import annotations
 
 import importlib.util
@@ -57,7 +57,8 @@ class Ctx:
     def forward(self, topic, k, v, timestamp=None):
         r = self.proc.rec
         assert timestamp == r.timestamp
-        self.out.append((topic, *self._bytes(topic, k, v), timestamp, r.offset, r.partition, r.topic))
+        self.out.append((topic, *self._bytes(topic, k, v), timestamp, r.offset, r.partition,
+                         r.topic))
 
 
 class ColumnCtx(Ctx):
@@ -160,7 +161,8 @@ def test_bulk_equals_per_record(tmp_path, seed):
     data = random_batches(plan, seed)
     batches = [b for b, _rows in data]
     rng = random.Random(seed)
-    cuts = {i: sorted(rng.sample(range(1, len(b)), rng.randint(1, 2))) for i, b in enumerate(batches)}
+    cuts = {i: sorted(rng.sample(range(1, len(b)), rng.randint(1, 2)))
+            for i, b in enumerate(batches)}
     one = run(plan, batches, tmp_path, False, "one")
     assert run.engaged == [False] * len(batches)
     bulk = run(plan, batches, tmp_path, True, "bulk")
@@ -184,7 +186,7 @@ def test_bulk_equals_per_record(tmp_path, seed):
     want = defaultdict(list)
     for _b, rows in data:
         for topic, kb, vb, _ts in rows:
-            if topic == "n3" and kb is not None and vb is not None and ks.from_bytes(kb) is not None \
+            if topic == "n3" and None not in (kb, vb) and ks.from_bytes(kb) is not None \
                     and vs.from_bytes(vb) is not None:
                 want[ks.to_bytes(ks.from_bytes(kb))].append(vs.from_bytes(vb))
     assert {kb: vs.from_bytes(vb) for kb, vb in contents["seq"]} == dict(want)
@@ -278,7 +280,8 @@ def test_forwards_the_functions_own_value_as_one_record_at_a_time(tmp_path):
     b = TopologyBuilder()
     (b.stream("n3", key_serde="json", value_serde="json").group_by_key()
      .aggregate(lambda: [], seq, store="seq").to_stream()
-     .map_values(lambda v: [type(v).__name__, *v]).to("t-out", key_serde="json", value_serde="json"))
+     .map_values(lambda v: [type(v).__name__, *v])
+     .to("t-out", key_serde="json", value_serde="json"))
     plan = b.compile()
     rows = [("n3", b'"a"', b"1", 1), ("n3", b'"b"', b"2", 2), ("n3", b'"a"', b"3", 3)]
     batches = [batch_of(plan, rows, {}), batch_of(plan, rows[:1], {"n3": 3})]
@@ -289,7 +292,7 @@ def test_forwards_the_functions_own_value_as_one_record_at_a_time(tmp_path):
         [(b'"a"', b'["tuple",1,3]'), (b'"b"', b'["tuple",2]')], [(b'"a"', b'["tuple",1,3,1]')]]
 
 
-# -- a key's records in offset order, on both paths, over several partitions and sources --------------
+# -- a key's records in offset order, on both paths, over several partitions and sources ----------
 
 def concat(k, v, agg):
     return agg + v
@@ -303,7 +306,8 @@ def test_user_aggregator_sees_a_keys_records_in_offset_order(shared_broker, tmp_
     record by record). Timestamps run against the offsets: a task takes its partitions in offset
     order, merged across sources by head timestamp, never sorted by time."""
     b = TopologyBuilder()
-    b.stream("s1").group_by_key().aggregate(lambda: "", concat, store="cat").to_stream().to("cat-out")
+    b.stream("s1").group_by_key().aggregate(lambda: "", concat, store="cat").to_stream().to(
+        "cat-out")
     b.stream("s2").group_by_key().aggregate(lambda: [], lambda k, v, a: a + [v], store="lst",
                                             value_serde="json")
     b.stream("m1").merge(b.stream("m2")).group_by_key().aggregate(lambda: "", concat, store="both")

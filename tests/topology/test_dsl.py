@@ -475,7 +475,8 @@ def test_plan_pickles_with_cloudpickle_and_runs_after():
     assert [sp.store_names for sp in plan2.subtopologies] == [
         sp.store_names for sp in plan.subtopologies]
     out = run_subtopologies(plan2, [("lines", None, "ab c ab", 1)])
-    assert [o for o in out if o[0] == "out"] == [("out", "ab", 1), ("out", "c", 1), ("out", "ab", 2)]
+    assert [o for o in out if o[0] == "out"] == [("out", "ab", 1), ("out", "c", 1),
+                                                 ("out", "ab", 2)]
     assert [o for o in out if o[0] != "out"] == [
         ("lens", None, 6), ("upper", None, "AB"), ("lens", None, 3), ("upper", None, "C"),
         ("lens", None, 6), ("upper", None, "AB")]
@@ -549,7 +550,8 @@ def test_aggregations_forward_on_flush_with_a_record_cache():
     ctx = FakeCtx(plan, cache_bytes=1 << 20)
     proc = plan.new_processor(ctx)
     assert proc._bulk is None        # the source feeds several steps: record by record
-    proc.process_batch(batch_of(plan, [(0, 0, i, ts, k, v) for i, (_t, k, v, ts) in enumerate(recs)]))
+    proc.process_batch(batch_of(plan, [(0, 0, i, ts, k, v)
+                                       for i, (_t, k, v, ts) in enumerate(recs)]))
     # before the flush: only the uncached store's updates went out
     assert ctx.out == [("raw", "a", 1), ("raw", "b", 1), ("raw", "a", 2), ("raw", "b", 2),
                        ("raw", "a", 3)]
@@ -656,7 +658,8 @@ def test_processor_error_is_one_line_and_names_the_record():
     plan = b.compile()
     proc = plan.new_processor(FakeCtx(plan))
     with pytest.raises(ProcessorError) as ei:
-        proc.process_batch(batch_of(plan, [(0, 2, 40, 4, "key-0", "1"), (0, 2, 41, 5, "key-1", "0")]))
+        proc.process_batch(batch_of(plan, [(0, 2, 40, 4, "key-0", "1"),
+                                           (0, 2, 41, 5, "key-1", "0")]))
     msg = str(ei.value)
     assert "\n" not in msg
     for part in ("KSTREAM-MAPVALUES", "key='key-1'", "value='0'", "in partition 2 offset 41",

@@ -273,9 +273,10 @@ def window_events(seed, n=400, keys=6, late_every=7):
 
 
 def window_reference(batches, windows, grace, partitions, outputs=None):
-    """The window store after `batches` (each task's records in input order: late ones arrive late);
-    `outputs` (a list), when given, gets what a caching window store forwards: per batch and task (in order), the final count of each (key, window start) the
-    batch updated, once, in first-update order."""
+    """The window store after `batches` (each task's records in input order: late ones arrive
+    late); `outputs` (a list), when given, gets what a caching window store forwards: per batch and
+    task (in order), the final count of each (key, window start) the batch updated, once, in
+    first-update order."""
     store = Counter()
     stream_time = defaultdict(lambda: -1)
     for batch in batches:
@@ -433,8 +434,8 @@ def test_reduce_and_aggregate_exact(broker, tmp_path):
     rnd = random.Random(5)
     # readings without a key, over both source partitions (sums, counts, min and max do not
     # depend on the order the re-keyed readings arrive in)
-    records = [("readings", None, {"sensor": f"s{rnd.randrange(5)}", "temp": rnd.randint(-20, 40)}, i,
-                i % 2) for i in range(250)]
+    records = [("readings", None, {"sensor": f"s{rnd.randrange(5)}", "temp": rnd.randint(-20, 40)},
+                i, i % 2) for i in range(250)]
     sums, stats = {}, {}
     for _t, _k, v, _ts, _p in records:
         s = v["sensor"]

@@ -40,7 +40,7 @@ def pair(a, b):
     return [a, b]
 
 
-# -- harness: tests/topology/chain.py ----------------------------------------------------------------------
+# -- harness: tests/topology/chain.py -----------------------------------------------------------
 
 def Chain(plan, app, broker, tmp_path, partitions=PARTS):
     return C.Chain(plan, app, broker, tmp_path, partitions)

@@ -8,8 +8,8 @@ for a key created and deleted within the batch). Declarative references (the fin
 must reach, computed from scratch) sit beside the step-by-step ones where one exists.
 
 `engine_order` reproduces how LocalEngine hands a batch to a task (Kafka Streams' order), with
-`kstreams_merge` — a plain transcription of Kafka Streams' choice of the next record across a task's
-partitions — in place of `Records.merge`.
+`kstreams_merge` — a plain transcription of Kafka Streams' choice of the next record across a
+task's partitions — in place of `Records.merge`.
 """
 from __future__ import annotations
 
