@@ -69,7 +69,6 @@ def _isolation(isolation: str) -> int:
                             f"got {isolation!r}") from None
 
 
-
 @dataclass
 class Chunk:
     """What one Fetch returned for one partition: decoded records plus the log's bounds."""
