@@ -487,9 +487,12 @@ class RestoreBoard:
 
     def _same_episode(self, cur: RestoreRound, e) -> bool:
         """A task queued by the same rebalance generation, or within `episode_gap` seconds after the
-        round ended (a start or a restart rebalances once per instance), joins the round."""
-        if isinstance(e, ev.RestoreQueued) and e.generation is not None and e.generation in cur.generations:
-            return True    # (a death carries the generation it ended, that of the round before it)
+        round ended (a start or a restart rebalances once per instance), joins the round; the death
+        of an instance never does."""
+        if isinstance(e, ev.InstanceDied):
+            return False   # a crash begins an episode (it carries the generation it ended)
+        if e.generation is not None and e.generation in cur.generations:
+            return True
         return cur.finished is not None and e.ts - cur.finished <= self.episode_gap
 
     def feed(self, e, forecast: Optional[dict] = None) -> Optional[RestoreRound]:

@@ -224,11 +224,12 @@ def test_a_crash_opens_a_round_with_the_dead_instances_tasks_queued():
         E(ev.TaskOpened, 1.1, task="0_0", instance=0),
         E(ev.TaskOpened, 1.1, task="0_1", instance=1)]))
     assert m.restores.current.final
-    # (the death carries the generation it ended: the round before's, yet it opens a new one)
-    m.update(Snapshot(t=3.0, events=[E(ev.InstanceDied, 20.0, instance=0, tasks=["0_0"], mode="disk-loss",
+    # a crash a moment after the start opens a new round, though it carries the generation it
+    # ended (the start's)
+    m.update(Snapshot(t=3.0, events=[E(ev.InstanceDied, 1.5, instance=0, tasks=["0_0"], mode="disk-loss",
                                        generation=1)]))
     rnd = m.restores.current
-    assert len(m.restores.rounds) == 2 and list(rnd.rows) == ["0_0"] and rnd.started == 20.0
+    assert len(m.restores.rounds) == 2 and list(rnd.rows) == ["0_0"] and rnd.started == 1.5
     p = m.picture()
     assert [(c["task"], c["state"], c["instance"]) for c in p.chips] == [("0_0", "queued", None),
                                                                          ("0_1", "running", 1)]
