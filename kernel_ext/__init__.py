@@ -42,14 +42,3 @@ def last_traceback() -> None:
     """Print the full traceback of the last internal error (for bug reports)."""
     tb = _magics.session.last_traceback if _magics is not None else None
     print(tb or "no internal error so far")
-
-
-REPORT_MIME = "application/vnd.statekit.report+json"
-
-
-def report(name: str, text: str | None = None, **figures) -> None:
-    """Show a one-line summary and attach the figures as machine-readable output (for `make demo`)."""
-    from IPython.display import display
-
-    line = text or ", ".join(f"{k}={v}" for k, v in figures.items())
-    display({"text/plain": f"{name}: {line}", REPORT_MIME: {"name": name, **figures}}, raw=True)

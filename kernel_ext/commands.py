@@ -397,10 +397,10 @@ class Session:
             ("partitions", "partitions"), ("instances", "instances"), ("standby", "standby_replicas"),
             ("commit_interval", "commit_interval"), ("cache_bytes", "cache_bytes"), ("engine", "engine"),
             ("acceptable_lag", "acceptable_recovery_lag"), ("max_warmups", "max_warmup_replicas"),
-            ("probing_interval", "probing_rebalance_interval"))
+            ("probing_interval", "probing_rebalance_interval"), ("guarantee", "processing_guarantee"))
         if native:
             unsupported = [o for o in ("instances", "standby", "commit_interval", "cache_bytes",
-                                       "acceptable_lag", "max_warmups", "probing_interval")
+                                       "acceptable_lag", "max_warmups", "probing_interval", "guarantee")
                            if cmd.args.get(o) is not None]
             if unsupported:
                 raise StatekitError(f"--engine spark (Spark's own state store) runs one instance without "
@@ -525,7 +525,7 @@ class Session:
         d = self.dashboards.get(name)
         if d is not None and d.app is app:
             d.start()  # a no-op while it refreshes
-            return " (its dashboard above follows it)"
+            return "; its dashboard above follows it"
         if show_if_none:
             self._watch(app, name)
         return ""
@@ -562,6 +562,12 @@ class Session:
 
         name, app = cmd.name, self.app(cmd.name)
         sources = self._source_topics(app)
+        for topic in sources:   # a producer still writing: the records it will write count too
+            job = self.producers.get(topic)
+            if job is not None and job.running:
+                sent = job.progress.sent if job.progress is not None else 0
+                say(f"{name}: waiting for the producer of {topic} to finish ({sent:,} records sent so far)…")
+                job.thread.join(cmd.timeout)
         try:
             k = app.kafka
             total = sum(sum(k.end_offsets(t).values()) - sum(k.begin_offsets(t).values()) for t in sources)
@@ -631,7 +637,7 @@ class Session:
             say(f"{cmd.name}: {what} will crash ({cmd.mode}) once one of its tasks has processed "
                 f"{cmd.after} record(s) of a batch"
                 + (f"; with no other instance the app then stops until `%statekit restart "
-                   f"{cmd.name}`" if alone else "; the other instances then take its tasks over")
+                   f"{cmd.name}`" if alone else "; the live instances then take its tasks over")
                 + note)
             return
         if status != "applied":
@@ -650,13 +656,13 @@ class Session:
         self.voice.forget(cmd.name)
         rec = app.restart(**kw)
         revived = rec.get("revived")
-        what = (f"revived instance(s) {', '.join(str(i) for i in revived)}" if revived
+        what = (f"revived instance{'s' * (len(revived) > 1)} {', '.join(str(i) for i in revived)}" if revived
                 else "restarted")
         throttle = f", restores throttled to {cmd.restore_rate:,.0f} records/s" if cmd.restore_rate else ""
         shown = bool(self.dashboards.get(cmd.name)) and self.dashboards[cmd.name].app is app
         note = "" if cmd.no_watch else self._follow(cmd.name, app, show_if_none=True)
         if not cmd.no_watch and not shown:
-            note = " (the dashboard below follows the restore)"
+            note = "; the dashboard below follows the restore"
         say(f"{cmd.name}: {what} (generation {rec.get('generation', '?')}){self._moves_since(app, gen0)}"
             f"{throttle}{note}")
 

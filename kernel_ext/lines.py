@@ -51,7 +51,7 @@ class Notice:
         self.widget = W.HTML(value="", layout=W.Layout(display="none"))
 
     def show(self, text: str) -> None:
-        self.widget.value = (f"<div style='color:#c62828;font-family:monospace;font-size:12.5px;"
+        self.widget.value = (f"<div class='statekit-notice' style='color:#c62828;font-family:monospace;font-size:12.5px;"
                              f"white-space:pre-wrap'>{html.escape(one_line(text))}</div>")
         self.widget.layout.display = ""
 

@@ -227,6 +227,10 @@ def _build() -> _Parser:
                    help="warmup replicas at once (max.warmup.replicas, default 2)")
     p.add_argument("--probing-interval", type=_seconds, metavar="S",
                    help="seconds between probing rebalances while warmups catch up (default 10)")
+    p.add_argument("--guarantee", choices=("exactly_once", "at_least_once"),
+                   help="exactly_once (default: each commit of a micro-batch is one Kafka "
+                        "transaction) or at_least_once (no transactions: a crash may repeat a "
+                        "batch's output)")
     p.add_argument("--engine", choices=ENGINES,
                    help="changelog (default: Spark reads and shuffles, statekit's stores and "
                         "changelogs keep the state), local (the same without Spark), or spark "

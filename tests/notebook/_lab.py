@@ -6,7 +6,8 @@ Playwright (no browser download). Everything started here is stopped afterwards,
 The page checks measure the page as a user sees it: `CLIPPED_JS` lists every table cell of the
 dashboard whose text is cut (its content wider than the cell) or that lies outside the visible box of
 an ancestor that clips (overflow hidden/auto/scroll, the notebook's output area); `OVERLAP_JS` lists
-dashboard panels that overlap each other.
+dashboard panels that overlap each other. `cpu_hog` keeps both cores busy while a test runs, as a
+shared JupyterHub during a workshop does.
 """
 from __future__ import annotations
 
@@ -210,6 +211,35 @@ def wait_for_output(page, text: str, timeout: float = 300.0, poll=None) -> None:
         time.sleep(1.0)
 
 
+CELL_STREAMS_JS = """
+() => Array.from(document.querySelectorAll('.jp-Notebook .jp-CodeCell')).map(c =>
+  Array.from(c.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stdout"],'
+                                + ' .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
+    .map(e => e.textContent).join('\\n'))
+"""
+
+
+def cell_streams(page) -> list[str]:
+    """Per code cell, the text it printed (stdout and stderr)."""
+    return page.evaluate(CELL_STREAMS_JS)
+
+
+def learner_text_problems(page, app: str) -> list[str]:
+    """What a learner should not read in the printed lines: two messages run together on one line,
+    a line printed twice by one cell, a state word in a command's line (it goes stale above a
+    dashboard that has moved on)."""
+    import re
+
+    problems = []
+    for i, text in enumerate(cell_streams(page)):
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        problems += [f"cell {i}: run together: {ln!r}" for ln in lines if re.search(rf"\S{re.escape(app)}: ", ln)]
+        problems += [f"cell {i}: printed twice: {ln!r}" for n, ln in enumerate(lines) if ln in lines[:n]]
+        problems += [f"cell {i}: stale state: {ln!r}" for ln in lines if ln.startswith(f"{app}: ")
+                     and re.search(r"\b(RESTORING|REBALANCING|RUNNING|PENDING_SHUTDOWN)\b", ln)]
+    return problems
+
+
 def stderr_lines(page) -> list[str]:
     return page.evaluate(
         "() => Array.from(document.querySelectorAll('.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stderr\"],"
@@ -271,6 +301,20 @@ OVERLAP_JS = """
   return out;
 }
 """
+
+
+@contextlib.contextmanager
+def cpu_hog(processes: int = 2):
+    """Keep every core busy (a shared workshop server): `processes` busy loops at normal priority,
+    started here and killed on the way out, also on failure."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
 
 
 def screenshot(page, name: str, element=None) -> str:

@@ -1,10 +1,14 @@
 """The tour in JupyterLab, in headless Chromium, as a new user sees it: 1366×900 with the file browser
 open. Notebook 01 runs top to bottom with a live dashboard; notebook 02's Restoration panel is right
 while the disk-loss restore runs (every restoring task with a bar below 100% and an ETA) and after it
-(each task "done"); notebook 10's input rate stays up through a kill and the ownership timeline shows
-the move; a failing lambda shows its one-line reason in the notebook and on the badge. No table cell
-of the dashboard is clipped and no panel overlaps another (measured in the page). Screenshots land in
-build/browser/ (see tests/notebook/_lab.py for the harness)."""
+(each task "done"); notebook 05's failover shows on the dashboard while a CPU hog keeps both cores
+busy; notebook 10's input rate stays up through a kill, the ownership timeline shows the move, and
+its chart is drawn; notebook 11 runs with its live dashboard and its chart; a failing lambda shows its
+one-line reason in the notebook — above the dashboard when the dashboard's cell is the last one run —
+and on the badge. What the learner reads is checked too: no two messages on one line, no line twice
+in a cell, no state word left to go stale. No table cell of the dashboard is clipped and no panel
+overlaps another (measured in the page). Screenshots land in build/browser/ (see
+tests/notebook/_lab.py for the harness)."""
 from __future__ import annotations
 
 import re
@@ -140,6 +144,9 @@ def test_notebook_02_restoration_panel_while_a_restore_from_scratch_runs(tmp_pat
         assert panel["summary"] and "restored 4 task(s)" in panel["summary"], panel
         _lab.wait_for_output(page, "stopped: ", timeout=200)
         assert not _errors(page), _errors(page)[:3]
+        assert not _lab.learner_text_problems(page, "bank"), _lab.learner_text_problems(page, "bank")
+        said = [t for t in _lab.cell_streams(page) if "crashed as asked" in t]
+        assert len(said) == 1 and said[0].count("crashed as asked") == 1, said   # the mid-batch crash, once
         dash = page.locator(".statekit-dashboard").first
         dash.scroll_into_view_if_needed()
         _no_clipping(page, "notebook 02 after the restore")
@@ -183,6 +190,98 @@ def test_a_failing_lambda_shows_its_one_line_reason_in_the_notebook_and_on_the_b
         _lab.screenshot(page, "failing-lambda.png")
 
 
+NOTICE_JS = """
+() => {
+  const d = document.querySelector('.statekit-dashboard');
+  const lines = Array.from(document.querySelectorAll('.statekit-notice, .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
+    .filter(e => e.textContent.includes('app bad failed'))
+    .map(e => ({text: e.textContent, top: e.getBoundingClientRect().top}));
+  return {lines: lines, dashTop: d ? d.getBoundingClientRect().top : null};
+}
+"""
+
+
+def test_a_failure_while_the_dashboards_cell_is_the_last_one_run_is_said_above_the_dashboard(tmp_path):
+    nb = tmp_path / "failing_late.ipynb"
+    _notebook(nb, [
+        "%load_ext kernel_ext\n%statekit up --fresh",
+        "%statekit produce nums --generator words --limit 400 --partitions 2 --wait",
+        "%%statekit app late --partitions 2\n"
+        "(app.stream('nums', value_serde='json').map_values(lambda v: 1 / (v['seq'] < 300))\n"
+        "    .group_by_key().count(store='c'))",
+        "%statekit start late --watch --max-records 40",
+    ])
+    with _lab.jupyterlab(tmp_path, [str(nb)]) as lab, _lab.browser_page() as page:
+        _lab.open_notebook(page, lab, nb.name)
+        _lab.run_all(page)
+        page.wait_for_function("() => { const b = document.querySelector('.statekit-dashboard .sk-badge');"
+                               " return b && b.textContent === 'ERROR'; }", timeout=300_000)
+        page.wait_for_function("() => Array.from(document.querySelectorAll('.statekit-notice,"
+                               " .jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stderr\"]'))"
+                               ".some(e => e.textContent.includes('app late failed'))", timeout=30_000)
+        time.sleep(1.5)   # nothing more comes
+        got = page.evaluate(NOTICE_JS.replace("app bad failed", "app late failed"))
+        assert len(got["lines"]) == 1, got
+        (line,) = got["lines"]
+        assert "ZeroDivisionError" in line["text"] and line["top"] < got["dashTop"], got
+        _lab.screenshot(page, "failing-lambda-above-dashboard.png",
+                        page.locator(".jp-Cell").filter(has_text="start late").first)
+
+
+def test_notebook_05_failover_shows_on_the_dashboard_while_a_cpu_hog_keeps_both_cores_busy(tmp_path):
+    with _lab.jupyterlab(tmp_path, ["05_standby_replicas.ipynb"], {"STATEKIT_TOUR_KEYS": "50000"}) as lab, \
+            _lab.browser_page() as page:
+        _lab.open_notebook(page, lab, "05_standby_replicas.ipynb")
+        _lab.run_all(page)
+        _lab.wait_for_output(page, "waiting until every standby has replayed", timeout=400)
+        with _lab.cpu_hog(2):
+            _lab.wait_for_output(page, "pages: instance 0 crashed and lost its disk", timeout=300)
+            crashed = [o for o in _lab.outputs_text(page) if "instance 0 crashed and lost its disk" in o][0]
+            moved = re.findall(r"(\d+_\d+) 0→(\d+)", crashed)
+            assert moved, crashed
+            page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.statekit-dashboard .sk-moves'))"
+                ".some(e => e.textContent.includes('its instance died'))", timeout=60_000)
+            caption = page.locator(".statekit-dashboard .sk-moves").first.text_content()
+            for task, to in moved:
+                assert f"{task} 0→{to} (its instance died)" in caption, caption
+            dash = page.locator(".statekit-dashboard").first
+            _lab.screenshot(page, "nb05-failover-cpu-hog.png", dash)
+            _no_clipping(page, "notebook 05 after the crash, CPU hog running")
+        _lab.wait_for_output(page, "stopped: ", timeout=400)
+        assert not _errors(page), _errors(page)[:3]
+        assert not _lab.learner_text_problems(page, "pages"), _lab.learner_text_problems(page, "pages")
+        assert any("the failover lost nothing" in o for o in _lab.outputs_text(page))
+        dash.scroll_into_view_if_needed()
+        _lab.screenshot(page, "nb05-end.png", dash)
+
+
+def test_notebook_11_runs_with_its_live_dashboard_and_draws_every_page_per_minute(tmp_path):
+    with _lab.jupyterlab(tmp_path, ["11_joins_sessions_final_results.ipynb"]) as lab, _lab.browser_page() as page:
+        _lab.open_notebook(page, lab, "11_joins_sessions_final_results.ipynb")
+        _lab.run_all(page)
+        seen = []
+
+        def poll():
+            head = page.evaluate(HEAD_JS)
+            if head and (not seen or seen[-1] != head):
+                seen.append(head)
+
+        _lab.wait_for_output(page, "shop: instance 1 will crash", timeout=400, poll=poll)
+        _lab.wait_for_output(page, "shop: revived instance 1", timeout=400, poll=poll)
+        dash = page.locator(".statekit-dashboard").first
+        _lab.screenshot(page, "nb11-dashboard-after-crash.png", dash)
+        _no_clipping(page, "notebook 11 after the crash")
+        _lab.wait_for_output(page, "each bar is the clicks of all pages", timeout=400, poll=poll)
+        assert len(seen) >= 2, f"the dashboard never refreshed in the browser: {seen}"
+        chart = page.locator(".jp-Cell").filter(has_text="clicks per minute (final results, all pages)").first
+        assert chart.locator("img").count() >= 1, "no chart drawn"
+        _lab.screenshot(page, "nb11-chart.png", chart)
+        _lab.wait_for_output(page, "stopped: ", timeout=200)
+        assert not _errors(page), _errors(page)[:3]
+        assert not _lab.learner_text_problems(page, "shop"), _lab.learner_text_problems(page, "shop")
+
+
 def test_notebook_10_input_rate_stays_up_through_a_kill_and_the_timeline_shows_the_move(tmp_path):
     # the story here is the flow through a kill, not the size of the stores: fewer accounts
     with _lab.jupyterlab(tmp_path, ["10_rebalancing.ipynb"], {"STATEKIT_TOUR_KEYS": "50000"}) as lab, \
@@ -210,7 +309,12 @@ def test_notebook_10_input_rate_stays_up_through_a_kill_and_the_timeline_shows_t
         dash = page.locator(".statekit-dashboard").first
         _lab.screenshot(page, "nb10-after-kill.png", dash)
         _no_clipping(page, "notebook 10 after the kill")
+        _lab.wait_for_output(page, "since the kill, instances 0 and 2 committed", timeout=200)
+        chart = page.locator(".jp-Cell").filter(has_text="letting the two survivors work").first
+        assert chart.locator("img").count() >= 1, "no chart of the commits around the kill"
+        _lab.screenshot(page, "nb10-commits-chart.png", chart)
         _lab.wait_for_output(page, "stopped: ", timeout=400)
         assert not _errors(page), _errors(page)[:3]
+        assert not _lab.learner_text_problems(page, "rb"), _lab.learner_text_problems(page, "rb")
         dash.scroll_into_view_if_needed()
         _lab.screenshot(page, "nb10-end.png", dash)

@@ -1,14 +1,23 @@
-"""`make demo`'s report: a restore a notebook reports is printed per task, with the forecast made
-before the crash beside it and how far the measurement was from it."""
+"""`make demo`'s report and how a notebook hands it figures: a restore is printed per task, with the
+forecast made before the crash beside it and how far the measurement was from it; the figures come
+from the app's own restore summary and forecast through a file, never from output a learner sees;
+the exercises run with their reference answers."""
 from __future__ import annotations
 
+import json
+
+import nbformat
+import pandas as pd
+from nbformat.v4 import new_code_cell, new_notebook
+
+from statekit import demo
 from statekit.demo import NotebookResult, format_report
 
 
 def test_the_report_puts_the_forecast_beside_the_measured_restore():
     r = NotebookResult("02_crash_and_restore", "x", seconds=12.5, ok_checks=2)
     r.reports.append({"name": "restore", "restore_seconds": 5.0, "records_replayed": 2_520_008,
-                      "forecast_seconds": 4.0, "invariant": "OK",
+                      "forecast_seconds": 4.0,
                       "per_task": [{"task": "0_0", "instance": 0, "source": "scratch",
                                     "seconds": 2.5, "records": 1_260_004, "records/s": 504_001.6,
                                     "forecast s": 2.0}]})
@@ -18,6 +27,49 @@ def test_the_report_puts_the_forecast_beside_the_measured_restore():
             "1.25x the forecast)") in text
     assert ("task 0_0 (instance 0, from scratch): 2.50 s, 1,260,004 records, 504,002 records/s; "
             "forecast 2.00 s") in text
+    assert "invariant (store == plain-Python reference after the crashes): OK" in text
     assert "1/1 notebooks passed" in text
     r.reports[0].pop("forecast_seconds")
     assert "forecast before the crash" not in format_report([r])
+    r.errors.append("cell 3: AssertionError: 2 keys differ")
+    assert "after the crashes): FAILED" in format_report([r])
+
+
+class _Forecast:
+    frame = pd.DataFrame([{"task": "0_0", "source": "scratch", "seconds": 2.0},
+                          {"task": "0_0", "source": "checkpoint", "seconds": 0.0},
+                          {"task": "0_1", "source": "scratch", "seconds": 1.0}])
+
+
+class _App:
+    def restore_summary(self):
+        return pd.DataFrame([
+            {"task": "0_0", "instance": 0, "store": "a", "source": "scratch", "records": 600, "seconds": 1.0},
+            {"task": "0_0", "instance": 0, "store": "b", "source": "scratch", "records": 400, "seconds": 1.0},
+            {"task": "0_1", "instance": 0, "store": "a", "source": "scratch", "records": 0, "seconds": 0.0},
+        ])
+
+
+def test_record_restore_writes_the_apps_figures_to_the_demo_file_and_prints_nothing(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "figures.jsonl"
+    monkeypatch.delenv(demo.FIGURES_ENV, raising=False)
+    demo.record_restore(_App(), _Forecast())          # outside make demo: nothing at all
+    assert not path.exists()
+    monkeypatch.setenv(demo.FIGURES_ENV, str(path))
+    demo.record_restore(_App(), _Forecast())
+    assert capsys.readouterr() == ("", "")
+    (fig,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert fig == {"name": "restore", "restore_seconds": 2.0, "records_replayed": 1000,
+                   "forecast_seconds": 3.0,
+                   "per_task": [{"task": "0_0", "instance": 0, "source": "scratch", "records": 1000,
+                                 "seconds": 2.0, "records/s": 500, "forecast s": 2.0}]}
+
+
+def test_a_hidden_cell_that_shows_something_is_an_error_and_solutions_replace_the_blanks():
+    hidden = new_code_cell("x = 1", metadata={"tags": ["remove-cell"]})
+    hidden.outputs = [nbformat.v4.new_output("stream", name="stdout", text="{'restore': 1}\n")]
+    quiet = new_code_cell("y = 2", metadata={"tags": ["remove-cell"]})
+    ex = new_code_cell("moved = ...", metadata={"tags": ["exercise"], "statekit": {"solution": "moved = 'k'"}})
+    nb = new_notebook(cells=[hidden, quiet, ex])
+    assert demo.hidden_cells_print_nothing(nb) == ["cell 0: a remove-cell cell showed output"]
+    assert demo.apply_solutions(nb) == 1 and nb.cells[2].source == "moved = 'k'"

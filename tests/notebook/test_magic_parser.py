@@ -22,6 +22,8 @@ GOOD = {
     "produce acc --generator accounts --limit 2000000 --keys 1000000 --wait":
         ("produce", {"generator": "accounts", "limit": 2000000, "keys": 1000000, "wait": True}),
     "apps": ("apps", {}),
+    "wait wc": ("wait", {"name": "wc", "timeout": None}),
+    "wait wc --timeout 30": ("wait", {"timeout": 30.0}),
     "start wc": ("start", {"name": "wc", "watch": False}),
     "start wc --watch": ("start", {"name": "wc", "watch": True, "trigger": None, "sink": None}),
     "start wc --trigger availableNow --max-records 100": ("start", {"trigger": "availableNow", "max_records": 100}),
@@ -75,6 +77,10 @@ def test_cell_app():
     assert cmd.partitions is None and cmd.instances is None and cmd.standby is None and cmd.engine is None
     cmd = parse("app wc --engine spark --acceptable-lag 500 --max-warmups 1 --probing-interval 2.5s", "pass")
     assert (cmd.engine, cmd.acceptable_lag, cmd.max_warmups, cmd.probing_interval) == ("spark", 500, 1, 2.5)
+    assert parse("app wc", "pass").guarantee is None
+    assert parse("app wc --guarantee at_least_once", "pass").guarantee == "at_least_once"
+    with pytest.raises(ParseError, match="invalid choice"):
+        parse("app wc --guarantee maybe_once", "pass")
 
 
 @pytest.mark.parametrize("sub", [s for s in SUBCOMMANDS if s != "help"])

@@ -212,7 +212,7 @@ def test_restart_of_a_one_instance_app_reports_no_move(ip, capsys):
     capsys.readouterr()
     ip.run_line_magic("statekit", "restart one --no-watch")
     out = capsys.readouterr().out
-    assert re.fullmatch(r"one: revived instance\(s\) 0 \(generation \d+\)\n", out), out   # no state word
+    assert re.fullmatch(r"one: revived instance 0 \(generation \d+\)\n", out), out   # no state word
     assert "move" not in out  # its tasks came back to the instance they were on
     assert app.process_all_available(timeout=60)
     assert int(app.restore_summary()["records"].sum()) > 0
@@ -299,14 +299,18 @@ def test_wait_says_what_it_waits_for_and_an_asked_crash_is_said_once(ip, capsys)
     from statekit import datagen
 
     ip.run_line_magic("statekit", "up --no-spark")
-    datagen.produce("words", datagen.generate("words", seed=9, limit=300), _session().bootstrap, partitions=2)
+    datagen.produce("words", datagen.generate("words", seed=9, limit=100), _session().bootstrap, partitions=2)
     app = _local_app(ip, "cw", COUNT, "--partitions 2")
     ip.run_line_magic("statekit", "start cw")
+    ip.run_line_magic("statekit", "produce words --generator words --seed 9 --limit 200 --rate 400/s")
     capsys.readouterr()
-    ip.run_line_magic("statekit", "wait cw")
+    ip.run_line_magic("statekit", "wait cw")   # for the producer first, then for the app
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "cw: waiting until the 300 records in words are processed and committed…"
-    assert re.fullmatch(r"cw: caught up in \d+\.\d s", out[1]) and len(out) == 2
+    assert re.fullmatch(r"cw: waiting for the producer of words to finish \([\d,]+ records sent so far\)…",
+                        out[0]), out
+    assert out[1] == "cw: waiting until the 300 records in words are processed and committed…"
+    assert re.fullmatch(r"cw: caught up in \d+\.\d s", out[2]) and len(out) == 3
+    assert not _session().producers["words"].running
     ip.run_line_magic("statekit", "crash cw --after 5")
     assert capsys.readouterr().out == ("cw: instance 0 will crash (process) once one of its tasks has "
                                        "processed 5 record(s) of a batch; with no other instance the app "
