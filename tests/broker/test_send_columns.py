@@ -128,3 +128,42 @@ def test_the_spark_sink_writes_columns_where_kafkas_partitioner_would(kafka, sha
         assert got == recs, (t, p)
     assert partitions_for([b"x", None, b"yy"], 3).tolist() == [partition_for(b"x", 3), -1,
                                                                partition_for(b"yy", 3)]
+
+
+def test_big_damaged_batches_get_the_record_walks_verdict(kafka, shared_broker):
+    """A produce of 500-record batches goes through the column-wise check; a damaged one is
+    refused with the record walk's exact reason, a whole one is appended."""
+    from kafka.protocol.producer import ProduceResponse
+
+    from _broker_util import Raw, produce_request
+    from statekit import wire as W
+
+    kafka.ensure_topic("sc-big", 1)
+    n = 500
+    h = [("b", b"1")]
+    rows = [(i, b"k%d" % i, b"v" * (i % 90), h if i != n - 1 else [("m", b"1")] + h) for i in range(n)]
+
+    def batch(bad_at=None, bad_len_at=None):
+        recs = []
+        for i, k, v, hh in rows:
+            r = W.encode_record(i + 1 if i == bad_at else i, k, v, W.encode_headers(hh), i)
+            if i == bad_len_at:  # the record claims one byte more than it has
+                assert len(r) - 1 < 63  # a one-byte length
+                r = W.write_varint(len(r)) + r[1:]
+            recs.append(r)
+        return W.build_batch(b"".join(recs), n, first_timestamp=0, max_timestamp=n - 1)
+
+    good = batch()
+    assert W.records_valid(good, 61, len(good), n)
+    with Raw(shared_broker.bootstrap) as raw:
+        def produce(data):
+            resp = raw.call(produce_request("sc-big", 0, data), ProduceResponse)
+            p = resp.responses[0].partition_responses[0]
+            return p.error_code, p.error_message, p.base_offset
+
+        assert produce(batch(bad_at=321))[:2] == (2, "record 321 has offset delta 322: deltas must be 0, 1, 2, ...")
+        assert produce(batch(bad_len_at=7))[:2] == (2, "record 7 does not end where its length says")
+        assert produce(good)[0::2] == (0, 0)
+    got = [r for c in kafka.read("sc-big", 0) for r in c]
+    assert [(r[0], r[1], r[2], r[3], r[4]) for r in got] == [
+        (i, i, k, v, tuple(hh)) for i, k, v, hh in rows]
