@@ -978,7 +978,7 @@ class App:
     # ------------------------------------------------------------------ crash
     def crash(self, mode: str = "process", instance: Optional[int] = None,
               after_records: Optional[int] = None, point: str = "records", wait: bool = True,
-              timeout: float = 60) -> dict:
+              timeout: float = 60, subtopology: Optional[int] = None) -> dict:
         """Crash an instance for real.
 
         With ``after_records=n`` (or another ``point``: "before_send", "before_commit" (the batch's
@@ -986,6 +986,7 @@ class App:
         "mid_restore"), write a crash directive: the first task of that instance that has processed
         ``n`` records of one batch (or reaches the commit or restore point) SIGKILLs its own
         instance. With ``after_records=None`` and ``point="records"`` the instance is killed now.
+        ``subtopology`` limits a directive to that sub-topology's tasks.
         ``mode="disk-loss"`` also deletes the instance's state directories once it is dead. The
         other instances take over its tasks; a one-instance app goes to ERROR until ``restart()``.
         With ``wait`` a crash now returns when it is done. Returns the crash record.
@@ -1023,7 +1024,8 @@ class App:
                 rec.update(status="applied", applied=True, died_at=time.time())
                 return rec
             d = crash_mod.write_directive(self.layout.control_dir, instance, point,
-                                          0 if after_records is None else after_records, mode)
+                                          0 if after_records is None else after_records, mode,
+                                          subtopology)
             rec["id"] = d["id"]
             self._crash = rec
         return rec

@@ -8,7 +8,8 @@ The App (``App.crash``) writes ``<control_dir>/crash.json``::
 ``before_send`` (commit step 2, before the changelog records go out), ``before_commit`` (they are
 acknowledged, the batch's transaction not committed), ``after_ack`` (acknowledged and committed,
 RocksDB not yet written), ``after_rocksdb`` (RocksDB written, checkpoint file not yet),
-``mid_restore`` (while restoring). ``instance`` None matches any instance.
+``mid_restore`` (while restoring). ``instance`` None matches any instance; ``subtopology`` (optional)
+limits the directive to the tasks of one sub-topology.
 
 The worker side (``claim``, called by a task at each point): the first task on a matching instance
 that reaches the point claims the directive with an atomic rename to ``crash.claimed.<id>.json`` —
@@ -52,7 +53,8 @@ def _atomic_write(path: str, body: dict) -> None:
 
 
 def write_directive(control_dir: str, instance: Optional[int] = None, point: str = "records",
-                    after_records: Optional[int] = 0, mode: str = "process") -> dict:
+                    after_records: Optional[int] = 0, mode: str = "process",
+                    subtopology: Optional[int] = None) -> dict:
     """Write (or replace) the crash directive; returns it (with its ``id``)."""
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}; use one of {', '.join(POINTS)}")
@@ -63,6 +65,7 @@ def write_directive(control_dir: str, instance: Optional[int] = None, point: str
         "point": point,
         "after_records": None if after_records is None else int(after_records),
         "mode": mode,
+        "subtopology": None if subtopology is None else int(subtopology),
         "written_at": time.time(),
     }
     _atomic_write(_path(control_dir), body)
@@ -107,8 +110,12 @@ def claimed(control_dir: str, directive_id: str) -> Optional[dict]:
         return {"id": directive_id}
 
 
-def _matches(d: dict, instance: Optional[int], point: str, records: Optional[int]) -> bool:
+def _matches(d: dict, instance: Optional[int], point: str, records: Optional[int],
+             task=None) -> bool:
     if d.get("point") != point:
+        return False
+    sub = d.get("subtopology")
+    if sub is not None and task is not None and str(task).split("_")[0] != str(sub):
         return False
     want = d.get("instance")
     if want is not None and instance is not None and int(want) != int(instance):
@@ -126,7 +133,7 @@ def claim(control_dir: str, instance: Optional[int], point: str, records: Option
     if not control_dir:
         return None
     d = read_directive(control_dir)
-    if d is None or not _matches(d, instance, point, records):
+    if d is None or not _matches(d, instance, point, records, task):
         return None
     dst = _claimed_path(control_dir, d["id"])
     try:

@@ -28,14 +28,15 @@ def make_chunks(seed: int, chunks: int, lines_per_chunk: int, clicks_per_chunk: 
     return out
 
 
-def produce_chunk(kafka, chunk, lines_topic="lines", clicks_topic="clicks", rnd=None, parts=3,
+def produce_chunk(kafka, chunk, lines_topic="lines", clicks_topic="clicks", rnd=None, parts=None,
                   sends=3) -> None:
     """Send one chunk, split into a few sends (each send gets its own timestamp, so the windowed
-    count sees several windows)."""
+    count sees several windows); `parts`: the topics' partitions (default: the lines topic's)."""
     from statekit.partition import partition_for
 
     lines, clicks = chunk
     rnd = rnd or random.Random(0)
+    parts = parts or len(kafka.end_offsets(lines_topic))
     for s in range(sends):
         part_lines = lines[s::sends]
         by_p = collections.defaultdict(list)
@@ -202,10 +203,12 @@ def run_membership_schedule(app, kafka, seed: int, steps: int = 5, log=None,
             c = random_crash(rnd, live)
             if i == 0 and first_crash:
                 c.update(first_crash)
-                busy = [x for x in live if co.assignment.active_tasks(x)]
+                sub = first_crash.get("subtopology")
+                busy = [x for x in live if any(sub is None or t.subtopology == sub
+                                               for t in co.assignment.active_tasks(x))]
                 c["instance"] = busy[rnd.randrange(len(busy))]
             app.crash(c["mode"], instance=c["instance"], after_records=c["after_records"],
-                      point=c["point"])
+                      point=c["point"], subtopology=c.get("subtopology"))
             done.append(("crash", c))
         elif op == "kill":
             i_ = rnd.choice(live)

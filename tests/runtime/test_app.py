@@ -23,16 +23,24 @@ LINES = ["the quick brown fox", "jumps over the lazy dog", "a stream of words", 
          "kafka streams keeps state", "rocksdb holds the store", "a b c d e f g", "the end"]
 
 
-def send_lines(kafka, topic, lines, parts=2):
-    for i, ln in enumerate(lines):
-        kafka.send(topic, i % parts, [(None, ln.encode())])
+def send_lines(kafka, topic, lines, parts=None):
+    """Each word of each line as a record keyed by the word, in the partition Kafka's default
+    partitioner picks (a task reads its own partition: a keyed count needs no repartition)."""
+    from statekit.partition import partition_for
+
+    parts = parts or len(kafka.end_offsets(topic))
+    for ln in lines:
+        by_p: dict = {}
+        for w in ln.split():
+            by_p.setdefault(partition_for(w.encode(), parts), []).append((w.encode(), w.encode()))
+        for p, recs in sorted(by_p.items()):
+            kafka.send(topic, p, recs)
 
 
 def wordcount_app(shared_broker, tmp_path, topic, **kw):
-    kw.setdefault("partitions", 2)
     app = statekit.App(unique("app"), bootstrap=shared_broker.bootstrap, state_dir=str(tmp_path / "st"),
                        engine="local", **kw)
-    app.stream(topic).flat_map_values(str.split).group_by(lambda k, w: w).count(store="counts")
+    app.stream(topic).group_by_key().count(store="counts")
     return app
 
 
@@ -137,7 +145,7 @@ def test_failover_to_a_paused_standby_replays_exactly_its_lag(shared_broker, kaf
 
 def test_interactive_queries_while_the_application_runs(shared_broker, kafka, tmp_path):
     topic = unique("lines")
-    kafka.ensure_topic(topic, 2)
+    kafka.ensure_topic(topic, 3)
     app = wordcount_app(shared_broker, tmp_path, topic, partitions=3, instances=2)
     try:
         app.start()
@@ -148,7 +156,7 @@ def test_interactive_queries_while_the_application_runs(shared_broker, kafka, tm
             i = 0
             while not stop.is_set() and i < 40:
                 ln = LINES[i % len(LINES)]
-                kafka.send(topic, i % 2, [(None, ln.encode())])
+                send_lines(kafka, topic, [ln])
                 sent.append(ln)
                 i += 1
                 time.sleep(0.02)
@@ -234,7 +242,8 @@ def test_lifecycle_events_metrics_and_describe(shared_broker, kafka, tmp_path):
         assert app.process_all_available()
         assert app.wait_for_state(AppState.RUNNING, 10) == AppState.RUNNING
         m = app.metrics()
-        assert m["records_processed"] == len(LINES) and m["instances"] == 2
+        assert m["records_processed"] == sum(map(len, map(str.split, LINES)))
+        assert m["instances"] == 2
         assert m["last_batch_latency_ms"] is not None and m["batches"] >= 1
         app.crash("process", instance=1)           # one of two: the app keeps running
         send_lines(kafka, topic, LINES[:2])
@@ -429,7 +438,8 @@ def test_available_now_trigger_ends_in_not_running(shared_broker, kafka, tmp_pat
     app = wordcount_app(shared_broker, tmp_path, topic, partitions=2)
     try:
         send_lines(kafka, topic, LINES[:4])
-        app.start(trigger="availableNow", max_records_per_trigger=2)
+        words = sum(len(ln.split()) for ln in LINES[:4])
+        app.start(trigger="availableNow", max_records_per_trigger=-(-words // 2))
         assert app.wait_for_state(AppState.NOT_RUNNING, 60) == AppState.NOT_RUNNING
         assert counts(app) == reference(LINES[:4])
         assert app.metrics()["batches"] == 2
@@ -448,7 +458,7 @@ def test_commit_interval_is_the_micro_batch_trigger(shared_broker, kafka, tmp_pa
     try:
         app.start()
         assert app.runs[0].trigger == 0.25
-        kafka.send(topic, 0, [(None, b"a b a")])
+        send_lines(kafka, topic, ["a b a"])
         assert app.process_all_available()
         assert app.query("counts", "a") == 2
     finally:
@@ -502,9 +512,12 @@ def test_restore_forecast_names_the_records_a_restore_then_reads(shared_broker, 
         app.stop()
 
 
-def test_fragments_wait_for_their_batch_and_a_retried_one_is_not_applied_twice(shared_broker, kafka, tmp_path):
-    from statekit.worker.protocol import records_to_ipc
-    from statekit.worker.router import deliver
+def test_a_task_reads_its_ranges_and_a_retried_batch_is_not_applied_twice(shared_broker, kafka,
+                                                                         tmp_path):
+    """The exchange hands a task its offset ranges; the owner reads them from Kafka itself, in
+    offset order, commits, and answers once committed; the same batch again (Spark retried the
+    task) is a no-op; a batch for a dead owner waits in the spool, then goes first."""
+    from statekit.worker.exchange import Spool, deliver
 
     topic = unique("lines")
     kafka.ensure_topic(topic, 1)
@@ -512,24 +525,20 @@ def test_fragments_wait_for_their_batch_and_a_retried_one_is_not_applied_twice(s
     try:
         app.start()
         assert app.process_all_available()
-        plan, task = app.subplans[0], TaskId(0, 0)
+        for q in app._queries.values():       # the engine stops: only these batches reach the task
+            q.stop()
+        task, ctl = TaskId(0, 0), app.layout.control_dir
         lines = ["a b", "b c", "c d", "a a"]
-        frags = []
-        for split, ln in enumerate(lines[:3]):           # split i holds line i, offset i
-            recs = [tuple(r) + (0, seq) for seq, (_t, r) in
-                    enumerate(plan.shuffle(0, None, ln.encode(), 1000 - split, 0, split, 1))]
-            frags.append(records_to_ipc(recs))
-        ctl = app.layout.control_dir
-        assert deliver(ctl, task, 500, frags[2], split=2, splits=3)[0] == "stored"
-        assert deliver(ctl, task, 500, frags[0], split=0, splits=3)[0] == "stored"
-        assert app.query("counts", "a") is None               # nothing processed yet
-        done = deliver(ctl, task, 500, frags[1], split=1, splits=3)
-        assert done[0] == "done"                               # the last fragment: processed, committed
-        assert counts(app) == reference(lines[:3])
-        assert deliver(ctl, task, 500, frags[0], split=0, splits=3) == ("done", 0)   # Spark retried it
-        assert counts(app) == reference(lines[:3])
-        # merged in (timestamp, source, partition, offset) order, whatever order they came in
+        send_lines(kafka, topic, lines)
+        end = kafka.end_offsets(topic)[0]
+        assert deliver(ctl, task, 500, [(topic, 0, 0, 4)]) == ("done", 0)
+        assert counts(app) == reference(["a b", "b c"])       # offsets 0..3: the first 4 words
+        assert deliver(ctl, task, 500, [(topic, 0, 0, 4)]) == ("done", 0)   # Spark retried it
+        assert counts(app) == reference(["a b", "b c"])
         commit = app.wait_for_event(lambda e: e.type == "commit" and e.batch == 500, 10)
-        assert commit.records == 6
+        assert commit.records == 4
+        assert deliver(ctl, task, 501, [(topic, 0, 4, end)])[0] == "done"
+        assert counts(app) == reference(lines)
+        assert Spool(app.layout.control.spool_dir(str(task))).batches() == []
     finally:
         app.stop()

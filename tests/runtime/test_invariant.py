@@ -24,8 +24,8 @@ def _run(seed, broker, tmp_path, engine="local", steps=5, sink="memory"):
     kafka = Kafka(broker.bootstrap)
     app = build_app(f"inv{seed}", broker, str(tmp_path / "state"), seed, engine=engine)
     try:
-        kafka.ensure_topic("lines", 3)
-        kafka.ensure_topic("clicks", 3)
+        kafka.ensure_topic("lines", app.partitions)   # a task reads its own partition of each
+        kafka.ensure_topic("clicks", app.partitions)
         app.start(max_records_per_trigger=[None, 15, 40][seed % 3], sink=sink)
         summary = run_membership_schedule(app, kafka, seed, steps=steps)
         assert app.state.is_running(), (app.state, app.error)
@@ -67,10 +67,13 @@ def _run_kafka_sink(seed, broker, tmp_path, guarantee):
                     processing_guarantee=guarantee, cache_bytes=10 << 20)
     try:
         for t in ("lines", "clicks", "counts-out"):
-            kafka.ensure_topic(t, 3)
+            kafka.ensure_topic(t, app.partitions)
         app.start(sink="kafka")
+        # the crash hits the count's task (the sub-topology with the sink), between its writes
+        # and its transaction's commit
         run_membership_schedule(app, kafka, seed, steps=4,
-                                first_crash={"point": "before_commit", "after_records": None})
+                                first_crash={"point": "before_commit", "after_records": None,
+                                             "subtopology": app.store_subtopology("counts")})
         assert app.state.is_running(), (app.state, app.error)
         from statekit.worker import crash as crash_mod
 

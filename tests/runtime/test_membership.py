@@ -32,13 +32,14 @@ def kafka(broker):
 def wordcount(broker, tmp_path, name, **kw):
     app = statekit.App(name, bootstrap=broker.bootstrap, state_dir=str(tmp_path / "st"), engine="local",
                        **kw)
-    (app.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w).count(store="counts")
+    (app.stream("lines").group_by_key().count(store="counts")
      .to_stream().to("out", value_serde="int64"))
     return app
 
 
 class Feeder:
-    """Sends seeded lines to `lines` from a thread until stopped; remembers what it sent."""
+    """Sends seeded lines to `lines` from a thread until stopped, each word a record keyed by the
+    word in its key's partition (a task reads its own partition); remembers what it sent."""
 
     def __init__(self, kafka, seed=1, every=0.01):
         import random
@@ -49,12 +50,17 @@ class Feeder:
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
-        i = 0
+        from statekit.partition import partition_for
+
+        parts = len(self.kafka.end_offsets("lines"))
         while not self._stop.is_set():
             line = " ".join(self.rnd.choice(WORDS) for _ in range(self.rnd.randint(2, 8)))
-            self.kafka.send("lines", i % 3, [(None, line.encode())])
+            by_p: dict = {}
+            for w in line.split():
+                by_p.setdefault(partition_for(w.encode(), parts), []).append((w.encode(), w.encode()))
+            for p, recs in sorted(by_p.items()):
+                self.kafka.send("lines", p, recs)
             self.sent.append(line)
-            i += 1
             time.sleep(self.every)
 
     def __enter__(self):
@@ -96,7 +102,7 @@ def wait_for(pred, timeout=60, what="condition"):
 
 @pytest.mark.parametrize("mode", ["process", "disk-loss"])
 def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, kafka, tmp_path, mode):
-    kafka.ensure_topic("lines", 3)
+    kafka.ensure_topic("lines", 6)
     app = wordcount(broker, tmp_path, f"k3{mode[0]}", partitions=6, instances=3, restore_rate=400)
     states = []
     app.on_event(lambda e: states.append(e.state) if e.type == "state" else None)
@@ -148,7 +154,7 @@ def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, kafk
 
 
 def test_a_new_instance_warms_up_before_a_task_moves_to_it(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 3)
+    kafka.ensure_topic("lines", 4)
     app = wordcount(broker, tmp_path, "warm", partitions=4, instances=2, acceptable_recovery_lag=5,
                     probing_rebalance_interval=0.5, max_warmup_replicas=1)
     seen = []
@@ -198,7 +204,7 @@ def reference_from(kafka):
 
 
 def test_remove_instance_is_graceful_and_scale_goes_both_ways(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 3)
+    kafka.ensure_topic("lines", 4)
     app = wordcount(broker, tmp_path, "rm", partitions=4, instances=3, acceptable_recovery_lag=10,
                     probing_rebalance_interval=0.3)
     states = []
@@ -227,7 +233,7 @@ def test_remove_instance_is_graceful_and_scale_goes_both_ways(broker, kafka, tmp
 
 
 def test_bad_membership_calls_are_refused_and_change_nothing(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 3)
+    kafka.ensure_topic("lines", 2)
     app = wordcount(broker, tmp_path, "bad", partitions=2, instances=2)
     with pytest.raises(StatekitError, match="not started"):
         app.kill(0)

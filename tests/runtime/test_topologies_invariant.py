@@ -8,12 +8,13 @@ output (the memory sink, or the Kafka sink read read_committed: exactly-once is 
 plain-Python references (tests/topology/topo_models.py's models, checked against declarative ones).
 
 Why the references do not depend on how the input was cut into micro-batches or when a crash hit:
-orders, payments and clicks each come through one partition, in event-time order except that a
-record is at most LATE ms older than any record before it, with LATE within the grace periods and
-within the join's after-window. A task processes its records in offset order across batches and
-by timestamp within a batch, so its stream time at a record is at most LATE ahead of it: nothing
-is dropped as late, nothing joins or closes early, and a window that closed can no longer change.
-The users table is keyed, so each user's updates keep their order; regrouping is commutative.
+the topics have one partition per task and every record goes to its key's partition (Kafka's
+default partitioner), in event-time order except that a record is at most LATE ms older than any
+record before it, with LATE within the grace periods and within the join's after-window. A task
+reads its partition in offset order, so its stream time at a record is at most LATE ahead of it:
+nothing is dropped as late, nothing joins or closes early, and a window that closed can no longer
+change. The users table is keyed, so each user's updates keep their order; regrouping is
+commutative.
 """
 from __future__ import annotations
 
@@ -252,9 +253,8 @@ def run(seed, broker, tmp_path, engine="local", steps=5, sink=None) -> dict:
     data = make_input(seed, now_ms())
     parts = {t: chunks(recs, steps) for t, recs in data.items()}
     try:
-        kafka.ensure_topic("shop", 1)
-        kafka.ensure_topic("clicks", 1)
-        kafka.ensure_topic("users", 3)
+        for t in ("shop", "clicks", "users"):      # a task reads its own partition of each
+            kafka.ensure_topic(t, app.partitions)
         app.start(max_records_per_trigger=[None, 15, 40][seed % 3], sink=sink)
 
         def produce(i):

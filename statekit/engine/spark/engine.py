@@ -121,11 +121,15 @@ def _offset_span(sources) -> "int | None":
     source yields one row per task, not per record). None when the offsets are not Kafka's."""
     import json
 
+    def parse(x):
+        while isinstance(x, str):          # (a listener's progress has them as text, "None" too)
+            x = None if x in ("None", "null", "") else json.loads(x)
+        return x or {}
+
     total = 0
     for src in sources or ():
         try:
-            start, end = (json.loads(x) if isinstance(x, str) else (x or {})
-                          for x in (src.get("startOffset"), src.get("endOffset")))
+            start, end = parse(src.get("startOffset")), parse(src.get("endOffset"))
             for topic, parts in end.items():
                 for part, off in parts.items():
                     total += max(0, int(off) - int((start.get(topic) or {}).get(part, 0)))
