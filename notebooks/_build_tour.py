@@ -328,8 +328,7 @@ while time.time() < deadline and not any(m["to"] == joined.instance for r in app
 for e in app.events(since=joined.ts, types=["replica_started", "warmup_caught_up", "rebalance", "task_opened"]):
     if e.type == "rebalance":
         mine = [f"{m['task']} {m['from']}→{m['to']}" for m in e.moves if m["to"] == joined.instance]
-        print(f"generation {e.generation}: rebalance ({e.reason})"
-              + (f": {', '.join(mine)} moved to instance {joined.instance}" if mine else ""))
+        print(f"generation {e.generation}: rebalance ({e.reason})" + (f": moved {', '.join(mine)}" if mine else ""))
     elif e.instance == joined.instance and e.type == "replica_started":
         print(f"generation {e.generation}: a {e.role} replica of {e.task} started on instance {e.instance}")
     elif e.instance == joined.instance and e.type == "warmup_caught_up":
@@ -356,8 +355,8 @@ caught = [e for e in evs if e.type == "warmup_caught_up" and e.instance == joine
 warm = [e for e in evs if e.type == "replica_started" and e.instance == joined.instance and e.role == "warmup"]
 assert all(any(w.task == t for w in warm) and any(c.task == t for c in caught) for t in moved)
 assert all(m["reason"] == "warmup-caught-up" for m in first_move["moves"] if m["to"] == joined.instance)
-print(f"{len(actual):,} accounts counted exactly; tasks {', '.join(moved)} moved to instance "
-      f"{joined.instance} after their warmup caught up")
+print(f"{len(actual):,} accounts counted exactly; {', '.join(moved)} moved to instance "
+      f"{joined.instance} only after {'its warmup' if len(moved) == 1 else 'their warmups'} caught up")
 print("OK")
 """),
     code("%statekit stop rb"),

@@ -104,8 +104,16 @@ def test_app_cell_mistake_is_one_line(ip, capsys):
     assert "broken" not in __import__("kernel_ext").session().apps
 
 
+def _on(broker, monkeypatch):
+    """The session's apps use `broker` (whatever an earlier test left in the kernel's session)."""
+    import kernel_ext
+
+    monkeypatch.setenv("STATEKIT_BOOTSTRAP", broker.bootstrap)
+    monkeypatch.setattr(kernel_ext.session(), "bootstrap", broker.bootstrap)
+
+
 def test_app_cell_defines_an_app(ip, capsys, kafka, shared_broker, monkeypatch):
-    monkeypatch.setenv("STATEKIT_BOOTSTRAP", shared_broker.bootstrap)
+    _on(shared_broker, monkeypatch)
     kafka.ensure_topic("words-good", 3)
     ip.run_cell_magic("statekit", "app good --partitions 3",
                       "app.stream('words-good', value_serde='json').group_by_key().count(store='counts')\n")
@@ -121,7 +129,7 @@ def test_a_refused_app_cell_defines_nothing(ip, capsys, kafka, shared_broker, mo
     no app by that name, `app` and every other name of the namespace as they were."""
     import kernel_ext
 
-    monkeypatch.setenv("STATEKIT_BOOTSTRAP", shared_broker.bootstrap)
+    _on(shared_broker, monkeypatch)
     kafka.ensure_topic("words-typo", 2)
     ip.user_ns["app"] = sentinel = object()
     ip.user_ns["counts"] = "mine"
