@@ -19,9 +19,9 @@ from typing import Callable
 import ipywidgets as W
 
 from kernel_ext.dashboard import charts, svg
-from kernel_ext.dashboard.collect import ALL_PANELS, EventFeed, Poller, StoreCache, Throttled  # noqa: F401
+from kernel_ext.dashboard.collect import ALL_PANELS, EventFeed, Poller
 from kernel_ext.dashboard.formats import clip
-from kernel_ext.dashboard.model import DashboardModel, Picture, Snapshot, collect  # noqa: F401
+from kernel_ext.dashboard.model import DashboardModel, Picture, Snapshot
 from kernel_ext.dashboard.panels import (CSS, _dash, _e, _pic, as_of, render_changelog, render_events,  # noqa: F401
                                          render_forecast, render_header, render_history, render_instances,
                                          render_moves, render_restore, render_restore_table, render_store,
