@@ -48,6 +48,7 @@ class CachingStore(StoreBase):
         self._entries: OrderedDict = OrderedDict()
         self._keys = SortedKeys(self._entries)
         self._dirty: dict = {}
+        self._bytes = 0            # what this store's entries count against the task budget
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -72,29 +73,47 @@ class CachingStore(StoreBase):
             size = len(key) + len(v) + ENTRY_OVERHEAD
             c = self.cache
             c.used += size
+            self._bytes += size
             if c.used > c.max_bytes:
                 self._evict()
         return v
 
     def get_many(self, keys: list) -> list:
-        """Cached values, the misses from below in one bulk read. The misses are not cached: a
-        bulk reader (an aggregation applied per key) writes them right after."""
+        """`get` of distinct keys in bulk: cached values, the misses from below in one bulk read;
+        entries, LRU order and byte count as one get after the other (evictions once all are
+        in, as `put_many`)."""
         e = self._entries
         if not e:
+            out = self.inner.get_many(keys)
             self.misses += len(keys)
-            return self.inner.get_many(keys)
-        out = [e.get(k, _MISS) for k in keys]
-        miss = [i for i, v in enumerate(out) if v is _MISS]
-        self.misses += len(miss)
-        self.hits += len(keys) - len(miss)
-        if miss:
-            for i, v in zip(miss, self.inner.get_many([keys[i] for i in miss])):
-                out[i] = v
-        if len(miss) < len(keys):
-            move = e.move_to_end
-            for k, v in zip(keys, out):
-                if k in e:
-                    move(k)
+            if out.count(None) == len(out):
+                return out                   # nothing cached, nothing found: nothing to keep
+            miss = range(len(keys))
+        else:
+            out = [e.get(k, _MISS) for k in keys]
+            miss = [i for i, v in enumerate(out) if v is _MISS]
+            self.misses += len(miss)
+            self.hits += len(keys) - len(miss)
+            if miss:
+                for i, v in zip(miss, self.inner.get_many([keys[i] for i in miss])):
+                    out[i] = v
+        move = e.move_to_end
+        added = 0
+        new = []
+        for k, v in zip(keys, out):
+            if k in e:
+                move(k)
+            elif v is not None:
+                e[k] = v
+                new.append(k)
+                added += len(k) + len(v) + ENTRY_OVERHEAD
+        if new:
+            self._keys.added_many(new)
+            c = self.cache
+            c.used += added
+            self._bytes += added
+            if c.used > c.max_bytes:
+                self._evict()
         return out
 
     def scan(self, lo: Optional[bytes] = None, hi: Optional[bytes] = None) -> Iterator[KV]:
@@ -130,15 +149,19 @@ class CachingStore(StoreBase):
             delta = (0 if value is None else len(value)) - (0 if old is None else len(old))
         c = self.cache
         c.used += delta
+        self._bytes += delta
         if c.used > c.max_bytes:
             self._evict()
 
     def put_many(self, keys: list, values: list) -> None:
         """`put` of distinct keys in bulk: the same entries, dirty marks, LRU order and byte count
-        as one put after the other, with the evictions forwarded below in one bulk write."""
+        as one put after the other when the task's cache holds them all; otherwise the evictions
+        come once the whole write is in (forwarded below in one bulk write), so other entries may
+        go early — the committed state and what the changelog restores are the same."""
         e = self._entries
         dirty = self._dirty
-        vbytes = sum(len(v) for v in values if v is not None)
+        vbytes = (sum(len(v) for v in values if v is not None) if None in values
+                  else sum(map(len, values)))
         if not e or e.keys().isdisjoint(keys):
             self._keys.added_many(keys)
             delta = sum(map(len, keys)) + ENTRY_OVERHEAD * len(keys) + vbytes
@@ -146,16 +169,16 @@ class CachingStore(StoreBase):
             old = [e.get(k, _MISS) for k in keys]
             new = [k for k, o in zip(keys, old) if o is _MISS]
             self._keys.added_many(new)
-            move = e.move_to_end
-            for k, o in zip(keys, old):
-                if o is not _MISS:
-                    move(k)
             delta = (sum(map(len, new)) + ENTRY_OVERHEAD * len(new) + vbytes
                      - sum(len(o) for o in old if o is not _MISS and o is not None))
+            if len(new) < len(keys):      # an overwrite moves its key to the end, in write order
+                for k in keys:
+                    e.pop(k, None)
         e.update(zip(keys, values))
         dirty.update(dict.fromkeys(keys))
         c = self.cache
         c.used += delta
+        self._bytes += delta
         if c.used > c.max_bytes:
             self._evict()
 
@@ -182,6 +205,7 @@ class CachingStore(StoreBase):
                 del dirty[k]
                 fk.append(k)
                 fv.append(v)
+        self._bytes -= c.used - used
         c.used = used
         self._keys.removed(n)
         self.evictions += n
@@ -212,12 +236,14 @@ class CachingStore(StoreBase):
                         del e[k]
                         self._keys.removed()
                         self.cache.used -= len(k) + ENTRY_OVERHEAD
+                        self._bytes -= len(k) + ENTRY_OVERHEAD
         self.flushes += 1
         self.inner.flush()
 
     def clear(self) -> None:
         """Drop every entry, dirty ones too (rollback to the last commit)."""
-        self.cache.used -= self.bytes
+        self.cache.used -= self._bytes
+        self._bytes = 0
         self._entries.clear()
         self._dirty.clear()
         self._keys.reset()
@@ -228,10 +254,8 @@ class CachingStore(StoreBase):
     # -- observation -----------------------------------------------------------------------
     @property
     def bytes(self) -> int:
-        """Bytes this store's entries count against the task budget (computed: not on the hot
-        path)."""
-        return sum(len(k) + ENTRY_OVERHEAD + (0 if v is None else len(v))
-                   for k, v in self._entries.items())
+        """Bytes this store's entries count against the task budget."""
+        return self._bytes
 
     @property
     def dirty_count(self) -> int:

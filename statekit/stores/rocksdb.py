@@ -59,6 +59,10 @@ def _options() -> rd.Options:
     o.set_keep_log_file_num(2)
     o.set_max_log_file_size(1 << 20)
     o.set_wal_recovery_mode(rd.DBRecoveryMode.point_in_time())
+    # a bloom filter over the memtable's keys: a key read that misses (every new key of a batch
+    # that is being aggregated) skips the skiplist search
+    o.set_memtable_whole_key_filtering(True)
+    o.set_memtable_prefix_bloom_ratio(0.1)
     bb = rd.BlockBasedOptions()
     bb.set_block_cache(_block_cache)
     bb.set_bloom_filter(10, False)
@@ -133,7 +137,11 @@ class RocksDBStore(OverlayStore):
         if len(keys) < 16:
             get = self._cf_get
             return [get(k) for k in keys]
-        return self._cf_get(keys)       # rocksdict: a list of keys is one MultiGet
+        # one MultiGet (rocksdict takes a list), in key order: RocksDB then walks each memtable
+        # and file once, two to three times faster than in the batch's order
+        srt = sorted(keys)
+        found = dict(zip(srt, self._cf_get(srt)))
+        return list(map(found.__getitem__, keys))
 
     def _committed_scan(self, lo: Optional[bytes], hi: Optional[bytes]) -> Iterator[KV]:
         if self._cf is None:

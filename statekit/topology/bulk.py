@@ -107,7 +107,9 @@ class BulkAggregate:
         self._keys: list = []      # store key bytes
         self._new: list = []       # new value bytes (None: deleted)
         self._old: list = []       # value bytes before the batch
-        self._meta: list = []      # (timestamp, offset, partition) of the key's last record
+        self._ts: list = []        # timestamp, offset, partition of the key's last record
+        self._off: list = []
+        self._part: list = []
         self._obj: list = []       # the new value as the user's function returned it, else _BYTES
         self.sink = self._columnar_sink()
 
@@ -188,9 +190,12 @@ class BulkAggregate:
     def _hold(self, uniq: list, news: list, olds: list, last: dict, stamps, offs, parts,
               objs=None) -> None:
         """Remember what flush forwards; `objs`: the new values as the user's function returned
-        them (one record at a time forwards those, not the store's copy), None for a count."""
-        pos, keys_, new_, old_, meta = self._pos, self._keys, self._new, self._old, self._meta
-        obj_ = self._obj
+        them (one record at a time forwards those, not the store's copy), None for a count. An
+        aggregation nothing follows forwards nothing: it holds nothing either."""
+        if not self.n.children:
+            return
+        pos, keys_, new_, old_ = self._pos, self._keys, self._new, self._old
+        obj_, ts_, off_, part_ = self._obj, self._ts, self._off, self._part
         if objs is None:
             objs = [_BYTES] * len(uniq)
         if not pos:   # the first (usually only) apply of the batch: columns as they are
@@ -199,7 +204,10 @@ class BulkAggregate:
             new_.extend(news)
             old_.extend(olds)
             obj_.extend(objs)
-            meta.extend((stamps[i], offs[i], parts[i]) for i in map(last.__getitem__, uniq))
+            at = list(map(last.__getitem__, uniq))
+            ts_.extend(map(stamps.__getitem__, at))
+            off_.extend(map(offs.__getitem__, at))
+            part_.extend(map(parts.__getitem__, at))
             return
         for kb, nb, ob, o in zip(uniq, news, olds, objs):
             i = last[kb]
@@ -210,11 +218,13 @@ class BulkAggregate:
                 new_.append(nb)
                 old_.append(ob)
                 obj_.append(o)
-                meta.append((stamps[i], offs[i], parts[i]))
+                ts_.append(stamps[i])
+                off_.append(offs[i])
+                part_.append(parts[i])
             else:
                 new_[p] = nb
                 obj_[p] = o
-                meta[p] = (stamps[i], offs[i], parts[i])
+                ts_[p], off_[p], part_[p] = stamps[i], offs[i], parts[i]
 
     def _count(self, skeys: list, stamps, offs, parts) -> None:
         counts = Counter(skeys)                      # first-appearance order
@@ -326,8 +336,10 @@ class BulkAggregate:
 
     def forward(self, down, send_old: bool) -> int:
         """Forward the held results (flush): columns to the sink, or one key at a time."""
-        keys, news, olds, meta, objs = self._keys, self._new, self._old, self._meta, self._obj
-        self._pos, self._keys, self._new, self._old, self._meta, self._obj = {}, [], [], [], [], []
+        keys, news, olds, objs = self._keys, self._new, self._old, self._obj
+        stamps, offs, parts = self._ts, self._off, self._part
+        self._pos, self._keys, self._new, self._old, self._obj = {}, [], [], [], []
+        self._ts, self._off, self._part = [], [], []
         if not keys:
             return 0
         kids = self.n.children
@@ -340,13 +352,13 @@ class BulkAggregate:
                        if nb is not None or ob is not None]
                 keys = [keys[i] for i in sel]
                 news = [news[i] for i in sel]
-                meta = [meta[i] for i in sel]
-            tp.context.forward_columns(self.sink, keys, news, [m[0] for m in meta])
+                stamps = [stamps[i] for i in sel]
+            tp.context.forward_columns(self.sink, keys, news, stamps)
             return len(keys)
         rec = tp.rec
         kdec, vdec = self.kdec, self.vdec_store
         n = 0
-        for kb, nb, ob, o, (ts, off, part) in zip(keys, news, olds, objs, meta):
+        for kb, nb, ob, o, ts, off, part in zip(keys, news, olds, objs, stamps, offs, parts):
             if nb is None and ob is None:
                 continue
             n += 1

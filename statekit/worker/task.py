@@ -308,6 +308,21 @@ def _serialize_outputs(plan, segments) -> list:
     return out
 
 
+def _by_partition(arr):
+    """``(partition, positions)`` groups of a segment's records (``arr``: their partitions, an
+    int array), each in record order (positions None: every record is in that one partition)."""
+    import numpy as np
+
+    if not len(arr):
+        return []
+    if (arr == arr[0]).all():
+        return [(int(arr[0]), None)]
+    order = np.argsort(arr, kind="stable")
+    keys, starts = np.unique(arr[order], return_index=True)
+    bounds = list(starts[1:]) + [len(arr)]
+    return [(int(p), order[a:b].tolist()) for p, a, b in zip(keys.tolist(), starts.tolist(), bounds)]
+
+
 def _cache_stats(state) -> dict:
     cache = {}
     try:
@@ -433,20 +448,21 @@ class StreamTask:
         for topic, kbs, vbs, stamps in outputs:
             if topic in repart or sink == "kafka":
                 n = self._partitions_of(topic)
+                parts = partitions_for(kbs, n)            # -1 for a None key: the task's own
                 if None in kbs:
-                    parts = [self.task.partition % n if kb is None else None for kb in kbs]
-                    keyed = [i for i, kb in enumerate(kbs) if kb is not None]
-                    for i, p in zip(keyed, partitions_for([kbs[i] for i in keyed], n)):
-                        parts[i] = p
-                else:
-                    parts = partitions_for(kbs, n)
-                for p, kb, vb, ts in zip(parts, kbs, vbs, stamps):
+                    parts[parts < 0] = self.task.partition % n
+                for p, sel in _by_partition(parts):
                     cols = to_kafka.get((topic, p))
                     if cols is None:
                         cols = to_kafka[(topic, p)] = ([], [], [])
-                    cols[0].append(kb)
-                    cols[1].append(vb)
-                    cols[2].append(ts)
+                    if sel is None:
+                        cols[0].extend(kbs)
+                        cols[1].extend(vbs)
+                        cols[2].extend(stamps)
+                    else:
+                        cols[0].extend(map(kbs.__getitem__, sel))
+                        cols[1].extend(map(vbs.__getitem__, sel))
+                        cols[2].extend(map(stamps.__getitem__, sel))
             elif sink == "memory":
                 memory.extend(zip([topic] * len(kbs), kbs, vbs))
         now = int(time.time() * 1000)

@@ -1,0 +1,108 @@
+"""Bulk reads and writes (get_many / put_many) through every layer of a store stack equal the same
+operations one key at a time where it matters: the same values read, the same committed contents,
+a changelog that restores the same state after every commit; with a cache big enough to hold a
+batch, the same changelog records in the same order and the same cache entries, dirty marks and
+LRU order. (With a smaller cache a bulk write evicts after the whole write, not after each key:
+other entries go early, so the changelog may carry a different number of early copies.) The
+cache's byte count is what its entries weigh."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from statekit.stores import RecordingSink, StoreSpec, build_stores
+from statekit.stores.caching import ENTRY_OVERHEAD
+
+
+def _stack(tmp_path, tag, cache_bytes, backend="rocksdb"):
+    sink = RecordingSink()
+    stores, db = build_stores([StoreSpec("s", key_serde="bytes", value_serde="bytes",
+                                         backend=backend)],
+                              str(tmp_path / tag), sink, cache_bytes=cache_bytes, sync=False)
+    return stores["s"].inner, db, sink
+
+
+def _cache_of(db):
+    return db._caches.get("s")
+
+
+def _ops(seed):
+    rnd = random.Random(seed)
+    keys = [f"k{i:03d}".encode() for i in range(60)]
+    ops = []
+    for _ in range(40):
+        if rnd.random() < 0.4:
+            ops.append(("get", rnd.sample(keys, rnd.randint(1, 30))))
+        elif rnd.random() < 0.9:
+            ks = rnd.sample(keys, rnd.randint(1, 30))
+            vs = [None if rnd.random() < 0.1 else bytes(rnd.randrange(256) for _ in
+                                                         range(rnd.randint(0, 40))) for _ in ks]
+            ops.append(("put", ks, vs))
+        else:
+            ops.append(("commit",))
+    ops.append(("commit",))
+    return ops
+
+
+def _run(inner, db, sink, ops, bulk):
+    reads, snapshots = [], []
+    for op in ops:
+        if op[0] == "get":
+            reads.append(inner.get_many(op[1]) if bulk else [inner.get(k) for k in op[1]])
+        elif op[0] == "put":
+            if bulk:
+                inner.put_many(op[1], op[2])
+            else:
+                for k, v in zip(op[1], op[2]):
+                    inner.put(k, v)
+        else:
+            db.flush()
+            db.commit({"batch": len(reads)})
+            latest = dict((k, v) for _s, k, v in sink.records)   # what a restore would rebuild
+            snapshots.append(({k: v for k, v in latest.items() if v is not None},
+                              dict(inner.scan())))
+    return reads, snapshots
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("cache_bytes", [0, 600, 1 << 20])
+@pytest.mark.parametrize("backend", ["rocksdb", "memory"])
+def test_bulk_equals_one_key_at_a_time(tmp_path, seed, cache_bytes, backend):
+    ops = _ops(seed)
+    a = _stack(tmp_path, "one", cache_bytes, backend)
+    b = _stack(tmp_path, "bulk", cache_bytes, backend)
+    try:
+        (reads_a, snaps_a), (reads_b, snaps_b) = _run(*a, ops, bulk=False), _run(*b, ops, bulk=True)
+        assert reads_a == reads_b
+        assert snaps_a == snaps_b
+        for restored, stored in snaps_b:
+            assert restored == stored                    # the changelog restores the store
+        ca, cb = _cache_of(a[1]), _cache_of(b[1])
+        if cache_bytes != 600:
+            assert a[2].records == b[2].records                          # changelog, in order
+        if ca is not None and cache_bytes != 600:
+            assert list(ca._entries.items()) == list(cb._entries.items())   # entries, LRU order
+            assert list(ca._dirty) == list(cb._dirty)
+        if ca is not None:
+            for c in (ca, cb):   # the byte count kept as we go is what the entries weigh
+                assert c.bytes == c.cache.used == sum(
+                    len(k) + ENTRY_OVERHEAD + (0 if v is None else len(v))
+                    for k, v in c._entries.items())
+    finally:
+        a[1].close()
+        b[1].close()
+
+
+def test_multiget_in_key_order_answers_in_the_asked_order(tmp_path):
+    inner, db, _sink = _stack(tmp_path, "mg", 0)
+    try:
+        keys = [f"key-{i:05d}".encode() for i in range(500)]
+        inner.put_many(keys[::2], [k[::-1] for k in keys[::2]])
+        db.flush()
+        db.commit({"batch": 0})
+        ask = list(reversed(keys)) + [b"missing"]
+        want = [None if int(k[4:] or b"1") % 2 else k[::-1] for k in ask[:-1]] + [None]
+        assert inner.get_many(ask) == want
+    finally:
+        db.close()
