@@ -169,3 +169,23 @@ def test_statekit_produce_command(broker, capsys):
                  "--bootstrap", broker.bootstrap]) == 1
     err = capsys.readouterr().err
     assert err.strip() == "statekit: --limit must be >= 1 (got 0)"
+
+
+def test_produce_timed_writes_each_records_time_in_order(kafka):
+    """Event times (out of order, one batch per partition) come back exactly as given."""
+    import json
+
+    recs = list(datagen.shop_events(seed=3, orders=40))
+    assert len({r.timestamp for r in recs}) > 10
+    n = datagen.produce_timed("timed-shop", recs, kafka=kafka, partitions=3)
+    assert n == len(recs)
+    want: dict = {p: [] for p in range(3)}
+    rr = itertools.count()
+    for r in recs:
+        key = None if r.key is None else r.key.encode()
+        value = None if r.value is None else json.dumps(r.value, separators=(",", ":"),
+                                                          sort_keys=True).encode()
+        p = partition_for(key, 3) if key is not None else next(rr) % 3
+        want[p].append((int(r.timestamp), key, value))
+    got = {p: [(t, k, v) for c in kafka.read("timed-shop", p) for _o, t, k, v, _h in c] for p in range(3)}
+    assert got == want
