@@ -5,7 +5,7 @@ coordinator connection; the client (:class:`statekit.kafka.client.Kafka`) sends 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
 from kafka.protocol.producer import AddPartitionsToTxnRequest, EndTxnRequest, InitProducerIdRequest
 
@@ -14,9 +14,6 @@ from statekit.errors import BrokerUnreachable, StatekitError
 from .connection import Connection
 from .encode import encode_records
 from .errors import KafkaError, ProducerFenced, Retry, raise_for
-
-if TYPE_CHECKING:
-    from .client import Kafka
 
 __all__ = ["TransactionalProducer"]
 
@@ -50,7 +47,9 @@ class TransactionalProducer:
     transaction outlived ``timeout_ms``); this producer is done.
     """
 
-    def __init__(self, kafka: Kafka, transactional_id: str, timeout_ms: int = 60000):
+    def __init__(self, kafka, transactional_id: str, timeout_ms: int = 60000):
+        """``kafka``: the :class:`statekit.kafka.client.Kafka` whose connections and produce
+        path this producer uses (``Kafka.transactional_producer`` makes one)."""
         if not transactional_id:
             raise StatekitError("a transactional producer needs a non-empty transactional_id")
         self._k = kafka
