@@ -573,7 +573,7 @@ class LiveDashboard:
         self._stop_set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        self.poller.stop(timeout)
+        self.poller.stop(min(timeout, 1.0))   # a poll stuck in a call ends on its own (a daemon)
         self.feed.close()
         self._fed = False
         threading.Thread(target=self._watch_for_stop, daemon=True,
