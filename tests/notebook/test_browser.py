@@ -271,12 +271,14 @@ def test_notebook_11_runs_with_its_live_dashboard_and_draws_every_page_per_minut
         _lab.wait_for_output(page, "shop: revived instance 1", timeout=400, poll=poll)
         dash = page.locator(".statekit-dashboard").first
         _lab.screenshot(page, "nb11-dashboard-after-crash.png", dash)
+        restoration = dash.locator(".sk-dash").filter(has_text="Restoration").first
+        _lab.screenshot(page, "nb11-restoration-after-crash.png", restoration)
         _no_clipping(page, "notebook 11 after the crash")
         _lab.wait_for_output(page, "each bar is the clicks of all pages", timeout=400, poll=poll)
         assert len(seen) >= 2, f"the dashboard never refreshed in the browser: {seen}"
         chart = page.locator(".jp-Cell").filter(has_text="clicks per minute (final results, all pages)").first
         assert chart.locator("img").count() >= 1, "no chart drawn"
-        _lab.screenshot(page, "nb11-chart.png", chart)
+        _lab.screenshot(page, "nb11-chart.png", chart.locator("img").first)
         _lab.wait_for_output(page, "stopped: ", timeout=200)
         assert not _errors(page), _errors(page)[:3]
         assert not _lab.learner_text_problems(page, "shop"), _lab.learner_text_problems(page, "shop")
@@ -312,7 +314,7 @@ def test_notebook_10_input_rate_stays_up_through_a_kill_and_the_timeline_shows_t
         _lab.wait_for_output(page, "since the kill, instances 0 and 2 committed", timeout=200)
         chart = page.locator(".jp-Cell").filter(has_text="letting the two survivors work").first
         assert chart.locator("img").count() >= 1, "no chart of the commits around the kill"
-        _lab.screenshot(page, "nb10-commits-chart.png", chart)
+        _lab.screenshot(page, "nb10-commits-chart.png", chart.locator("img").first)
         _lab.wait_for_output(page, "stopped: ", timeout=400)
         assert not _errors(page), _errors(page)[:3]
         assert not _lab.learner_text_problems(page, "rb"), _lab.learner_text_problems(page, "rb")
