@@ -260,8 +260,7 @@ class DashboardView:
         self._lag_at = 0.0
         self._own_sig = None
         self._own_at = 0.0
-        if topology is not None:
-            self.set_topology(*topology)
+        self._topology = topology   # drawn when its tab first shows (a whole figure: not in the cell)
 
     # -- callbacks ------------------------------------------------------------------------------
 
@@ -292,6 +291,7 @@ class DashboardView:
     # -- rendering ------------------------------------------------------------------------------
 
     def set_topology(self, nodes, edges):
+        self._topology = None
         self.topology.value = charts.to_png(charts.topology_figure(nodes, edges, title=f"{self.name}: topology"), dpi=90)
 
     def render_header(self, m=None, note: str = "") -> None:
@@ -316,6 +316,8 @@ class DashboardView:
             self._set(self.changelog, self._timed("changelog", lambda: render_changelog(p)))
         elif i == 3:
             self._timed("timeline", self.replay.refresh)
+        elif i == 4 and self._topology is not None:
+            self._timed("topology", lambda: self.set_topology(*self._topology))
         elif i == 6:
             self._set(self.events, self._timed("events", lambda: render_events(p)))
 

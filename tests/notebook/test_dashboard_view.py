@@ -92,6 +92,8 @@ def test_refresh_renders_every_panel():
     assert "class='changed'" in v.store.value
     assert "restored 1 task(s)" in v.restore.value and "took 0.2 s" in v.restore.value
     assert "Instances" in v.instances.value and "0_0" in v.instances.value
+    assert v.topology.value == b""        # drawn when its tab first shows
+    v.tabs.selected_index = 4
     assert len(v.topology.value) > 1000   # a PNG
     # the live charts are inline SVG: a line per task, the ownership bars coloured by instance
     assert v.lag.value.startswith("<svg") and "<polyline" in v.lag.value and "task 0_0" in v.lag.value
