@@ -306,8 +306,9 @@ print("OK")
 The first crash killed the instance in the middle of a batch. Nothing of that batch had been
 committed, so after the restart each task found its checkpoint equal to its changelog's end and
 reopened without replaying anything; the batch ran again and counted each movement once. The second
-crash took the disk as well: each task rebuilt its store by replaying its whole changelog, about as
-long as the forecast said. Both times the store ended exactly where plain Python says it should.
+crash took the disk as well: each task rebuilt its store by replaying its whole changelog, and the
+time it took stands beside the forecast made before the crash. Both times the store ended exactly
+where plain Python says it should.
 """),
 ]
 
@@ -478,8 +479,7 @@ print("OK")
 Each commit wrote a changelog record per key it changed, so the changelogs grew far past the number
 of live keys. The log cleaner kept only the latest record of each key in the closed segments, and a
 restore from scratch replayed those: fewer records than offsets, the same store. At 2.5 million
-accounts the difference is seconds of restore, and the forecast made before the crash says how
-many.
+accounts the difference is seconds of restore, which the forecast estimates before the crash.
 """),
 ]
 
