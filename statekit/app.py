@@ -51,6 +51,9 @@ class CopartitionError(StatekitError):
 
 
 DEFAULT_PARTITIONS = 4
+# A micro-batch reads at most this many records (start(max_records_per_trigger=0): no bound), so a
+# big backlog shows its progress batch by batch instead of one silent first batch
+DEFAULT_MAX_RECORDS_PER_TRIGGER = 250_000
 
 
 class NoLiveInstance(StatekitError):
@@ -509,18 +512,23 @@ class App:
               starting_offsets: str = "earliest") -> "App":
         """Compile, start the instances (they restore their tasks) and the engine. Returns self.
 
-        ``sink``: ``"memory"`` (``output()``), ``"kafka"`` (the plan's ``.to()`` topics) or ``"none"``."""
+        ``sink``: ``"memory"`` (``output()``), ``"kafka"`` (the plan's ``.to()`` topics) or ``"none"``.
+        ``max_records_per_trigger``: records per micro-batch at most (default
+        ``DEFAULT_MAX_RECORDS_PER_TRIGGER``; 0: no bound)."""
         with self._lock:
             if self.state not in (AppState.CREATED, AppState.NOT_RUNNING):
                 raise AppStateError(f"app '{self.name}' is {self.state}; start() needs CREATED or "
                                     f"NOT_RUNNING (restart() after a crash)")
             if sink not in ("memory", "kafka", "none"):
                 raise StatekitError(f"unknown sink {sink!r}; use 'memory', 'kafka' or 'none'")
+            self._boot_spark()
             self._set_plan(self._compile())
             _ = self.bootstrap
             self._ensure_topics(sink)
-            self._run_opts = dict(trigger=trigger, max_records_per_trigger=max_records_per_trigger,
-                                  sink=sink, starting_offsets=starting_offsets)
+            if max_records_per_trigger is None:
+                max_records_per_trigger = DEFAULT_MAX_RECORDS_PER_TRIGGER
+            self._run_opts = dict(trigger=trigger, max_records_per_trigger=max_records_per_trigger
+                                  or None, sink=sink, starting_offsets=starting_offsets)
             self.layout.control.ensure()
             self._check_partitions()
             crash_mod.clear(self.layout.control_dir)  # a directive left over from another session
@@ -1320,6 +1328,17 @@ class App:
         if spark is not None and engine_is_local(self._engine_arg):
             raise StatekitError("App(spark=...) runs on that session: use engine='changelog' "
                                 "(engine='local' runs without Spark)")
+
+    def _boot_spark(self) -> None:
+        """The Spark session boots (about 5 s of JVM) while start() checks topics and starts the
+        instances; the query waits for it when it starts."""
+        if self._engine_arg == "changelog" and self._spark is None and self._engine is None:
+            from pyspark.sql import SparkSession
+
+            if SparkSession.getActiveSession() is None:
+                from statekit.engine.spark.session import get_session_soon
+
+                get_session_soon()
 
     def _spark_engine(self):
         if self._spark is not None:

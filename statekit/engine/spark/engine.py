@@ -361,14 +361,17 @@ class SparkEngine:
             self._spark = get_session()
         return self._spark
 
-    def source_frame(self, run: RunSpec):
+    def source_frame(self, run: RunSpec, tasks: bool = True):
+        """The query's source: one row per task and micro-batch (its offset ranges), or with
+        ``tasks=False`` the records themselves (an engine whose operators read them)."""
         spark = self.session()
         r = (spark.readStream.format("statekit-kafka")
              .option("bootstrap", run.bootstrap)
-             .option("tasks", str(int(run.partitions)))
              .option("topics", ",".join(dict.fromkeys(source_topics(run.plan))))
              .option("startingOffsets", run.starting_offsets)
              .option("isolation.level", run.isolation))
+        if tasks:
+            r = r.option("tasks", str(int(run.partitions)))
         if run.max_records_per_trigger:
             r = r.option("maxRecordsPerTrigger", str(int(run.max_records_per_trigger)))
         return r.load()

@@ -222,9 +222,25 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
 
         register(spark)
         if not getattr(spark, "_statekit_warm", False):
-            warm_workers(spark)
+            # in the background: a query that starts meanwhile is not held up by it
+            threading.Thread(target=warm_workers, args=(spark,), name="statekit-spark-warm",
+                             daemon=True).start()
             spark._statekit_warm = True
         return spark
+
+
+def get_session_soon(master: str | None = None) -> threading.Thread:
+    """Start (or reuse) the session in a thread now, so that the JVM boots while the caller does
+    other work (an App starts its instances meanwhile); a later `get_session` waits for it."""
+    def boot():
+        try:
+            get_session(master=master)
+        except Exception:  # noqa: BLE001 - the caller's own get_session says what went wrong
+            pass
+
+    t = threading.Thread(target=boot, name="statekit-spark-boot", daemon=True)
+    t.start()
+    return t
 
 
 def session_master(spark) -> str | None:
@@ -239,12 +255,8 @@ def session_master(spark) -> str | None:
 
 
 def _warm_partition(batches):
-    """In a Python worker: import what stage 1 and stage 2 of a statekit query use."""
-    import pyarrow  # noqa: F401
-    import pyarrow.compute  # noqa: F401
-
+    """In a Python worker: import what a statekit query's stage uses."""
     import statekit.event_bus  # noqa: F401
-    import statekit.topology.plan  # noqa: F401
     import statekit.worker.exchange  # noqa: F401
 
     for b in batches:

@@ -307,7 +307,7 @@ class SparkNativeEngine(SparkEngine):
         from statekit.engine.spark_native import translate
 
         self.session(run)
-        src = self.source_frame(run)
+        src = self.source_frame(run, tasks=False)
         src = src.select("key", "value", "topic", "partition", "offset",
                          F.unix_millis("timestamp").alias("ts"))
         if self._opts(run)["mode"] == "groupby":
