@@ -1,6 +1,7 @@
-"""Matplotlib drawings for the dashboard's rarely drawn charts (the restore timeline, the topology)
-and the colours and axis limits every chart shares (the live charts are SVG: `svg`). No pyplot: every
-chart is its own `Figure` on an Agg canvas, so drawing from a thread touches no global state."""
+"""The topology drawing (matplotlib, drawn once when its tab first shows) and what every chart
+shares: colours, marker styles, axis limits (the charts drawn while the app runs are SVG: `svg`).
+No pyplot: a figure is its own `Figure` on an Agg canvas, so drawing from a thread touches no global
+state."""
 from __future__ import annotations
 
 import io
@@ -26,14 +27,6 @@ def to_png(fig: Figure, dpi: int = 100) -> bytes:
     FigureCanvasAgg(fig)
     fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
     return buf.getvalue()
-
-
-def _style(ax):
-    ax.spines["top"].set_visible(False)
-    ax.spines["right"].set_visible(False)
-    ax.grid(True, color="#e6e6e6", linewidth=0.8)
-    ax.set_axisbelow(True)
-    ax.tick_params(labelsize=8, colors="#444")
 
 
 INSTANCE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#C44E52", "#937860", "#DA8BC3",
@@ -64,85 +57,6 @@ def axis_limit(v: float, floor: float = 1.0) -> float:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
     return math.ceil(v / step - 1e-9) * step
-
-
-_POINT_MARKERS = {"crash": ("x", "#C62828"), "promoted": ("^", "#6A1B9A"), "restored": ("o", "#2E7D32"),
-                  "caught-up": ("D", "#00838F")}
-_POINT_LABELS = {"crash": "crash", "promoted": "replica promoted", "restored": "restored",
-                 "caught-up": "warmup caught up"}
-
-
-def _task_axes(fig, tasks, xmax, title):
-    ax = fig.add_subplot(111)
-    _style(ax)
-    ax.grid(True, axis="x", color="#e6e6e6", linewidth=0.8)
-    ax.grid(False, axis="y")
-    ax.set_title(title, fontsize=9, color="#222", loc="left")
-    ax.set_xlabel("seconds", fontsize=7.5, color="#444", labelpad=1)
-    ax.set_yticks(range(len(tasks)), [f"task {t}" for t in tasks])
-    ax.set_ylim(len(tasks) - 0.5, -0.5)
-    ax.set_xlim(0, xmax)
-    ax.tick_params(axis="y", labelsize=7)
-    return ax
-
-
-RESTORE_COLORS = {"queued": "#BDBDBD", "restoring": "#EF6C00", "done": "#2E7D32",
-                  "promoted": "#6A1B9A", "nothing": "#90A4AE", "failed": "#C62828",
-                  "moved": "#9E9E9E", "interrupted": "#C62828"}
-
-
-def restore_timeline_figure(rnd, cursor: float | None = None, now: float | None = None,
-                            width: float = 6.2, height: float | None = None) -> Figure:
-    """One restore round, tasks × time (seconds since the round began): grey while queued, orange
-    while restoring (a tick per progress report), a dot when the task opened (green: restored,
-    purple: a promoted replica, grey: nothing to replay). `cursor` draws the replay position."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    rows = rnd.ordered() if rnd is not None else []
-    tasks = [r.task for r in rows]
-    height = height or max(1.6, 0.9 + 0.24 * len(tasks))
-    fig = Figure(figsize=(width, height))
-    t0 = rnd.started if rnd is not None else 0.0
-    end = now if now is not None else (rnd.finished if rnd is not None and rnd.finished else t0 + 1)
-    if rnd is not None:
-        for r in rows:
-            for t in (r.finished, r.started):
-                if t is not None:
-                    end = max(end, t)
-    span = max(0.05, end - t0)
-    ax = _task_axes(fig, tasks, span * 1.04, "restore timeline (seconds since the round began)")
-    for y, r in enumerate(rows):
-        q = (r.queued_at if r.queued_at is not None else t0) - t0
-        st = (r.started - t0) if r.started is not None else None
-        fin = (r.finished - t0) if r.finished is not None else None
-        stop = fin if fin is not None else span
-        first = st if st is not None else stop
-        if first > q:
-            ax.broken_barh([(q, first - q)], (y - 0.25, 0.5), facecolors=RESTORE_COLORS["queued"])
-        if st is not None:
-            ax.broken_barh([(st, max(0.0, stop - st))], (y - 0.25, 0.5), facecolors=RESTORE_COLORS["restoring"])
-            xs = [ts - t0 for ts, _n in r.samples]
-            ax.plot(xs, [y] * len(xs), linestyle="none", marker="|", color="#5D4037", markersize=6)
-        if fin is not None:
-            ax.plot([fin], [y], marker="o", color=RESTORE_COLORS.get(r.status, "#666"), markersize=5.5,
-                    linestyle="none", zorder=5)
-    if cursor is not None:
-        ax.axvline(cursor, color="#1565C0", linewidth=1.4)
-    handles = [Patch(facecolor=RESTORE_COLORS["queued"], label="queued"),
-               Patch(facecolor=RESTORE_COLORS["restoring"], label="restoring"),
-               Line2D([], [], marker="|", color="#5D4037", linestyle="none", label="progress report"),
-               Line2D([], [], marker="o", color=RESTORE_COLORS["done"], linestyle="none", label="restored"),
-               Line2D([], [], marker="o", color=RESTORE_COLORS["promoted"], linestyle="none", label="promoted"),
-               Line2D([], [], marker="o", color=RESTORE_COLORS["nothing"], linestyle="none",
-                      label="nothing to replay")]
-    ax.legend(handles=handles, fontsize=6.5, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.02),
-              borderaxespad=0.0, handlelength=1.4)
-    if not rows:
-        ax.text(0.5, 0.5, "no restore yet", ha="center", va="center", transform=ax.transAxes,
-                fontsize=8.5, color="#888")
-    fig.subplots_adjust(left=0.12, right=0.76, top=1 - 0.32 / height, bottom=0.42 / height)
-    return fig
 
 
 def graph_from_describe(d) -> tuple[list[dict], list[tuple[str, str]]]:

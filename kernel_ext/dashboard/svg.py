@@ -5,6 +5,7 @@ and its GIL, stays for the charts drawn rarely (the restore timeline, the topolo
 from __future__ import annotations
 
 import html
+import math
 
 from kernel_ext.dashboard.charts import MARKER_STYLE, PALETTE, axis_limit, instance_color
 
@@ -19,9 +20,13 @@ def _e(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _ticks(limit: float, n: int = 5) -> list[float]:
-    step = limit / n
-    return [i * step for i in range(n + 1)]
+def _ticks(limit: float, most: int = 6) -> list[float]:
+    """0 and multiples of a 1-2-5 step up to `limit`, at most `most` steps."""
+    if limit <= 0:
+        return [0.0]
+    mag = 10 ** math.floor(math.log10(limit / most))
+    step = next(m * mag for m in (1, 2, 5, 10) if limit / (m * mag) <= most)
+    return [i * step for i in range(int(limit / step + 1e-9) + 1)]
 
 
 def _label(v: float) -> str:
@@ -29,7 +34,7 @@ def _label(v: float) -> str:
         return f"{v / 1e6:g}M"
     if v >= 1e4:
         return f"{v / 1e3:g}k"
-    return f"{v:g}"
+    return f"{round(v, 6):g}"
 
 
 def _thin(xs, ys, n: int = MAX_POINTS):
@@ -213,5 +218,76 @@ def ownership_chart(timeline, t0: float, now: float) -> str:
     if "rebalance" in kinds:
         legend.append((_line_swatch("#9E9E9E", "1.5,2.5", 1), "rebalance"))
     out += _legend(legend)
+    out.append("</svg>")
+    return "".join(out)
+
+
+RESTORE_COLORS = {"queued": "#BDBDBD", "restoring": "#EF6C00", "done": "#2E7D32", "promoted": "#6A1B9A",
+                  "nothing": "#90A4AE", "failed": "#C62828", "moved": "#9E9E9E"}
+TIMELINE_W = 558
+
+
+def restore_timeline(rnd, cursor: float | None = None, now: float | None = None) -> str:
+    """One restore round, tasks × seconds since it began: grey while queued, orange while restoring
+    (a tick per progress report), a dot when the task opened (green: restored, purple: a promoted
+    replica, grey: nothing to replay); `cursor` draws the replay's position."""
+    rows = rnd.ordered() if rnd is not None else []
+    rowh, width = 19, TIMELINE_W
+    height = max(90, TOP + BOTTOM + rowh * max(1, len(rows)))
+    pw, ph = width - LEFT - RIGHT, height - TOP - BOTTOM
+    t0 = rnd.started if rnd is not None else 0.0
+    end = now if now is not None else (rnd.finished if rnd is not None and rnd.finished else t0 + 1)
+    for r in rows:
+        for t in (r.finished, r.started):
+            if t is not None:
+                end = max(end, t)
+    span = axis_limit(max(0.05, end - t0) * 1.04, floor=0.5)
+
+    def px(t):
+        return LEFT + pw * min(max(t - t0, 0.0), span) / span
+
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+           f"style='{FONT};background:white;display:block'>",
+           f"<text x='6' y='14' font-size='12' fill='#222'>restore timeline (seconds since the round began)</text>",
+           f"<text x='{LEFT + pw / 2:.0f}' y='{height - 4}' font-size='10' fill='#444' text-anchor='middle'>seconds</text>"]
+    for v in _ticks(span):
+        x = LEFT + pw * v / span
+        out.append(f"<line x1='{x:.1f}' y1='{TOP}' x2='{x:.1f}' y2='{TOP + ph}' stroke='#eee'/>"
+                   f"<text x='{x:.1f}' y='{TOP + ph + 12}' font-size='9' fill='#444' text-anchor='middle'>{_label(v)}</text>")
+    for i, r in enumerate(rows):
+        yc = TOP + rowh * i + rowh / 2
+        out.append(f"<text x='{LEFT - 4}' y='{yc + 3:.1f}' font-size='9' fill='#444' text-anchor='end'>task {_e(r.task)}</text>")
+        q = r.queued_at if r.queued_at is not None else t0
+        stop = r.finished if r.finished is not None else t0 + span
+        first = r.started if r.started is not None else stop
+        if first > q:
+            out.append(f"<rect x='{px(q):.1f}' y='{yc - 5:.1f}' width='{px(first) - px(q):.1f}' height='10' "
+                       f"fill='{RESTORE_COLORS['queued']}'/>")
+        if r.started is not None:
+            out.append(f"<rect x='{px(r.started):.1f}' y='{yc - 5:.1f}' width='{max(0.0, px(stop) - px(r.started)):.1f}' "
+                       f"height='10' fill='{RESTORE_COLORS['restoring']}'/>")
+            xs, _ys = _thin([ts for ts, _n in r.samples], [0] * len(r.samples), 120)
+            out.append("".join(f"<line x1='{px(ts):.1f}' y1='{yc - 6:.1f}' x2='{px(ts):.1f}' y2='{yc + 6:.1f}' "
+                               f"stroke='#5D4037'/>" for ts in xs))
+        if r.finished is not None:
+            out.append(f"<circle cx='{px(r.finished):.1f}' cy='{yc:.1f}' r='3.5' "
+                       f"fill='{RESTORE_COLORS.get(r.status, '#666')}'><title>{_e(r.label)}</title></circle>")
+    if cursor is not None:
+        x = px(t0 + cursor)
+        out.append(f"<line x1='{x:.1f}' y1='{TOP}' x2='{x:.1f}' y2='{TOP + ph}' stroke='#1565C0' stroke-width='1.4'/>")
+    if not rows:
+        out.append(f"<text x='{LEFT + pw / 2:.0f}' y='{TOP + ph / 2:.0f}' font-size='10' fill='#888' "
+                   f"text-anchor='middle'>no restore yet</text>")
+    out.append(f"<line x1='{LEFT}' y1='{TOP + ph}' x2='{LEFT + pw}' y2='{TOP + ph}' stroke='#999'/>")
+    dot = "<circle cx='8' cy='4' r='3.5' fill='{}'/>".format
+    legend = [(f"<rect x='0' y='0' width='16' height='8' fill='{RESTORE_COLORS['queued']}'/>", "queued"),
+              (f"<rect x='0' y='0' width='16' height='8' fill='{RESTORE_COLORS['restoring']}'/>", "restoring"),
+              ("<line x1='8' y1='-2' x2='8' y2='10' stroke='#5D4037'/>", "progress report"),
+              (dot(RESTORE_COLORS["done"]), "restored"), (dot(RESTORE_COLORS["promoted"]), "promoted"),
+              (dot(RESTORE_COLORS["nothing"]), "nothing to replay")]
+    for j, (swatch, label) in enumerate(legend):
+        x, y = width - RIGHT + 8, TOP + 4 + j * 12
+        out.append(f"<g transform='translate({x},{y})'>{swatch}</g>"
+                   f"<text x='{x + 20}' y='{y + 7}' font-size='9' fill='#333'>{_e(label)}</text>")
     out.append("</svg>")
     return "".join(out)

@@ -100,7 +100,7 @@ class RestoreReplay:
     task as it was then (`RestoreRound.at`)."""
 
     STEP = 0.1  # seconds per slider step
-    REDRAW_S = 2.0
+    REDRAW_S = 1.0
 
     def __init__(self, model: DashboardModel):
         lay = W.Layout
@@ -113,7 +113,7 @@ class RestoreReplay:
         self.play = W.Play(value=0, min=0, max=1, step=1, interval=100, layout=lay(width="90px"))
         W.jslink((self.play, "value"), (self.slider, "value"))
         self.clock = W.HTML()
-        self.image = W.Image(format="png", layout=lay(max_width="100%"))
+        self.image = W.HTML(layout=lay(max_width="100%"))   # inline SVG
         self.table = W.HTML()
         self.root = W.VBox([W.HBox([self.rounds, self.play, self.slider, self.clock],
                                    layout=lay(flex_flow="row wrap", align_items="center")),
@@ -134,7 +134,7 @@ class RestoreReplay:
 
     def refresh(self, force: bool = False) -> None:
         """Follow the latest round (cheap when nothing changed; a running round is drawn again
-        at most every `REDRAW_S`: the timeline is a whole figure)."""
+        at most every `REDRAW_S`)."""
         with self.model.lock:
             rs = self.model.restores.rounds
             opts = [(f"{time.strftime('%H:%M:%S', time.localtime(r.started))} · {len(r.rows)} task(s)"
@@ -174,8 +174,7 @@ class RestoreReplay:
     def _draw(self, rnd, cursor: float | None) -> None:
         view = rnd.at(rnd.started + cursor) if (rnd is not None and cursor is not None) else rnd
         end = self._end(rnd)
-        self.image.value = charts.to_png(charts.restore_timeline_figure(
-            rnd, cursor=cursor, now=end if not (rnd and rnd.final) else None), dpi=90)
+        self.image.value = svg.restore_timeline(rnd, cursor=cursor, now=end if not (rnd and rnd.final) else None)
         if view is None:
             self.table.value = CSS + _dash("<div class='sk-empty'>no restore yet</div>")
             self.clock.value = ""
