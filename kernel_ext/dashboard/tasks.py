@@ -62,6 +62,7 @@ class InstanceFact:
     warmup: list = field(default_factory=list)
     at: float = NEVER                   # when status was observed
     lists_at: float = NEVER             # when its task lists were observed
+    from_events: bool = False           # an event said its status (polls no longer do)
 
 
 @dataclass
@@ -139,10 +140,10 @@ class TaskBoard:
                 self._all_stopped(ts)
         elif isinstance(e, ev.InstanceStarted):
             f = self.instance(e.instance)
-            f.status, f.incarnation, f.at = "alive", e.incarnation, ts
+            f.status, f.incarnation, f.at, f.from_events = "alive", e.incarnation, ts, True
         elif isinstance(e, ev.InstanceDied):
             f = self.instance(e.instance)
-            f.status, f.at = "dead", ts
+            f.status, f.at, f.from_events = "dead", ts, True
             f.active, f.standby, f.warmup, f.lists_at = [], [], [], ts
             held = {task_id(t) for t in (e.tasks or ())}
             for t in self.tasks.values():
@@ -152,7 +153,7 @@ class TaskBoard:
                 del self.replicas[k]
         elif isinstance(e, ev.InstanceLeft):
             f = self.instance(e.instance)
-            f.status, f.at = "left", ts
+            f.status, f.at, f.from_events = "left", ts, True
             f.active, f.standby, f.warmup, f.lists_at = [], [], [], ts
         elif isinstance(e, ev.Rebalance):
             self._rebalance(e)
@@ -238,7 +239,7 @@ class TaskBoard:
                 f.active, f.standby, f.warmup = (sorted(x, key=task_order) for x in (a, s, w))
                 f.lists_at = ts
             if i in live and f.status in ("dead", "left", "stopped") and ts > f.at:
-                f.status, f.at = "alive", ts
+                f.status, f.at, f.from_events = "alive", ts, True
         for t, i in active.items():
             f = self.task(t)
             if not f.from_events:
@@ -289,13 +290,15 @@ class TaskBoard:
             self.app_state, self.state_at = state, at
 
     def absorb_instances(self, rows: list, at: float) -> None:
-        """`App.instances_frame()` rows, observed at `at`."""
+        """`App.instances_frame()` rows, observed at `at`. An instance's status, once an event
+        said it, comes from events only (a poll that saw a death before its event arrived would
+        leave its tasks running on a dead instance for a moment)."""
         for r in rows:
             i = num(r.get("instance"))
             if i is None:
                 continue
             f = self.instance(i)
-            if at > f.at:
+            if at > f.at and not f.from_events:
                 f.status = str(r.get("status") or f.status)
                 f.incarnation = num(r.get("incarnation"), f.incarnation)
                 f.at = at

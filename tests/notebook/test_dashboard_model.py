@@ -635,3 +635,24 @@ def test_disagreements_are_found():
     assert disagreements(p) == ["task 0_0: chip running@0 vs Tasks tab restoring@0",
                                 "task 0_0: Restoration restoring@0 vs chip running@0",
                                 "header 2 alive vs Instances panel 1"]
+
+
+def test_a_poll_that_sees_a_death_before_its_event_changes_nothing():
+    # the coordinator marks the instance dead a moment before it publishes the death: a poll in
+    # between must not leave the instance dead with its tasks still running on it
+    from kernel_ext.dashboard.model import disagreements
+
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=2.0, state="RUNNING", events=[
+        E(ev.InstanceStarted, 0.5, instance=0), E(ev.InstanceStarted, 0.5, instance=1),
+        E(ev.RestoreQueued, 1.0, task="0_0", instance=0, generation=1),
+        E(ev.TaskOpened, 1.1, task="0_0", instance=0)]))
+    m.update(Snapshot(t=3.0, state="RUNNING", instances=[{"instance": 0, "status": "dead"},
+                                                         {"instance": 1, "status": "alive"}]))
+    p = m.picture()
+    assert [r["status"] for r in p.instances] == ["alive", "alive"] and disagreements(p) == []
+    m.update(Snapshot(t=3.1, events=[E(ev.InstanceDied, 3.05, instance=0, tasks=["0_0"])]))
+    p = m.picture()
+    assert [r["status"] for r in p.instances] == ["dead", "alive"] and disagreements(p) == []
+    assert [(c["task"], c["state"], c["instance"]) for c in p.chips] == [("0_0", "queued", None)]
