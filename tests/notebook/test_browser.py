@@ -8,7 +8,8 @@ one-line reason in the notebook — above the dashboard when the dashboard's cel
 and on the badge. What the learner reads is checked too: no two messages on one line, no line twice
 in a cell, no state word left to go stale. No table cell of the dashboard is clipped and no panel
 overlaps another (measured in the page). Screenshots land in build/browser/ (see
-tests/notebook/_lab.py for the harness)."""
+tests/notebook/_lab.py for the harness). The tests of 05, 11 and the notice above the dashboard are
+also marked slow: `make test-browser` runs them, `make test` (20 minutes) does not."""
 from __future__ import annotations
 
 import re
@@ -201,6 +202,7 @@ NOTICE_JS = """
 """
 
 
+@pytest.mark.slow   # make test-browser and make test-slow: make test keeps its 20-minute budget
 def test_a_failure_while_the_dashboards_cell_is_the_last_one_run_is_said_above_the_dashboard(tmp_path):
     nb = tmp_path / "failing_late.ipynb"
     _notebook(nb, [
@@ -228,6 +230,7 @@ def test_a_failure_while_the_dashboards_cell_is_the_last_one_run_is_said_above_t
                         page.locator(".jp-Cell").filter(has_text="start late").first)
 
 
+@pytest.mark.slow   # make test-browser and make test-slow: make test keeps its 20-minute budget
 def test_notebook_05_failover_shows_on_the_dashboard_while_a_cpu_hog_keeps_both_cores_busy(tmp_path):
     with _lab.jupyterlab(tmp_path, ["05_standby_replicas.ipynb"], {"STATEKIT_TOUR_KEYS": "50000"}) as lab, \
             _lab.browser_page() as page:
@@ -256,6 +259,7 @@ def test_notebook_05_failover_shows_on_the_dashboard_while_a_cpu_hog_keeps_both_
         _lab.screenshot(page, "nb05-end.png", dash)
 
 
+@pytest.mark.slow   # make test-browser and make test-slow: make test keeps its 20-minute budget
 def test_notebook_11_runs_with_its_live_dashboard_and_draws_every_page_per_minute(tmp_path):
     with _lab.jupyterlab(tmp_path, ["11_joins_sessions_final_results.ipynb"]) as lab, _lab.browser_page() as page:
         _lab.open_notebook(page, lab, "11_joins_sessions_final_results.ipynb")
