@@ -173,13 +173,17 @@ class Session:
                 return  # redefined since
             if died.get("cause") in ("crash", "kill") and e.ts - died.get("ts", 0) < 10:
                 return  # asked for: said by the command that asked, or that waited
-            reason = one_line(getattr(e, "reason", "") or getattr(app, "error", "") or "failed")
-            if self.voice.claim(name, reason):
-                self.voice.failure(name, f"%statekit: app {name} failed: {reason} (the dashboard "
-                                         f"keeps its last state; fix the cause, then "
-                                         f"`%statekit restart {name}`)")
+            self._failed(name, getattr(e, "reason", "") or getattr(app, "error", "") or "failed")
 
         on(on_event)
+
+    def _failed(self, name: str, reason) -> None:
+        """Say an app's failure, unless it was said already (by the event thread, a command that
+        waited, or a cell's exception)."""
+        reason = one_line(reason)
+        if self.voice.claim(name, reason):
+            self.voice.failure(name, f"%statekit: app {name} failed: {reason} (the dashboard keeps its "
+                                     f"last state; fix the cause, then `%statekit restart {name}`)")
 
     # -- broker & Spark -------------------------------------------------------------------------
 
@@ -582,22 +586,21 @@ class Session:
             try:
                 done = app.process_all_available(timeout=cmd.timeout)
             except StatekitError as err:
-                if str(app.state) != "ERROR" or not self._asked_death(app, since - 60):
-                    if self.voice.claim(name, app.error or err):
-                        raise
-                    return None
+                if str(app.state) != "ERROR":
+                    raise
+                if not self._asked_death(app, since - 60):
+                    return self._failed(name, app.error or err)
                 done = False
             if done:
                 say(f"{name}: caught up in {time.monotonic() - t0:.1f} s")
                 return None
             if str(app.state) != "ERROR":
-                raise StatekitError(f"app {name!r} is still catching up after {cmd.timeout:g} s "
+                waited = f" after {cmd.timeout:g} s" if cmd.timeout else ""
+                raise StatekitError(f"app {name!r} is {app.state} and still behind{waited} "
                                     f"(`%statekit wait {name} --timeout S` waits longer)")
         died = self._asked_death(app, since - 60)
         if died is None:   # not asked for: a failure, said once
-            if self.voice.claim(name, app.error or "every instance is dead"):
-                raise StatekitError(f"app {name!r} stopped: {one_line(app.error or 'every instance is dead')}")
-            return None
+            return self._failed(name, app.error or "every instance is dead")
         crash = next((e for e in reversed(app.events(types="crash", since=died.ts - 60))
                       if e.instance == died.instance), None)
         where = ""

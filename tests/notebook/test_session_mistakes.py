@@ -329,6 +329,22 @@ def test_wait_says_what_it_waits_for_and_an_asked_crash_is_said_once(ip, capsys)
                         f"left: the app is in ERROR until `%statekit restart cw`")
 
 
+def test_wait_on_an_app_that_fails_says_the_failure_once(ip, capsys):
+    """The wait, the event thread and the exception all know of the failure: one red line."""
+    from statekit import datagen
+
+    ip.run_line_magic("statekit", "up --no-spark")
+    datagen.produce("nums", datagen.generate("words", seed=5, limit=50), _session().bootstrap, partitions=2)
+    app = _local_app(ip, "badw", "app.stream('nums', value_serde='json').map_values(lambda v: 1 / 0)"
+                                 ".group_by_key().count(store='c')\n", "--partitions 2")
+    heard = _hear(app, lambda e: e.type == "state" and e.state == "ERROR")
+    ip.run_line_magic("statekit", "start badw")
+    ip.run_line_magic("statekit", "wait badw")
+    heard(timeout=60)
+    line = _one_red_line(capsys.readouterr().err)
+    assert "%statekit: app badw failed:" in line and "ZeroDivisionError: division by zero" in line
+
+
 def test_a_failure_in_the_dashboards_own_cell_is_said_above_the_dashboard(ip, capsys, monkeypatch):
     """`start --watch` was the last cell run: ipykernel would put the red line below the dashboard
     (a thousand pixels down); it goes to the notice line above the dashboard instead."""
