@@ -1384,7 +1384,7 @@ class App:
                 application=self.name, layout=self.layout, spec=spec, tasks=self.tasks(),
                 extra=self._placement_extra, publish=self._publish, subscribe=self.on_event,
                 unsubscribe=lambda cb: cb in self._callbacks and self._callbacks.remove(cb),
-                generation=self.generation)
+                generation=self.generation, standby_replicas=self.settings.standby_replicas)
         return Coordinator(application=self.name, layout=self.layout, spec=spec,
                            tasks=self.tasks(), settings=self.settings,
                            publish=self._publish, on_change=self._on_membership)

@@ -4,11 +4,19 @@ of the other Spark tests.
 
 A real standalone cluster (master + two workers, each with its own work and local directories,
 every port ephemeral) and an embedded broker; the harness's word count and windowed count with
-``placement="auto"`` on the cluster's master (the executors placement); four chunks of input, with
-the session passed as ``App(spark=...)``; an executor killed mid-batch twice by crash directives (its JVM SIGKILLed by the Python worker that
-claims the directive: first with its state kept, then with its state directory deleted). Writes
-``ROOT/result.json`` with what the assertions need (the stores as the driver's query replicas hold
-them, the plain-Python references, the memory sink, events, state directories, lag) and keeps
+``placement="auto"`` on the cluster's master (the executors placement), one standby per task, the
+session passed as ``App(spark=...)``:
+
+1. steady: two chunks of input in small micro-batches, nothing failing (every task should open once
+   and stay on its executor);
+2. an executor killed mid-batch by a crash directive (its JVM SIGKILLed by the Python worker that
+   claims it; its state directory stays): its tasks move to the other executor, which holds their
+   standbys;
+3. another one killed mid-batch with its state directory deleted (disk-loss);
+4. a last chunk.
+
+Writes ``ROOT/result.json`` with what the assertions need (the stores as the driver's query replicas
+hold them, the plain-Python references, the memory sink, events, state directories, lag) and keeps
 ``ROOT/pids.json`` current with every process of the cluster, so the parent can check — and make —
 that every one of them is gone.
 """
@@ -30,6 +38,7 @@ from standalone import StandaloneCluster  # noqa: E402
 
 SEED = 14
 PARTITIONS = 4
+STEADY_BATCH = 12        # records per micro-batch in the steady phase
 
 
 def _write(path: str, body) -> None:
@@ -45,6 +54,10 @@ def _task_dirs(root: str) -> list:
 
     return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "*", "*", "*_*"))
                   if os.path.isdir(p))
+
+
+def _events(app, types) -> list:
+    return [e.to_dict() for e in app.events(types=types)]
 
 
 def run(root: str) -> dict:
@@ -71,37 +84,53 @@ def run(root: str) -> dict:
         marks["session_up"] = time.monotonic() - t0
 
         k = Kafka(broker.bootstrap)
-        k.ensure_topic("lines", 3)
-        k.ensure_topic("clicks", 3)
+        k.ensure_topic("lines", PARTITIONS)
+        k.ensure_topic("clicks", PARTITIONS)
         app = H.build_app("wc", broker, os.path.join(root, "driver-state"), SEED, engine="changelog",
-                          partitions=PARTITIONS, instances=1, standby_replicas=0, cache_bytes=2048,
+                          partitions=PARTITIONS, instances=1, standby_replicas=1, cache_bytes=2048,
                           checkpoint_location=os.path.join(root, "shared", "checkpoint"), spark=spark)
         rnd = random.Random(SEED)
-        chunks = H.make_chunks(SEED, 4, lines_per_chunk=12, clicks_per_chunk=20)
+        chunks = H.make_chunks(SEED, 5, lines_per_chunk=12, clicks_per_chunk=20)
 
+        # 1. steady: small micro-batches, nothing failing
         H.produce_chunk(k, chunks[0], rnd=rnd)
-        app.start()
+        H.produce_chunk(k, chunks[1], rnd=rnd)
+        app.start(max_records_per_trigger=STEADY_BATCH)
         res["placement"] = app.placement
         res["scope"] = app._placement_extra.get("scope")
-        res["first_drain"] = app.process_all_available(timeout=300)
-        marks["first_batch"] = time.monotonic() - t0
-        res["after_first"] = {"counts": sorted(H.store_as_dict(app, "counts").items()),
-                              "reference": sorted(H.wordcount_reference(k).items())}
+        res["first_drain"] = app.process_all_available(timeout=600)
+        marks["steady"] = time.monotonic() - t0
+        res["after_steady"] = {"counts": sorted(H.store_as_dict(app, "counts").items()),
+                               "reference": sorted(H.wordcount_reference(k).items())}
+        res["steady"] = {"opens": _events(app, "task_opened"), "commits": _events(app, "commit"),
+                         "closes": _events(app, "task_closed")}
+        # every task's warm copy is on the other executor before the first kill
+        want = {str(t) for t in app.tasks()}
+        deadline = time.monotonic() + 120
+        while want - {e.task for e in app.events(types="replica_started")}:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        res["standbys_ready"] = not (want - {e.task for e in app.events(types="replica_started")})
+        res["standbys"] = _events(app, "replica_started")
 
         crashes = []
-        for chunk, mode, after in ((chunks[1], "executor", 3), (chunks[2], "disk-loss", 2)):
+        for chunk, mode, after in ((chunks[2], "executor", 3), (chunks[3], "disk-loss", 2)):
+            before = time.time()
             rec = app.crash(mode, after_records=after)   # any executor, mid-batch
             H.produce_chunk(k, chunk, rnd=rnd)
-            drained = app.process_all_available(timeout=300)
+            drained = app.process_all_available(timeout=600)
             claim = app.wait_for_event(lambda e: e.type == "crash" and
                                        e.get("directive") == rec["id"], 60)
+            died = app.wait_for_event(lambda e: e.type == "instance_died" and e.ts >= before, 60)
             crashes.append({"mode": mode, "drained": drained, "state": str(app.state),
-                            "claim": claim.to_dict() if claim is not None else None})
+                            "claim": claim.to_dict() if claim is not None else None,
+                            "died": died.to_dict() if died is not None else None})
             _write(pids_path, sorted(cluster._seen | {e["pid"] for e in cluster.executors()}))
             marks[f"after_{mode}"] = time.monotonic() - t0
         res["crashes"] = crashes
-        H.produce_chunk(k, chunks[3], rnd=rnd)
-        res["last_drain"] = app.process_all_available(timeout=300)
+        H.produce_chunk(k, chunks[4], rnd=rnd)
+        res["last_drain"] = app.process_all_available(timeout=600)
         marks["last_batch"] = time.monotonic() - t0
 
         res["state"] = str(app.state)
@@ -116,8 +145,13 @@ def run(root: str) -> dict:
         out = app.output()
         res["output"] = [[int(b), t, key, int(v)] for b, t, key, v in
                          zip(out.batch, out.task, out.key, out.value)]
-        res["commits"] = [e.to_dict() for e in app.events(types="commit")]
-        res["opens"] = [e.to_dict() for e in app.events(types="task_opened")]
+        res["commits"] = _events(app, "commit")
+        res["opens"] = _events(app, "task_opened")
+        res["promoted"] = _events(app, "standby_promoted")
+        res["rebalances"] = _events(app, "rebalance")
+        res["membership"] = _events(app, ["instance_started", "instance_died"])
+        res["instances_frame"] = app.instances_frame().to_dict(orient="records")
+        res["tasks"] = [str(t) for t in app.tasks()]
         res["lag"] = app.lag().to_dict(orient="records")
         res["owner"] = list(app.key_owner("counts", "the"))
         res["executors_at_end"] = cluster.executors()

@@ -1,9 +1,11 @@
-"""The same topology on a real Spark standalone cluster (issue 14): a master and two workers on this
-machine, each with its own work and local directories, every port ephemeral; the word count and the
-windowed count run with ``placement="auto"``, which picks the executors placement; an executor is
-killed mid-batch twice (state kept, then state lost). The stores, read through the driver's query
-replicas, and the memory sink equal the plain-Python references, and every process of the cluster is
-gone afterwards.
+"""The same topology on a real Spark standalone cluster (issues 14, 18): a master and two workers on
+this machine, each with its own work and local directories, every port ephemeral; the word count and
+the windowed count run with ``placement="auto"``, which picks the executors placement, with one
+standby per task. While nothing fails each task opens once and stays on its executor, batch after
+batch; an executor is killed mid-batch twice (state kept, then state lost) and its tasks reopen on
+the other executor — from their standbys the first time. The stores, read through the driver's
+query replicas, and the memory sink equal the plain-Python references, and every process of the
+cluster is gone afterwards.
 
 The scenario runs in a process of its own (tests/cluster/scenario.py): a process has one
 SparkContext, and the other Spark tests keep a local one for the whole session."""
@@ -81,9 +83,32 @@ def test_scenario_ran(result):
     assert {e["worker"] for e in result["executors_at_start"]} == {0, 1}
 
 
+def test_a_task_stays_open_on_its_executor_batch_after_batch(result):
+    assert "exception" not in result, result.get("exception")
+    steady = result["steady"]
+    tasks = result["tasks"]
+    opens: dict = {}
+    for o in steady["opens"]:
+        opens.setdefault(o["task"], []).append(o)
+    # one open per task (RocksDB, producer and caches stay open between micro-batches), none closed
+    assert sorted(opens) == sorted(tasks)
+    assert all(len(v) == 1 for v in opens.values()), {t: len(v) for t, v in opens.items()}
+    assert steady["closes"] == []
+    for t in tasks:
+        commits = [c for c in steady["commits"] if c["task"] == t]
+        assert len({c["batch"] for c in commits}) >= 4, (t, len(commits))   # several batches
+        # every batch of the task ran on the executor it opened on
+        assert {c["instance"] for c in commits} == {opens[t][0]["instance"]}, (t, commits)
+    # both executors ran tasks (Spark spread them), and each task's warm copy is on the other one
+    assert len({o[0]["instance"] for o in opens.values()}) == 2
+    assert result["standbys_ready"]
+    for r in result["standbys"]:
+        assert r["instance"] != opens[r["task"]][0]["instance"], r
+
+
 def test_stores_and_output_equal_the_references(result):
     assert "exception" not in result, result.get("exception")
-    assert result["after_first"]["counts"] == result["after_first"]["reference"]
+    assert result["after_steady"]["counts"] == result["after_steady"]["reference"]
     assert result["first_drain"] and result["last_drain"]
     assert result["state"] == "RUNNING" and result["error"] is None
     assert result["stores"]["counts"] == result["reference"]["counts"]
@@ -117,32 +142,48 @@ def test_executors_died_mid_batch_and_spark_replayed_the_batch(result):
                    e["batch"] == claim["batch"]]
         assert len(commits) == 1, commits
         assert commits[0]["instance"] != claim["instance"]
+        # the driver saw the executor go (the dashboard's instances)
+        assert c["died"] is not None and c["died"]["instance"] == claim["instance"]
     # Spark replaced the lost executors: two executors at the end, new ids
     end_ids = {e["executor_id"] for e in result["executors_at_end"]}
     assert len(end_ids) == 2 and end_ids != start_ids
-    # the task of the disk-loss reopened on a live executor: from the changelog on top of that
-    # executor's own copy when it had run the task before (checkpoint), else from scratch; the
-    # executor that lost its disk never reopened anything from a checkpoint again
-    lost = crashes[1]["claim"]
-    after = [o for o in result["opens"] if o["task"] == lost["task"] and o["ts"] > lost["ts"]]
-    assert after and after[0]["instance"] != lost["instance"]
-    assert after[0]["source"] in ("scratch", "checkpoint")
-    if after[0]["source"] == "scratch":
-        assert after[0]["restored"] > 0
-    wiped = [o for o in result["opens"] if o["instance"] == lost["instance"] and o["ts"] > lost["ts"]]
-    assert all(o["source"] == "scratch" for o in wiped[:1])
+    frame = {r["instance"]: r["status"] for r in result["instances_frame"]}
+    assert all(frame[c["claim"]["instance"]] == "dead" for c in crashes)
+    assert sum(s == "alive" for s in frame.values()) == 2
+
+
+def test_a_lost_executors_tasks_reopen_from_their_standbys(result):
+    assert "exception" not in result, result.get("exception")
+    first = result["crashes"][0]
+    dead, ts = first["claim"]["instance"], first["claim"]["ts"]
+    held = sorted(first["died"]["tasks"])
+    # what it ran: its tasks' last commits before the crash
+    last: dict = {}
+    for c in result["commits"]:
+        if c["ts"] < ts:
+            last[c["task"]] = c["instance"]
+    assert held == sorted(t for t, x in last.items() if x == dead) and held
+    for t in held:
+        after = [o for o in result["opens"] if o["task"] == t and o["ts"] > ts]
+        assert after, t
+        # the only other executor holds its standby: promoted, it replays only its lag
+        assert after[0]["instance"] != dead and after[0]["source"] == "standby", after[0]
+        assert any(p["task"] == t and p["instance"] == after[0]["instance"] and p["ts"] > ts
+                   for p in result["promoted"]), t
+    moves = [m for r in result["rebalances"] for m in r["moves"] if m["from"] == dead]
+    assert sorted(m["task"] for m in moves) == held
+    assert all(m["reason"] == "owner-died" for m in moves)
 
 
 def test_state_lives_on_the_executors_local_disks(result):
     assert "exception" not in result, result.get("exception")
     dirs = result["worker_task_dirs"]
-    tasks = {f"0_{p}" for p in range(4)}
     on_disk = {d.rsplit("/", 1)[1] for ds in dirs.values() for d in ds}
-    assert on_disk == tasks
+    assert on_disk == set(result["tasks"])
     assert all(d.startswith(result["scope"] + "/wc/") for ds in dirs.values() for d in ds)
     assert result["driver_executor_dirs"] == []          # nothing ran on the driver
     # the Spark checkpoint went where the App was told, not into the driver's state dir
-    assert {"commits", "offsets"} <= set(result["checkpoint"])
+    assert {"commits", "offsets", "state"} <= set(result["checkpoint"])
     assert result["driver_checkpoint"] is False
     executors = {e["instance"] for e in result["commits"]}
     assert len(executors) >= 3                           # two at the start, and replacements

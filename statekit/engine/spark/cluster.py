@@ -8,6 +8,11 @@
   file, a small Spark job looks for it from the executors. A URI of another scheme (``hdfs://``,
   ``s3a://``, ``gs://``, ``abfss://``, ``dbfs:/``) is storage every node reaches by construction.
 * ``delete_checkpoint(spark, location)`` — ``App.reset()`` for a checkpoint outside the state dir.
+* ``live_executors(spark)`` — the executors the driver has now (id -> host), for the executors
+  placement's membership; ``prefer_executor(...)`` — tell Spark's ``StateStoreCoordinator`` that a
+  task's state partition lives on an executor, so that Spark schedules its next batch there (what
+  an executor reports itself when it loads the partition; the executors placement uses it to send
+  a lost executor's task to the executor with its warm copy).
 """
 from __future__ import annotations
 
@@ -164,6 +169,74 @@ def delete_checkpoint(spark, location: str) -> bool:
     path = jvm.org.apache.hadoop.fs.Path(location)
     fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     return bool(fs.delete(path, True))
+
+
+# -- the executors and their state partitions ---------------------------------------------------------
+
+def live_executors(spark) -> Optional[dict]:
+    """``{executor id: host}`` of the live executors (the driver left out); None when the session
+    cannot tell (Spark Connect: no SparkContext)."""
+    try:
+        store = spark.sparkContext._jsc.sc().statusStore()
+        rows = store.executorList(True)
+        out = {}
+        it = rows.iterator()
+        while it.hasNext():
+            x = it.next()
+            eid = str(x.id())
+            if eid == "driver" or not x.isActive():
+                continue
+            out[eid] = str(x.hostPort()).rsplit(":", 1)[0]
+        return out
+    except Exception:  # noqa: BLE001 - Spark Connect, or a session going away
+        return None
+
+
+def _state_partition(spark, query_name: str, partition: int):
+    """(StateStoreProviderId of ``partition`` of the query's stateful operator, the coordinator)."""
+    q = next((q for q in spark.streams.active if q.name == query_name), None)
+    if q is None:
+        return None, None
+    ex = q._jsq.streamingQuery().lastExecution()
+    if ex is None:
+        return None, None
+    jvm = spark.sparkContext._jvm
+    pkg = jvm.org.apache.spark.sql.execution.streaming.state
+    sid = pkg.StateStoreId.apply(ex.checkpointLocation(), 0, int(partition),
+                                 pkg.StateStoreId.DEFAULT_STORE_NAME())
+    pid = pkg.StateStoreProviderId.apply(sid, jvm.java.util.UUID.fromString(str(q.runId)))
+    return pid, spark._jsparkSession.streams().stateStoreCoordinator()
+
+
+def state_location(spark, query_name: str, partition: int) -> Optional[str]:
+    """The executor Spark's ``StateStoreCoordinator`` has for ``partition`` of the query's stateful
+    operator (its executor id), or None."""
+    try:
+        pid, coord = _state_partition(spark, query_name, partition)
+        if pid is None:
+            return None
+        loc = coord.getLocation(pid)
+        if loc.isEmpty():
+            return None
+        return str(loc.get()).rsplit("_", 1)[1]     # executor_<host>_<id>
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def prefer_executor(spark, query_name: str, partition: int, executor_id: str, host: str) -> bool:
+    """Record in Spark's ``StateStoreCoordinator`` that ``partition`` of the query's stateful
+    operator lives on ``executor_id``: the scheduler sends its next batch there. False when the
+    query or its operator is not known (yet)."""
+    try:
+        pid, coord = _state_partition(spark, query_name, partition)
+        if pid is None:
+            return False
+        jvm = spark.sparkContext._jvm
+        none = jvm.org.apache.spark.api.python.PythonUtils.toSeq(jvm.java.util.ArrayList())
+        coord.reportActiveInstance(pid, str(host), str(executor_id), none)
+        return True
+    except Exception:  # noqa: BLE001 - a best effort: without it Spark picks any executor
+        return False
 
 
 # -- the user's session ------------------------------------------------------------------------------

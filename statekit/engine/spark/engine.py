@@ -380,9 +380,9 @@ class SparkEngine:
         """The streaming DataFrame of output rows (topic, key, value), not started."""
         src = self.source_frame(run)
         if run.extra.get("placement") == "executors":
-            from statekit.engine.spark.executors import make_executor_stage
+            from statekit.engine.spark.executors import executor_frame
 
-            return src.mapInArrow(make_executor_stage(run), OUTPUT_SCHEMA)
+            return executor_frame(self.session(), src, run)
         return src.mapInArrow(make_deliver(run), OUTPUT_SCHEMA)
 
     @staticmethod

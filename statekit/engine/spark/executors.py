@@ -1,20 +1,30 @@
-"""The ``executors`` placement: a task's micro-batch runs inside the Spark Python worker that received
-it, on whichever executor Spark chose — the placement for a cluster, where the driver's instance
-processes are out of the executors' reach.
+"""The ``executors`` placement: each stream task runs in a Spark Python worker, on the executor that
+holds its state — the placement for a cluster, where the driver's instance processes are out of the
+executors' reach.
 
-The query's stage (one Spark partition = one stream task and its offset ranges, see
-``engine.spark.engine``) does, per micro-batch, what ``statekit.worker.task.run_task_batch`` does:
-open the task in this executor's state directory (restore), skip the batch if its id is already
-applied, read its ranges, process, commit (changelog records and markers, the outputs, one RocksDB
-WriteBatch, the checkpoint), close. So:
+The query (``executor_frame``) is the ``statekit-kafka`` source's one row per task and micro-batch
+(its offset ranges), routed through a stateful operator keyed by task:
+``groupBy(salt).applyInPandasWithState(...)``, whose only state is the task's last batch id. Spark
+keeps a stateful operator's partition on the executor that loaded its state store (the
+``StateStoreCoordinator`` records where each store lives and the scheduler prefers that executor),
+so Spark itself keeps sending task p to the executor that ran it last. The salt
+(``engine.spark.salt``) puts task p alone in state partition p. There, in the Python worker
+(``engine.spark.resident``), the task stays open across micro-batches: its RocksDB, its producer,
+its record caches. It moves only when its executor is lost (Spark retries the Spark task elsewhere,
+and the task opens there from the freshest local copy: a standby that tailed its changelog, an old
+copy of its own, or the changelog) or when Spark cannot wait for it (the scheduler's locality wait,
+``spark.locality.wait``, 3 s by default, runs out while its executor is busy).
 
-* a task that lands where its state is replays nothing (or only what other executors committed
-  since it last ran here); one that lands elsewhere restores from its changelog, as a Kafka Streams
-  task does on another instance — the state layer's trust rules (checkpoint + changelog end) decide
-  what a local copy is worth;
+Per micro-batch the task does what ``statekit.worker.task.StreamTask.process`` does: skip the batch
+if its id is already applied, read its ranges, process, commit (changelog records and markers, the
+outputs, one RocksDB WriteBatch, the checkpoint). So:
+
 * a Spark task that fails (its executor lost mid-batch, its Python worker killed) is retried by
   Spark, elsewhere or here, with the same batch id: a batch committed before the failure is skipped,
-  one that was not is processed from the last commit (exactly-once state, as on instances).
+  one that was not is processed from the last commit (exactly-once state, as on instances);
+* ``STATEKIT_EXECUTOR_LOCALITY=off`` (read when the query starts) runs the tasks the simple way
+  instead: one stage, each batch's task wherever Spark puts it, opened and closed per batch
+  (``run_on_executor``; a baseline for bench/cluster.py).
 
 Where the state lives on an executor (``state_root``), first match wins:
 
@@ -49,7 +59,10 @@ from typing import Optional
 from statekit.engine.spec import RunSpec
 
 STATE_DIR_ENV = "STATEKIT_EXECUTOR_STATE_DIR"
+LOCALITY_ENV = "STATEKIT_EXECUTOR_LOCALITY"
 PLACEMENT = "executors"
+STAGE_OUTPUT = "task int, outputs long"
+STAGE_STATE = "batch long"
 _SPARK_APP_DIR = re.compile(r"^(?:spark|executor|blockmgr)-[0-9a-f]{8}-[0-9a-f-]{27}$")
 _EXECUTOR_ID = re.compile(r"--executor-id\s+(\S+)")
 _LOCK_WAIT_S = 30.0
@@ -203,9 +216,29 @@ def _drop_kafka(bootstrap: str) -> None:
             pass
 
 
+def run_resident(run: RunSpec, task, batch_id: int, ranges) -> int:
+    """Run one batch of ``task`` on its copy open in this Python worker (opened first when
+    needed: ``engine.spark.resident``). Returns the outputs' count."""
+    from statekit.engine.spark.resident import resident
+    from statekit.errors import BrokerUnreachable
+    from statekit.worker import crash as crash_mod
+
+    x = run.extra
+    root = os.path.join(state_root(x.get("executor_state_dir")), x["scope"])
+    eid, _jvm = executor_identity()
+    crash_mod.on_death(_die_with_executor(root))
+    r = resident()
+    app = r.app_for(run, root, eid)
+    try:
+        return r.run_batch(app, task, batch_id, ranges, _kafka(run.bootstrap))
+    except (BrokerUnreachable, OSError):
+        _drop_kafka(run.bootstrap)   # the next attempt starts on a fresh connection
+        raise
+
+
 def run_on_executor(run: RunSpec, task, batch_id: int, ranges) -> int:
-    """Open ``task`` in this executor's state directory, run one batch, close it. Returns the
-    outputs' count. Called in a Spark Python worker."""
+    """Open ``task`` in this executor's state directory, run one batch, close it (the
+    ``STATEKIT_EXECUTOR_LOCALITY=off`` way). Returns the outputs' count."""
     from statekit.errors import BrokerUnreachable, StateLocked
     from statekit.worker import crash as crash_mod
     from statekit.worker.task import run_task_batch
@@ -253,9 +286,66 @@ def _publisher(run: RunSpec):
     return publish
 
 
+def locality_enabled() -> bool:
+    """False when ``STATEKIT_EXECUTOR_LOCALITY`` is ``off`` (or 0/false/no)."""
+    return os.environ.get(LOCALITY_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def executor_frame(spark, src, run: RunSpec):
+    """The executors placement's query over the source's task rows (see the module docstring)."""
+    if not locality_enabled():
+        from statekit.engine.spark.engine import OUTPUT_SCHEMA
+
+        return src.mapInArrow(make_executor_stage(run), OUTPUT_SCHEMA)
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from statekit.engine.spark.salt import salts
+
+    n = int(run.partitions)
+    # the stateful operator's partitions (= state partitions) are the session's shuffle
+    # partitions when the query first starts (kept in its checkpoint afterwards)
+    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+    salt = F.element_at(F.array(*[F.lit(v) for v in salts(n)]), F.col("task") + 1)
+    return (src.withColumn("salt", salt).groupBy("salt")
+            .applyInPandasWithState(make_resident_stage(run), STAGE_OUTPUT, STAGE_STATE, "append",
+                                    GroupStateTimeout.NoTimeout))
+
+
+def make_resident_stage(run: RunSpec):
+    """The stateful operator's function: the task of this group (one row: its ranges) runs on its
+    resident copy; the group's state becomes the batch id."""
+    sub = int(run.subtopology)
+
+    def stage(key, frames, state):
+        import json as _json
+        import time as _time
+
+        from pyspark import TaskContext
+
+        from statekit.contracts import TaskId
+        from statekit.engine.spark.engine import trace
+
+        ctx = TaskContext.get()
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
+        for pdf in frames:
+            for task, ranges in zip(pdf["task"].tolist(), pdf["ranges"].tolist()):
+                t0 = _time.perf_counter()
+                rs = [tuple(r) for r in _json.loads(ranges)]
+                n = run_resident(run, TaskId(sub, int(task)), batch_id, rs)
+                trace({"stage": "resident", "placement": PLACEMENT, "task": int(task),
+                       "batch": batch_id, "ranges": rs, "outputs": n, "pid": os.getpid(),
+                       "executor": executor_identity()[0], "attempt": ctx.attemptNumber(),
+                       "s": round(_time.perf_counter() - t0, 3)})
+        state.update((batch_id,))
+        return iter(())
+
+    return stage
+
+
 def make_executor_stage(run: RunSpec):
-    """The query's stage on the ``executors`` placement (see the module docstring): each task's
-    micro-batch processed and committed in this Python worker."""
+    """The query's one stage with ``STATEKIT_EXECUTOR_LOCALITY=off``: each task's micro-batch
+    opened, processed, committed and closed in whichever Python worker received it."""
     sub = int(run.subtopology)
 
     def stage(batches):
