@@ -674,14 +674,21 @@ class App:
             except Exception as exc:  # noqa: BLE001 - the monitor must not die silently
                 log.info("monitor: %s", exc)
 
+    _progress_at = 0.0
+
     def _monitor_once(self) -> None:
         if self._stopping:
             return
-        for sub, q in list(self._queries.items()):
-            self._poll_progress(sub, q)
-            if not _active(q) and not self._stopping:
-                self._on_query_ended(sub, q)
-                return
+        # the engines' progress once a second (a Spark query answers through the JVM); a query
+        # that ended is noticed at the same pace
+        now = time.monotonic()
+        if now - self._progress_at >= 1.0:
+            self._progress_at = now
+            for sub, q in list(self._queries.items()):
+                self._poll_progress(sub, q)
+                if not _active(q) and not self._stopping:
+                    self._on_query_ended(sub, q)
+                    return
         co = self._coordinator
         if co is None or co.stopped or self.state in (AppState.ERROR, AppState.PENDING_SHUTDOWN,
                                                       AppState.NOT_RUNNING):
@@ -747,7 +754,16 @@ class App:
             key = (sub, bid, d.get("timestamp"))
             if key not in self._progress:
                 self._progress[key] = dict(d, subtopology=sub, seen_at=time.time())
-                self._records_processed += int(d.get("num_input_rows") or 0)
+                self._records_processed += self._input_records(d)
+
+    def _input_records(self, progress: dict) -> int:
+        """Records of the application's input topics in a micro-batch (a repartition topic's are
+        the same records again, counted once where they came in)."""
+        by_topic = progress.get("records_by_topic")
+        if not by_topic:
+            return int(progress.get("num_input_rows") or 0)
+        repart = set(getattr(self.plan, "repartition_topics", ()) or ())
+        return sum(n for t, n in by_topic.items() if t not in repart)
 
     def _one_line(self, exc) -> StatekitError:
         """Any failure of a query as one ``StatekitError`` line; a task that failed becomes the

@@ -337,8 +337,11 @@ class LocalQuery:
         self.last_batch_id = batch
         prev = self._progress[-1] if self._progress else None
         since = (time.time() - prev["wall"]) if prev else dt
+        by_topic: dict = {}
+        for (topic, _p), (s, e) in ranges.items():
+            by_topic[topic] = by_topic.get(topic, 0) + max(0, e - s)
         self._progress.append({
-            "batch_id": batch, "num_input_rows": n_in,
+            "batch_id": batch, "num_input_rows": n_in, "records_by_topic": by_topic,
             "input_rows_per_second": (n_in / since) if since > 0 else 0.0,
             "processed_rows_per_second": (n_in / dt) if dt > 0 else 0.0,
             "batch_duration_ms": dt * 1000.0, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),

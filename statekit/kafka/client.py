@@ -616,6 +616,49 @@ class Kafka:
                              p.high_watermark, p.log_start_offset, p.last_stable_offset)
             raise KafkaError(f"could not read {topic}[{partition}]: no leader")
 
+    def wait_for_data(self, positions: dict, max_wait_ms: int,
+                      isolation: str = READ_UNCOMMITTED) -> bool:
+        """Block until any of ``positions`` (``{(topic, partition): offset}``) has a record at or
+        after its offset, at most ``max_wait_ms``: Kafka's long poll (one Fetch per leader with
+        ``min_bytes=1``; the broker answers as soon as data arrives). True when data is there.
+        An idle reader polls so without spinning, and wakes at once for a new record."""
+        if not positions:
+            return False
+        level = _isolation(isolation)
+        by_leader: dict = {}
+        with self._lock:
+            for (topic, partition), offset in positions.items():
+                conn = self._leader(topic, partition)
+                by_leader.setdefault(id(conn), (conn, []))[1].append((topic, partition, offset))
+            if len(by_leader) != 1:       # several brokers: ask each in turn, briefly
+                max_wait_ms = max(1, max_wait_ms // len(by_leader))
+            for conn, parts in by_leader.values():
+                v = conn.version(FetchRequest, 4, 12)
+                T = FetchRequest.FetchTopic
+                topics: dict = {}
+                for topic, partition, offset in parts:
+                    topics.setdefault(topic, []).append(T.FetchPartition(
+                        partition=partition, current_leader_epoch=-1, fetch_offset=offset,
+                        last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1))
+                req = FetchRequest(
+                    version=v, replica_id=-1, max_wait_ms=int(max_wait_ms), min_bytes=1,
+                    max_bytes=1, isolation_level=level, session_id=0, session_epoch=-1,
+                    topics=[T(topic=t, partitions=ps) for t, ps in topics.items()],
+                    forgotten_topics_data=[], rack_id="")
+                old = conn.sock.gettimeout()
+                conn.sock.settimeout(max(old or 0, max_wait_ms / 1000.0 + self.timeout))
+                try:
+                    resp = conn.recv(conn.send(req))
+                finally:
+                    conn.sock.settimeout(old)
+                for t in resp.responses:
+                    for p in t.partitions:
+                        at = positions.get((t.topic, p.partition_index), 0)
+                        end = p.last_stable_offset if level else p.high_watermark
+                        if p.records or (p.error_code == 0 and end is not None and end > at):
+                            return True
+        return False
+
     def read(self, topic: str, partition: int, start: int | None = None, end: int | None = None,
              *, max_bytes: int | None = None, pipeline: bool = True,
              isolation: str = READ_UNCOMMITTED, columns: bool = False) -> Iterator[Chunk]:

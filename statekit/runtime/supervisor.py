@@ -83,11 +83,15 @@ class _Spares:
                 self._spares.append(self._start())
 
     def take(self) -> Optional[subprocess.Popen]:
-        """A spare (a new one is started for next time), or None when there is none alive."""
+        """A spare, or None when there is none alive. One spare stays ready for the next revive
+        or added instance (a new one starts when the last is taken): each costs the memory of an
+        idle instance, and a workshop server runs an app per participant."""
         with self._lock:
             live = [sp for sp in self._spares if sp.poll() is None]
             sp = live.pop(0) if live else None
-            self._spares = live + [self._start()]
+            if not live:
+                live.append(self._start())
+            self._spares = live
         return sp
 
     def close(self) -> None:

@@ -422,6 +422,7 @@ class TaskState:
                                                                     "batch": task_batch}})
         self.replayed_from = ("scratch" if origins == {"scratch"} else
                               "checkpoint" if "scratch" not in origins else "mixed") if plan else "none"
+        self.db.recount()   # a restore does not keep its stores' exact key counts
         meta = self.db.read_meta()
         self.last_batch = int(meta.get("batch", task_batch)) if meta else task_batch
         if meta and any(meta_key(n) in meta for n in names):

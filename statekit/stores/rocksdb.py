@@ -33,6 +33,7 @@ _drain = deque  # deque(iterator, 0) runs an iterator to its end in C
 META_CF = "__meta__"
 SPECS_KEY = "__stores__"  # meta key (reserved: keys starting "__" are not returned by read_meta)
 STREAM_TIME_KEY = "__stream_time."  # + window store name
+COUNT_KEY = "__count."              # + store name: its exact key count (when known)
 DB_SUBDIR = "rocksdb"
 
 _block_cache = None
@@ -115,11 +116,19 @@ class RocksDBStore(OverlayStore):
         super().__init__(name)
         self._taskdb = taskdb
         self._bind()
+        # The exact number of keys committed (None: unknown, RocksDB's estimate stands in: it
+        # counts an overwritten key twice until compaction). A commit moves it by the keys it
+        # creates and deletes: whether a key existed is known from the reads of the batch
+        # (`_seen`, kept until the commit), else asked in one MultiGet at the commit.
+        self._seen: dict = {}
+        self._next_count: Optional[int] = None   # what the count is once this commit is written
 
     def _bind(self) -> None:
         self._cf = self._taskdb._cf_dict(self.name)
         self._handle = self._taskdb._cf_handle(self.name)
         self._cf_get = self._cf.get
+        count = self._taskdb._reserved_meta(COUNT_KEY + self.name)
+        self.count = None if count is None else int(count)
 
     def _unbind(self) -> None:
         """Drop every reference into RocksDB (a live handle keeps the DB, and its lock, open)."""
@@ -131,17 +140,24 @@ class RocksDBStore(OverlayStore):
         raise StatekitError(f"store {self.name!r}: its task db is closed")
 
     def _committed_get(self, key: bytes) -> Optional[bytes]:
-        return self._cf_get(key)
+        v = self._cf_get(key)
+        if self.count is not None:
+            self._seen[key] = v is not None
+        return v
 
     def _committed_get_many(self, keys: list) -> list:
         if len(keys) < 16:
             get = self._cf_get
-            return [get(k) for k in keys]
-        # one MultiGet (rocksdict takes a list), in key order: RocksDB then walks each memtable
-        # and file once, two to three times faster than in the batch's order
-        srt = sorted(keys)
-        found = dict(zip(srt, self._cf_get(srt)))
-        return list(map(found.__getitem__, keys))
+            out = [get(k) for k in keys]
+        else:
+            # one MultiGet (rocksdict takes a list), in key order: RocksDB then walks each
+            # memtable and file once, two to three times faster than in the batch's order
+            srt = sorted(keys)
+            found = dict(zip(srt, self._cf_get(srt)))
+            out = list(map(found.__getitem__, keys))
+        if self.count is not None:
+            self._seen.update(zip(keys, [v is not None for v in out]))
+        return out
 
     def _committed_scan(self, lo: Optional[bytes], hi: Optional[bytes]) -> Iterator[KV]:
         if self._cf is None:
@@ -151,13 +167,46 @@ class RocksDBStore(OverlayStore):
         return it
 
     def _committed_count(self) -> int:
+        if self.count is not None:
+            return self.count
         return self._cf.property_int_value("rocksdb.estimate-num-keys") or 0
+
+    def recount(self) -> int:
+        """Count the committed keys by walking them (after a restore, which does not keep count)."""
+        n = 0
+        for _ in self._cf.keys():
+            n += 1
+        self.count = n
+        self._seen = {}
+        return n
+
+    def _count_after(self, keys: list, values: list) -> Optional[int]:
+        """The exact count once this commit's writes are in (None: unknown)."""
+        if self.count is None:
+            return None
+        seen = self._seen
+        unknown = [k for k in keys if k not in seen]
+        if unknown:
+            self._committed_get_many(unknown)
+        existed = list(map(seen.__getitem__, keys))
+        if None in values:
+            created = sum(1 for v, e in zip(values, existed) if v is not None and not e)
+            deleted = sum(1 for v, e in zip(values, existed) if v is None and e)
+        else:
+            created, deleted = existed.count(False), 0
+        return self.count + created - deleted
+
+    def discard(self) -> None:
+        super().discard()
+        self._seen = {}
 
     def _fill(self, wb: rd.WriteBatch) -> int:
         """Write the pending operations into the task's commit batch; returns how many."""
         h = self._handle
         ranges, items = self._pending_ops()
         n = 0
+        self._next_count = None if ranges else self._count_after(list(self._ov),
+                                                                 list(self._ov.values()))
         for lo, hi in ranges:
             if hi is None:
                 for k, _ in self._committed_scan(lo, None):
@@ -372,11 +421,16 @@ class TaskDB:
         if self.path is not None:
             self._require_db()
             wb = rd.WriteBatch(raw_mode=True)
+            counts = {}
             for s in rocks:
                 records += s._fill(wb)
-            self._put_meta(wb, meta, self._windows)
+                if s._next_count is not None or s.count is not None:
+                    counts[s.name] = s._next_count
+            self._put_meta(wb, meta, self._windows, counts)
             nbytes = wb.size_in_bytes()
             self._db.write(wb, self._wopts)
+            for s in rocks:
+                s.count = s._next_count
         else:
             self._put_meta(None, meta, self._windows)
         for s in rocks:
@@ -390,8 +444,10 @@ class TaskDB:
                             "ms": (time.perf_counter() - t0) * 1000.0}
         return self.last_commit
 
-    def _put_meta(self, wb: Optional[rd.WriteBatch], meta: Optional[dict], windows: dict) -> None:
-        """User meta, plus reserved entries: window stream times, the store specs (once)."""
+    def _put_meta(self, wb: Optional[rd.WriteBatch], meta: Optional[dict], windows: dict,
+                  counts: Optional[dict] = None) -> None:
+        """User meta, plus reserved entries: window stream times, the store specs (once), the
+        stores' exact key counts (None: unknown)."""
         entries = {}
         for k, v in (meta or {}).items():
             if not isinstance(k, str) or k.startswith("__"):
@@ -399,6 +455,8 @@ class TaskDB:
             entries[k] = v
         for name, seg in windows.items():
             entries[STREAM_TIME_KEY + name] = seg.stream_time
+        for name, n in (counts or {}).items():
+            entries[COUNT_KEY + name] = n
         if not self._specs_written and self._specs:
             entries[SPECS_KEY] = self._specs
         if wb is None:
@@ -461,7 +519,7 @@ class TaskDB:
             self._require_db()
             wb = rd.WriteBatch(raw_mode=True)
             n = target._restore_into(wb, items)
-            self._put_meta(wb, meta, windows)
+            self._put_meta(wb, meta, windows, self._forget_count(store_name))
             self._db.write(wb, self._restore_wopts)
         else:
             n = target._restore_into(None, items)
@@ -489,9 +547,27 @@ class TaskDB:
         self._require_db()
         wb = rd.WriteBatch(raw_mode=True)
         n = target._restore_columns(wb, keys, values)
-        self._put_meta(wb, meta, {})
+        self._put_meta(wb, meta, {}, self._forget_count(store_name))
         self._db.write(wb, self._restore_wopts)
         return n
+
+    def _forget_count(self, store_name: str) -> dict:
+        """A restore writes without keeping count: the count is unknown until `recount`."""
+        inner = self._stores.get(store_name)
+        if isinstance(inner, RocksDBStore) and inner.count is not None:
+            inner.count = None
+            return {store_name: None}
+        return {}
+
+    def recount(self) -> dict:
+        """Count the keys of every kv store whose count is unknown (after a restore, or state
+        written before counts were kept): {store: keys}. Walks the keys once."""
+        out = {}
+        for name, s in self._stores.items():
+            if isinstance(s, RocksDBStore) and s.count is None and \
+                    (self._specs.get(name) or {}).get("kind", "kv") == "kv":
+                out[name] = s.recount()
+        return out
 
     def wipe(self) -> None:
         """Delete all data and meta of this task (untrusted local state); store objects stay usable."""

@@ -22,10 +22,10 @@ def test_queries_failover_and_processor_errors_on_spark(broker, tmp_path, spark_
     from statekit.kafka import Kafka
 
     k = Kafka(broker.bootstrap)
-    k.ensure_topic("lines", 2)
-    k.ensure_topic("nums", 1)
+    k.ensure_topic("lines", 3)                # a task reads its own partition of each source
+    k.ensure_topic("nums", 2)
     for i, ln in enumerate(LINES):
-        k.send("lines", i % 2, [(None, ln.encode())])
+        k.send("lines", i % 3, [(None, ln.encode())])
     app = statekit.App("sparkq", bootstrap=broker.bootstrap, partitions=3, instances=2,
                        state_dir=str(tmp_path / "a"), engine="changelog")
     (app.stream("lines").flat_map_values(str.split).group_by(lambda key, w: w).count(store="counts")
@@ -43,7 +43,8 @@ def test_queries_failover_and_processor_errors_on_spark(broker, tmp_path, spark_
         for w, n in want.items():
             assert app.query("counts", w) == n
             owner = app.key_owner("counts", w)
-            assert owner.task == TaskId(0, partition_for(w.encode(), 3))
+            # the count runs after the repartition by word: sub-topology 1
+            assert owner.task == TaskId(app.store_subtopology("counts"), partition_for(w.encode(), 3))
             assert owner.instance == app.assignment.active[owner.task]
         df = app.query_all("counts")
         assert dict(zip(df.key, df.value)) == dict(want)
@@ -51,7 +52,7 @@ def test_queries_failover_and_processor_errors_on_spark(broker, tmp_path, spark_
         # an instance dies in the middle of a batch: Spark's query goes on, its tasks move
         app.crash("disk-loss", instance=0, after_records=2)
         for i, ln in enumerate(LINES):
-            k.send("lines", i % 2, [(None, ln.encode())])
+            k.send("lines", i % 3, [(None, ln.encode())])
         assert app.process_all_available(timeout=120)
         assert app.instances == 1 and app.state == AppState.RUNNING
         assert all(q.is_active for q in app._queries.values())

@@ -119,6 +119,12 @@ def make_deliver(run: RunSpec):
 def _offset_span(sources) -> "int | None":
     """Records a micro-batch read, from its sources' start and end offsets (a statekit query's
     source yields one row per task, not per record). None when the offsets are not Kafka's."""
+    by_topic = topic_spans(sources)
+    return None if by_topic is None else sum(by_topic.values())
+
+
+def topic_spans(sources) -> "dict | None":
+    """{topic: records the micro-batch read of it}, from the sources' offsets (None: not Kafka's)."""
     import json
 
     def parse(x):
@@ -126,16 +132,17 @@ def _offset_span(sources) -> "int | None":
             x = None if x in ("None", "null", "") else json.loads(x)
         return x or {}
 
-    total = 0
+    out: dict = {}
     for src in sources or ():
         try:
             start, end = parse(src.get("startOffset")), parse(src.get("endOffset"))
             for topic, parts in end.items():
                 for part, off in parts.items():
-                    total += max(0, int(off) - int((start.get(topic) or {}).get(part, 0)))
+                    out[topic] = out.get(topic, 0) + max(
+                        0, int(off) - int((start.get(topic) or {}).get(part, 0)))
         except (TypeError, ValueError, AttributeError):
             return None
-    return total if sources else None
+    return out if sources else None
 
 
 def progress_dict(p) -> dict:
@@ -154,11 +161,13 @@ def progress_dict(p) -> dict:
                  "durationMs": dict(getattr(p, "durationMs", {}) or {})}
     d = p.get("durationMs") or {}
     rows = p.get("numInputRows") or 0
-    records = _offset_span(p.get("sources"))
+    spans = topic_spans(p.get("sources"))
+    records = None if spans is None else sum(spans.values())
     scale = (records / rows) if (records is not None and rows) else 1.0
     return {
         "batch_id": p.get("batchId"),
         "num_input_rows": records if records is not None else rows,
+        "records_by_topic": spans or {},
         "input_rows_per_second": (p.get("inputRowsPerSecond") or 0.0) * scale,
         "processed_rows_per_second": (p.get("processedRowsPerSecond") or 0.0) * scale,
         "batch_duration_ms": d.get("triggerExecution") or 0,
@@ -251,7 +260,61 @@ class RunningQuery:
 
     def process_all_available(self, timeout: float | None = None) -> None:
         """Block until every record available now has been processed (raises a one-line error if
-        the query fails). With `timeout`, raise `EngineError` after that many seconds."""
+        the query fails). With `timeout`, raise `EngineError` after that many seconds.
+
+        "Now" is the sources' end offsets at the call (read committed when the query reads so);
+        the query is caught up once a completed micro-batch ended at or past them. (Spark's own
+        processAllAvailable waits for a trigger that finds nothing new, which an idle source's
+        long poll would delay by up to its wait.)"""
+        if self.run is None:
+            return self._spark_process_all_available(timeout)
+        from statekit.kafka import Kafka
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with Kafka(self.run.bootstrap) as k:
+            want = {(t, p): e for t in dict.fromkeys(source_topics(self.run.plan))
+                    for p, e in k.end_offsets(t, None, self.run.isolation).items()}
+        while True:
+            err = self.exception()
+            if err is not None:
+                raise EngineError(f"query {self.name} failed: {err}")
+            if not self.is_active:
+                return
+            got = self._committed_ends(want)
+            if got is None:           # no micro-batch yet (a query that started at "latest")
+                if not self.status().get("isDataAvailable", True):
+                    left = None if deadline is None else max(0.1, deadline - time.monotonic())
+                    return self._spark_process_all_available(left)
+            elif all(off >= want[tp] for tp, off in got.items()):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise EngineError(f"query {self.name} did not catch up within {timeout:.0f}s")
+            time.sleep(0.02)
+
+    def _committed_ends(self, want: dict):
+        """{(topic, partition): end offset of the last completed micro-batch} for `want`'s
+        partitions (one no batch has read: 0); None before the first micro-batch."""
+        import json
+
+        got = {tp: 0 for tp in want}
+        try:
+            last = self.query.lastProgress
+        except Exception:  # noqa: BLE001 - the JVM went away: is_active says so next
+            return {tp: -1 for tp in want}
+        if last is None:
+            return None if any(want.values()) else got
+        for src in (last.get("sources") if isinstance(last, dict) else
+                    json.loads(last.json).get("sources")) or ():
+            end = src.get("endOffset")
+            while isinstance(end, str):
+                end = None if end in ("None", "null", "") else json.loads(end)
+            for t, parts in (end or {}).items():
+                for part, off in parts.items():
+                    if (t, int(part)) in got:
+                        got[(t, int(part))] = int(off)
+        return got
+
+    def _spark_process_all_available(self, timeout: float | None = None) -> None:
         if timeout is None:
             try:
                 self.query.processAllAvailable()

@@ -161,8 +161,18 @@ def _prepare_env(loopback: bool = True) -> None:
         os.environ["PYTHONPATH"] = here + (os.pathsep + pp if pp else "")
 
 
+# What a workshop server runs per participant: a small heap that starts small (records do not
+# pass through the JVM: tasks read their own partitions), serial GC, C1 only (the driver plans and
+# schedules, it does not crunch). Spark ends a reused Python worker after a minute without a task
+# (PythonWorkerFactory's idle timeout) and forks one again from its daemon for the next batch.
+JAVA_OPTS = ("-Xms64m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=64m "
+             "-Xss512k")
+PYTHON_WORKER_IDLE_S = 60
+
+
 def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = None,
-                driver_memory: str = "1g", extra_conf: dict | None = None, master: str | None = None):
+                driver_memory: str = "512m", extra_conf: dict | None = None,
+                master: str | None = None):
     """Return the active SparkSession (reused) or start the one statekit uses, on ``master`` (else
     ``$STATEKIT_SPARK_MASTER``, else ``local[2]``). Asking for a master other than the running
     session's raises ``SessionConflict``."""
@@ -184,7 +194,8 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
             props = os.path.join(log_dir(), f"log4j2-{os.getpid()}.properties")
             with open(props, "w") as fh:
                 fh.write(_LOG4J.format(path=log_path()))
-            java_opts = f"-Dlog4j.configurationFile=file:{props} -Dlog4j2.configurationFile=file:{props}"
+            java_opts = (f"-Dlog4j.configurationFile=file:{props} "
+                         f"-Dlog4j2.configurationFile=file:{props} {JAVA_OPTS}")
             b = (SparkSession.builder.master(master).appName(app_name)
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")

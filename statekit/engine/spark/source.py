@@ -413,9 +413,18 @@ class KafkaStreamReader(_OffsetsMixin, DataSourceStreamReader, SupportsTriggerAv
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._ends()
 
+    # An idle query asks for new data through Kafka's long poll: the broker holds the request
+    # until a record arrives (answered at once) or this long has passed. Spark would otherwise
+    # ask again every 10 ms, a Python call and a broker round trip each time.
+    IDLE_WAIT_MS = 500
+
     def latestOffset(self, start: dict, limit: ReadLimit = None) -> dict:
         s = from_json(start)
         ends = self._ends() if self._target is None else dict(self._target)
+        if self._target is None and s and all(ends.get(tp, 0) <= off for tp, off in s.items()) \
+                and set(ends) <= set(s):
+            if self._call(lambda k: k.wait_for_data(s, self.IDLE_WAIT_MS, self.opts.isolation)):
+                ends = self._ends()
         begins = None
         for tp in ends:
             if tp not in s:  # a partition (or topic) that appeared after the query started
