@@ -315,10 +315,11 @@ class Committed(Event):
     outputs: int = 0                 # output records
     changelog: dict = field(default_factory=dict)   # store -> changelog records sent
     offsets: dict = field(default_factory=dict)     # store -> changelog offset after its marker
-    commit_ms: float = 0.0
-    process_ms: float = 0.0
+    commit_ms: float = 0.0           # the commit: changelog and outputs sent, RocksDB, checkpoint
+    process_ms: float = 0.0          # the records through the task's steps (read_ms included)
+    read_ms: float = 0.0             # the batch's offset ranges read from Kafka and decoded
     cache: dict = field(default_factory=dict)       # store -> record cache stats
-    rows: dict = field(default_factory=dict)        # store -> approximate row count
+    rows: dict = field(default_factory=dict)        # store -> key count (exact for kv stores)
     stream_time: int = -1
     dropped_late: int = 0
     skipped_null: int = 0

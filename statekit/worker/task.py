@@ -497,8 +497,10 @@ class StreamTask:
         crash = self.crash
         crash.batch = batch_id
         crash.records = None
+        t_proc = time.perf_counter()
         try:
             records = batch if isinstance(batch, Records) else self.read_input(batch)
+            read_ms = (time.perf_counter() - t_proc) * 1000.0
             tstore = state.stores.get(self.tstore_name)
             stream_time, meta = -1, {}
             if tstore is not None:
@@ -509,7 +511,6 @@ class StreamTask:
                 if raw is not None:
                     meta = json.loads(raw)
             ctx = _TaskContext(self.task, batch_id, state, stream_time, self.spec.cache_bytes, meta)
-            t_proc = time.perf_counter()
             proc = self.plan.new_processor(ctx)
             threshold = _records_threshold(crash.pending(), self.instance)
             if threshold is not None and threshold <= 0:
@@ -553,7 +554,8 @@ class StreamTask:
             task=task_s, instance=self.instance, batch=batch_id, records=n, outputs=ctx.count,
             changelog={k: v for k, v in info.records.items() if not is_task_store(k)},
             offsets={k: v for k, v in info.offsets.items() if not is_task_store(k)},
-            commit_ms=info.ms, process_ms=process_ms, cache=cache, rows=_store_rows(state),
+            commit_ms=info.ms, process_ms=process_ms, read_ms=read_ms, cache=cache,
+            rows=_store_rows(state),
             stream_time=proc.stream_time, dropped_late=proc.dropped_late,
             skipped_null=proc.skipped_null, from_spool=from_spool))
         return ctx.count
