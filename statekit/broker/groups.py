@@ -1,4 +1,4 @@
-"""The group coordinator of the embedded broker: the classic consumer-group protocol.
+"""The group coordinator of the embedded broker: the classic consumer-group protocol's membership.
 
 The server owns one ``GroupCoordinator(data_dir)``; it calls ``await start()`` once the event loop
 runs, ``await close()`` on shutdown, and routes the group API keys here::
@@ -27,21 +27,15 @@ State machine (as Kafka's ``GroupMetadata``)::
   re-join are removed).
 * Waiting requests (JoinGroup until the rebalance completes, a follower's SyncGroup until the
   leader's) are asyncio futures: nothing here ever blocks the event loop.
-* Committed offsets are appended to ``DATA_DIR/group-offsets.jsonl`` (one JSON object per partition,
-  flushed to the OS before the response, so they survive ``kill -9``; ``fsync=True`` for power loss)
-  and reloaded by ``start()``. The file is rewritten atomically (temp, fsync, rename) when it has
-  grown to several times its live content.
+* Committed offsets (OffsetCommit, OffsetFetch, OffsetDelete, TxnOffsetCommit's commit, their
+  file) are ``group_offsets.CommittedOffsets``; this module decides who may commit.
 * Static membership (``group.instance.id``) is minimal: a re-join with a known instance id replaces the
   old member id (fencing it with ``FENCED_INSTANCE_ID``) and triggers a normal rebalance.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import struct
-import time
 import uuid
 from typing import Any, Callable
 
@@ -50,186 +44,26 @@ from kafka.protocol.admin.groups import (
 )
 from kafka.protocol.consumer.group import (
     HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse, OffsetCommitResponse,
-    OffsetDeleteResponse, OffsetFetchResponse, SyncGroupResponse,
+    OffsetFetchResponse, OffsetDeleteResponse, SyncGroupResponse,
 )
 
+from .group_model import (
+    COMPLETING_REBALANCE, COORDINATOR_NOT_AVAILABLE, DEAD, DELETE_GROUPS, DESCRIBE_GROUPS, EMPTY,
+    FENCED_INSTANCE_ID, GROUP_API_KEYS, GROUP_ID_NOT_FOUND, HEARTBEAT, ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL, INVALID_GROUP_ID, INVALID_REQUEST, INVALID_SESSION_TIMEOUT,
+    JOIN_GROUP, LEAVE_GROUP, LIST_GROUPS, MEMBER_ID_REQUIRED, NON_EMPTY_GROUP, NONE, OFFSET_COMMIT,
+    OFFSET_DELETE, OFFSET_FETCH, PREPARING_REBALANCE, REBALANCE_IN_PROGRESS, STABLE,
+    SUPPORTED_VERSIONS, SYNC_GROUP, UNKNOWN_MEMBER_ID, Group, Member, client_id_of, env_int,
+)
+from .group_offsets import CommittedOffsets
 from .schema_check import illegal_null
 
 log = logging.getLogger(__name__)
 
-# API keys handled here.
-OFFSET_COMMIT, OFFSET_FETCH = 8, 9
-JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
-DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
-DELETE_GROUPS, OFFSET_DELETE = 42, 47
-
-#: Versions the coordinator implements, for the server's ApiVersions answer. OffsetCommit and
-#: OffsetFetch v10 address topics by id only; they are supported when the server passes the
-#: ``topic_name_for_id`` / ``topic_id_for_name`` callables, else advertise up to 9.
-SUPPORTED_VERSIONS = {
-    OFFSET_COMMIT: (0, 9),
-    OFFSET_FETCH: (0, 9),
-    JOIN_GROUP: (0, 9),
-    HEARTBEAT: (0, 4),
-    LEAVE_GROUP: (0, 5),
-    SYNC_GROUP: (0, 5),
-    DESCRIBE_GROUPS: (0, 6),
-    LIST_GROUPS: (0, 5),
-    DELETE_GROUPS: (0, 2),
-    OFFSET_DELETE: (0, 0),
-}
-GROUP_API_KEYS = frozenset(SUPPORTED_VERSIONS)
-
-# Error codes (kafka.errors).
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-OFFSET_METADATA_TOO_LARGE = 12
-COORDINATOR_NOT_AVAILABLE = 15
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-INVALID_GROUP_ID = 24
-UNKNOWN_MEMBER_ID = 25
-INVALID_SESSION_TIMEOUT = 26
-REBALANCE_IN_PROGRESS = 27
-UNSUPPORTED_VERSION = 35
-INVALID_REQUEST = 42
-NON_EMPTY_GROUP = 68
-GROUP_ID_NOT_FOUND = 69
-MEMBER_ID_REQUIRED = 79
-FENCED_INSTANCE_ID = 82
-GROUP_SUBSCRIBED_TO_TOPIC = 86
-UNKNOWN_TOPIC_ID = 100
-
-# Group states (the strings DescribeGroups / ListGroups report).
-EMPTY = "Empty"
-PREPARING_REBALANCE = "PreparingRebalance"
-COMPLETING_REBALANCE = "CompletingRebalance"
-STABLE = "Stable"
-DEAD = "Dead"
-
-OFFSETS_FILE = "group-offsets.jsonl"
-NO_LEADER_EPOCH = -1
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-def _client_id_of(request) -> str:
-    try:
-        header = request._header  # set by ApiMessage.decode(..., header=True)
-    except AttributeError:
-        return ""
-    return (getattr(header, "client_id", None) or "") if header is not None else ""
-
-
-class Member:
-    __slots__ = (
-        "member_id", "instance_id", "client_id", "client_host", "session_timeout_ms",
-        "rebalance_timeout_ms", "protocol_type", "protocols", "assignment",
-        "awaiting_join", "join_waiters", "awaiting_sync", "sync_waiters", "timer", "is_new",
-    )
-
-    def __init__(self, member_id, instance_id, client_id, client_host, session_timeout_ms,
-                 rebalance_timeout_ms, protocol_type, protocols):
-        self.member_id = member_id
-        self.instance_id = instance_id
-        self.client_id = client_id
-        self.client_host = client_host
-        self.session_timeout_ms = session_timeout_ms
-        self.rebalance_timeout_ms = rebalance_timeout_ms
-        self.protocol_type = protocol_type
-        self.protocols: list[tuple[str, bytes]] = protocols
-        self.assignment = b""
-        self.awaiting_join = False
-        self.join_waiters: list[asyncio.Future] = []
-        self.awaiting_sync = False
-        self.sync_waiters: list[asyncio.Future] = []
-        self.timer: asyncio.TimerHandle | None = None
-        self.is_new = True
-
-    def metadata_for(self, protocol: str | None) -> bytes:
-        for name, meta in self.protocols:
-            if name == protocol:
-                return meta
-        return b""
-
-    def protocol_names(self) -> list[str]:
-        return [name for name, _ in self.protocols]
-
-
-class OffsetEntry:
-    __slots__ = ("offset", "leader_epoch", "metadata", "commit_ms")
-
-    def __init__(self, offset, leader_epoch, metadata, commit_ms):
-        self.offset = offset
-        self.leader_epoch = leader_epoch
-        self.metadata = metadata
-        self.commit_ms = commit_ms
-
-
-class Group:
-    def __init__(self, group_id: str):
-        self.group_id = group_id
-        self.state = EMPTY
-        self.generation = 0
-        self.protocol_type: str | None = None
-        self.protocol_name: str | None = None
-        self.leader_id: str | None = None
-        self.members: dict[str, Member] = {}
-        self.pending: dict[str, asyncio.TimerHandle] = {}  # member ids handed out, not yet joined
-        self.static: dict[str, str] = {}  # group.instance.id -> member id
-        self.join_timer: asyncio.TimerHandle | None = None
-        self.initial_delay_active = False
-        self.new_member_added = False
-        self.offsets: dict[tuple[str, int], OffsetEntry] = {}
-
-    # -- protocol bookkeeping --
-    def rebalance_timeout_ms(self) -> int:
-        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
-
-    def all_members_joined(self) -> bool:
-        return not self.pending and all(m.awaiting_join for m in self.members.values())
-
-    def candidate_protocols(self) -> list[str]:
-        members = list(self.members.values())
-        if not members:
-            return []
-        common = set(members[0].protocol_names())
-        for m in members[1:]:
-            common &= set(m.protocol_names())
-        return [p for p in members[0].protocol_names() if p in common]
-
-    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]],
-                 member_id: str | None = None) -> bool:
-        if not protocol_type or not protocols:
-            return False
-        others = [m for mid, m in self.members.items() if mid != member_id]
-        if not others:
-            return True
-        if self.protocol_type is not None and protocol_type != self.protocol_type:
-            return False
-        names = {name for name, _ in protocols}
-        for m in others:
-            names &= set(m.protocol_names())
-        return bool(names)
-
-    def select_protocol(self) -> str:
-        candidates = self.candidate_protocols()
-        votes = {p: 0 for p in candidates}
-        for m in self.members.values():
-            for name in m.protocol_names():
-                if name in votes:
-                    votes[name] += 1
-                    break
-        # max() keeps the first of equal votes: ties go to the first member's preference order
-        return max(candidates, key=lambda p: votes[p])
-
 
 class GroupCoordinator:
+    """The groups table and their membership; the committed offsets are ``self.offsets``."""
+
     def __init__(self, data_dir: str, *, initial_rebalance_delay_ms: int | None = None,
                  min_session_timeout_ms: int | None = None,
                  max_session_timeout_ms: int | None = None,
@@ -241,20 +75,18 @@ class GroupCoordinator:
         # Kafka's defaults are 6 s .. 30 min; a teaching kit wants to show expiry quickly.
         self.min_session_timeout_ms = (
             min_session_timeout_ms if min_session_timeout_ms is not None
-            else _env_int("STATEKIT_GROUP_MIN_SESSION_TIMEOUT_MS", 100))
+            else env_int("STATEKIT_GROUP_MIN_SESSION_TIMEOUT_MS", 100))
         self.max_session_timeout_ms = (
             max_session_timeout_ms if max_session_timeout_ms is not None
-            else _env_int("STATEKIT_GROUP_MAX_SESSION_TIMEOUT_MS", 1_800_000))
-        self.max_metadata_bytes = max_metadata_bytes
-        self.fsync = fsync
+            else env_int("STATEKIT_GROUP_MAX_SESSION_TIMEOUT_MS", 1_800_000))
         self.topic_name_for_id = topic_name_for_id
         self.topic_id_for_name = topic_id_for_name
         self.groups: dict[str, Group] = {}
+        self.offsets = CommittedOffsets(
+            self, data_dir, fsync=fsync, max_metadata_bytes=max_metadata_bytes,
+            topic_name_for_id=topic_name_for_id, topic_id_for_name=topic_id_for_name)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._file = None
-        self._lines = 0
         self._closed = False
-        self.path = os.path.join(data_dir, OFFSETS_FILE)
 
     SUPPORTED_VERSIONS = SUPPORTED_VERSIONS
 
@@ -269,11 +101,7 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        os.makedirs(self.data_dir, exist_ok=True)
-        self._load()
-        if self._lines > 2 * self._live_entries() + 1000:
-            self._rewrite()
-        self._file = open(self.path, "a", encoding="utf-8")
+        self.offsets.open()
 
     async def close(self) -> None:
         self._closed = True
@@ -285,18 +113,17 @@ class GroupCoordinator:
                 self._cancel(member.timer)
                 self._resolve(member.join_waiters, {"error_code": COORDINATOR_NOT_AVAILABLE})
                 self._resolve(member.sync_waiters, {"error_code": COORDINATOR_NOT_AVAILABLE})
-        if self._file is not None:
-            self._file.flush()
-            if self.fsync:
-                os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+        self.offsets.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # ------------------------------------------------------------------ dispatch
     async def handle(self, api_key: int, api_version: int, request, *, client_id: str | None = None,
                      client_host: str = "/127.0.0.1"):
         if client_id is None:
-            client_id = _client_id_of(request)
+            client_id = client_id_of(request)
         v = api_version
         if api_key in GROUP_API_KEYS:
             bad = illegal_null(request, v)
@@ -312,9 +139,9 @@ class GroupCoordinator:
         if api_key == LEAVE_GROUP:
             return self._leave_group(v, request)
         if api_key == OFFSET_COMMIT:
-            return self._offset_commit(v, request)
+            return self.offsets.offset_commit(v, request)
         if api_key == OFFSET_FETCH:
-            return self._offset_fetch(v, request)
+            return self.offsets.offset_fetch(v, request)
         if api_key == LIST_GROUPS:
             return self._list_groups(v, request)
         if api_key == DESCRIBE_GROUPS:
@@ -322,7 +149,7 @@ class GroupCoordinator:
         if api_key == DELETE_GROUPS:
             return self._delete_groups(v, request)
         if api_key == OFFSET_DELETE:
-            return self._offset_delete(v, request)
+            return self.offsets.offset_delete(v, request)
         raise ValueError(f"the group coordinator does not handle API key {api_key}")
 
     def error_response(self, api_key: int, api_version: int, request, error_code: int,
@@ -353,7 +180,7 @@ class GroupCoordinator:
         if api_key == LEAVE_GROUP:
             return LeaveGroupResponse(version=v, error_code=error_code, members=[])
         if api_key == OFFSET_COMMIT:
-            return self._commit_response(v, request, {}, default=error_code)
+            return self.offsets.commit_response(v, request, {}, default=error_code)
         if api_key == OFFSET_FETCH:
             if v >= 8:
                 return OffsetFetchResponse(version=v, groups=[
@@ -387,9 +214,6 @@ class GroupCoordinator:
                 fut.set_result(result)
         waiters.clear()
 
-    def _now_ms(self) -> int:
-        return int(time.time() * 1000)
-
     def _schedule_expiry(self, group: Group, member: Member) -> None:
         self._cancel(member.timer)
         if self._closed or self._loop is None:
@@ -414,7 +238,7 @@ class GroupCoordinator:
             return
         if group.state == PREPARING_REBALANCE:
             self._try_complete_join(group)
-        self._maybe_forget(group)
+        self.forget_if_unused(group)
 
     def _add_member(self, group: Group, member: Member) -> None:
         if not group.members:
@@ -443,9 +267,10 @@ class GroupCoordinator:
             self._prepare_rebalance(group)
         elif group.state == PREPARING_REBALANCE:
             self._try_complete_join(group)
-        self._maybe_forget(group)
+        self.forget_if_unused(group)
 
-    def _maybe_forget(self, group: Group) -> None:
+    def forget_if_unused(self, group: Group) -> None:
+        """Drop a group with no members, no pending joins and no offsets."""
         if (group.state == EMPTY and not group.members and not group.pending
                 and not group.offsets and self.groups.get(group.group_id) is group):
             group.state = DEAD
@@ -513,7 +338,7 @@ class GroupCoordinator:
             group.protocol_name = None
             group.leader_id = None
             group.state = EMPTY
-            self._maybe_forget(group)
+            self.forget_if_unused(group)
             return
         if group.leader_id not in group.members:
             group.leader_id = next(iter(group.members))
@@ -577,7 +402,7 @@ class GroupCoordinator:
             if group is None:
                 group = self.groups[group_id] = Group(group_id)
             if not group.supports(req.protocol_type, protocols):
-                self._maybe_forget(group)
+                self.forget_if_unused(group)
                 return fail(INCONSISTENT_GROUP_PROTOCOL)
             if instance_id is not None:
                 return await self._join_static(v, group, req, instance_id, client_id, client_host,
@@ -789,7 +614,7 @@ class GroupCoordinator:
             pending.cancel()
             if group.state == PREPARING_REBALANCE:
                 self._try_complete_join(group)
-            self._maybe_forget(group)
+            self.forget_if_unused(group)
             return NONE
         member = group.members.get(member_id)
         if member is None:
@@ -798,30 +623,9 @@ class GroupCoordinator:
         self._remove_member(group, member, UNKNOWN_MEMBER_ID)
         return NONE
 
-    # ------------------------------------------------------------------ OffsetCommit
-    def _topic_name(self, v: int, topic) -> str | None:
-        if v >= 10:
-            if self.topic_name_for_id is None:
-                return None
-            return self.topic_name_for_id(topic.topic_id)
-        return topic.name
-
-    def _commit_response(self, v: int, req, codes: dict, default: int = NONE):
-        topics = []
-        for t in req.topics or []:
-            parts = [OffsetCommitResponse.OffsetCommitResponseTopic.OffsetCommitResponsePartition(
-                partition_index=p.partition_index,
-                error_code=codes.get((id(t), p.partition_index), default))
-                for p in t.partitions or []]
-            if v >= 10:
-                topics.append(OffsetCommitResponse.OffsetCommitResponseTopic(
-                    topic_id=t.topic_id, partitions=parts))
-            else:
-                topics.append(OffsetCommitResponse.OffsetCommitResponseTopic(
-                    name=t.name, partitions=parts))
-        return OffsetCommitResponse(version=v, topics=topics)
-
-    def _commit_error(self, v: int, req) -> int:
+    # ------------------------------------------------------------------ who may commit offsets
+    def commit_error(self, v: int, req) -> int:
+        """NONE when the OffsetCommit's member and generation may commit, else the error code."""
         if self._closed:
             return COORDINATOR_NOT_AVAILABLE
         generation = req.generation_id_or_member_epoch if v >= 1 else -1
@@ -845,37 +649,6 @@ class GroupCoordinator:
         self._schedule_expiry(group, group.members[member_id])
         return NONE
 
-    def _offset_commit(self, v: int, req):
-        code = self._commit_error(v, req)
-        if code != NONE:
-            return self._commit_response(v, req, {}, default=code)
-        group = self.groups.get(req.group_id)
-        if group is None:
-            group = self.groups[req.group_id] = Group(req.group_id)
-        now = self._now_ms()
-        codes = {}
-        lines = []
-        for t in req.topics or []:
-            name = self._topic_name(v, t)
-            for p in t.partitions or []:
-                key = (id(t), p.partition_index)
-                if name is None:
-                    codes[key] = UNKNOWN_TOPIC_ID
-                    continue
-                metadata = p.committed_metadata if p.committed_metadata is not None else ""
-                if len(metadata.encode("utf-8")) > self.max_metadata_bytes:
-                    codes[key] = OFFSET_METADATA_TOO_LARGE
-                    continue
-                epoch = p.committed_leader_epoch if v >= 6 else NO_LEADER_EPOCH
-                entry = OffsetEntry(p.committed_offset, epoch, metadata, now)
-                group.offsets[(name, p.partition_index)] = entry
-                lines.append(self._line(group.group_id, name, p.partition_index, entry))
-                codes[key] = NONE
-        self._append(lines)
-        self._maybe_forget(group)
-        return self._commit_response(v, req, codes)
-
-    # ------------------------------------------------------------------ transactional offsets
     def check_txn_commit(self, group_id: str, generation: int, member_id: str,
                          instance_id: str | None) -> int:
         """TxnOffsetCommit v3+ names the member and generation of the consumer (KIP-447): check
@@ -893,82 +666,8 @@ class GroupCoordinator:
         return NONE if generation == group.generation else ILLEGAL_GENERATION
 
     def commit_txn_offsets(self, group_id: str, offsets: dict) -> None:
-        """Make the offsets of a committed transaction visible: ``{(topic, partition): (offset,
-        leader epoch, metadata)}``, called by the transaction coordinator once its markers are
-        written."""
-        group = self.groups.get(group_id)
-        if group is None:
-            group = self.groups[group_id] = Group(group_id)
-        now = self._now_ms()
-        lines = []
-        for (topic, part), (offset, epoch, metadata) in offsets.items():
-            entry = OffsetEntry(offset, epoch, metadata or "", now)
-            group.offsets[(topic, part)] = entry
-            lines.append(self._line(group_id, topic, part, entry))
-        self._append(lines)
-
-    # ------------------------------------------------------------------ OffsetFetch
-    def _fetch_group(self, group_id: str, topics):
-        """``topics``: list of (name, partitions) or None for every committed offset.
-        Returns [(name, [(partition, offset, epoch, metadata)])]."""
-        group = self.groups.get(group_id)
-        offsets = group.offsets if group is not None else {}
-        out = []
-        if topics is None:
-            by_topic: dict[str, list] = {}
-            for (name, part), e in sorted(offsets.items()):
-                by_topic.setdefault(name, []).append((part, e.offset, e.leader_epoch, e.metadata))
-            return list(by_topic.items())
-        for name, parts in topics:
-            rows = []
-            for part in parts:
-                e = offsets.get((name, part))
-                rows.append((part, -1, NO_LEADER_EPOCH, "") if e is None
-                            else (part, e.offset, e.leader_epoch, e.metadata))
-            out.append((name, rows))
-        return out
-
-    def _offset_fetch(self, v: int, req):
-        top = COORDINATOR_NOT_AVAILABLE if self._closed else NONE
-        if v < 8:
-            if req.topics is None:
-                wanted = None
-            else:
-                wanted = [(t.name, list(t.partition_indexes or [])) for t in req.topics]
-            rows = [] if top != NONE else self._fetch_group(req.group_id, wanted)
-            part_cls = OffsetFetchResponse.OffsetFetchResponseTopic.OffsetFetchResponsePartition
-            topics = [OffsetFetchResponse.OffsetFetchResponseTopic(name=name, partitions=[
-                part_cls(partition_index=p, committed_offset=o, committed_leader_epoch=e,
-                         metadata=m, error_code=top) for p, o, e, m in parts])
-                for name, parts in rows]
-            return OffsetFetchResponse(version=v, topics=topics, error_code=top)
-        groups = []
-        g_cls = OffsetFetchResponse.OffsetFetchResponseGroup
-        t_cls = g_cls.OffsetFetchResponseTopics
-        p_cls = t_cls.OffsetFetchResponsePartitions
-        for g in req.groups or []:
-            if g.topics is None:
-                wanted = None
-            else:
-                wanted = []
-                for t in g.topics:
-                    name = (self.topic_name_for_id(t.topic_id) if self.topic_name_for_id else None) \
-                        if v >= 10 else t.name
-                    wanted.append((name, list(t.partition_indexes or [])))
-            rows = [] if top != NONE else self._fetch_group(g.group_id, wanted)
-            topics = []
-            for name, parts in rows:
-                partitions = [p_cls(partition_index=p, committed_offset=o, committed_leader_epoch=e,
-                                    metadata=m, error_code=(UNKNOWN_TOPIC_ID if name is None else NONE))
-                              for p, o, e, m in parts]
-                if v >= 10:
-                    tid = self.topic_id_for_name(name) if (self.topic_id_for_name and name) else None
-                    topics.append(t_cls(topic_id=tid or uuid.UUID(int=0), partitions=partitions))
-                else:
-                    topics.append(t_cls(name=name, partitions=partitions))
-            groups.append(g_cls(group_id=g.group_id, topics=topics, error_code=top))
-        return OffsetFetchResponse(version=v, groups=groups)
-
+        """The transaction coordinator's entry: see ``CommittedOffsets.commit_txn_offsets``."""
+        self.offsets.commit_txn_offsets(group_id, offsets)
     # ------------------------------------------------------------------ List / Describe
     def _list_groups(self, v: int, req):
         states = {s.lower() for s in (req.states_filter or [])} if v >= 4 else set()
@@ -1013,7 +712,7 @@ class GroupCoordinator:
         return DescribeGroupsResponse(version=v, groups=[
             self._described(v, gid, self.groups.get(gid)) for gid in (req.groups or [])])
 
-    # ------------------------------------------------------------------ DeleteGroups / OffsetDelete
+    # ------------------------------------------------------------------ DeleteGroups
     def _delete_groups(self, v: int, req):
         results = []
         for gid in req.groups_names or []:
@@ -1028,143 +727,11 @@ class GroupCoordinator:
                 code = NON_EMPTY_GROUP
             else:
                 code = NONE
-                if group.offsets:
-                    self._append([json.dumps({"g": gid, "del": 1}) + "\n"])
-                group.offsets.clear()
+                self.offsets.drop_group(group)
                 group.state = DEAD
                 del self.groups[gid]
             results.append(DeleteGroupsResponse.DeletableGroupResult(group_id=gid, error_code=code))
         return DeleteGroupsResponse(version=v, results=results)
-
-    def _offset_delete(self, v: int, req):
-        group = self.groups.get(req.group_id)
-        if self._closed:
-            return OffsetDeleteResponse(version=v, error_code=COORDINATOR_NOT_AVAILABLE, topics=[])
-        if not req.group_id:
-            return OffsetDeleteResponse(version=v, error_code=INVALID_GROUP_ID, topics=[])
-        if group is None or group.state == DEAD:
-            return OffsetDeleteResponse(version=v, error_code=GROUP_ID_NOT_FOUND, topics=[])
-        subscribed = self._subscribed_topics(group)
-        lines, topics = [], []
-        t_cls = OffsetDeleteResponse.OffsetDeleteResponseTopic
-        p_cls = t_cls.OffsetDeleteResponsePartition
-        for t in req.topics or []:
-            parts = []
-            for p in t.partitions or []:
-                if subscribed is None or t.name in subscribed:
-                    code = GROUP_SUBSCRIBED_TO_TOPIC
-                else:
-                    code = NONE
-                    if group.offsets.pop((t.name, p.partition_index), None) is not None:
-                        lines.append(json.dumps({"g": group.group_id, "t": t.name,
-                                                 "p": p.partition_index, "del": 1}) + "\n")
-                parts.append(p_cls(partition_index=p.partition_index, error_code=code))
-            topics.append(t_cls(name=t.name, partitions=parts))
-        self._append(lines)
-        self._maybe_forget(group)
-        return OffsetDeleteResponse(version=v, error_code=NONE, topics=topics)
-
-    @staticmethod
-    def _subscribed_topics(group: Group) -> set[str] | None:
-        """Topics the live members subscribe to (consumer protocol metadata: int16 version,
-        array of strings, ...); None when some member's metadata cannot be read."""
-        if not group.members:
-            return set()
-        if group.protocol_type != "consumer":
-            return None
-        topics: set[str] = set()
-        for m in group.members.values():
-            meta = m.metadata_for(group.protocol_name) or (m.protocols[0][1] if m.protocols else b"")
-            try:
-                n = struct.unpack_from(">i", meta, 2)[0]
-                pos = 6
-                for _ in range(n):
-                    size = struct.unpack_from(">h", meta, pos)[0]
-                    topics.add(meta[pos + 2:pos + 2 + size].decode("utf-8"))
-                    pos += 2 + size
-            except (struct.error, UnicodeDecodeError):
-                return None
-        return topics
-
-    # ------------------------------------------------------------------ persistence
-    @staticmethod
-    def _line(group_id: str, topic: str, partition: int, e: OffsetEntry) -> str:
-        return json.dumps({"g": group_id, "t": topic, "p": partition, "o": e.offset,
-                           "e": e.leader_epoch, "m": e.metadata, "ts": e.commit_ms},
-                          separators=(",", ":")) + "\n"
-
-    def _live_entries(self) -> int:
-        return sum(len(g.offsets) for g in self.groups.values())
-
-    def _load(self) -> None:
-        self._lines = 0
-        try:
-            f = open(self.path, "r", encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return
-        with f:
-            for raw in f:
-                self._lines += 1
-                try:
-                    rec = json.loads(raw)
-                    if rec.get("del"):
-                        group = self.groups.get(rec["g"])
-                        if group is not None:
-                            if "t" in rec:
-                                group.offsets.pop((rec["t"], int(rec["p"])), None)
-                            else:
-                                group.offsets.clear()
-                            if not group.offsets:
-                                del self.groups[rec["g"]]
-                        continue
-                    gid, topic, part = rec["g"], rec["t"], int(rec["p"])
-                    entry = OffsetEntry(int(rec["o"]), int(rec.get("e", -1)), rec.get("m") or "",
-                                        int(rec.get("ts", 0)))
-                except (ValueError, KeyError, TypeError):
-                    log.warning("skipping a torn line in %s", self.path)  # e.g. a crash mid-write
-                    continue
-                group = self.groups.get(gid)
-                if group is None:
-                    group = self.groups[gid] = Group(gid)
-                group.offsets[(topic, part)] = entry
-
-    def _append(self, lines: list[str]) -> None:
-        if not lines:
-            return
-        if self._file is None:
-            raise RuntimeError("GroupCoordinator.start() was not awaited")
-        self._file.write("".join(lines))
-        self._file.flush()  # in the OS page cache: survives a kill -9 of the broker
-        if self.fsync:
-            os.fsync(self._file.fileno())
-        self._lines += len(lines)
-        if self._lines > max(10_000, 4 * self._live_entries()):
-            self._rewrite()
-
-    def _rewrite(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as out:
-            count = 0
-            for group in self.groups.values():
-                for (topic, part), e in group.offsets.items():
-                    out.write(self._line(group.group_id, topic, part, e))
-                    count += 1
-            out.flush()
-            os.fsync(out.fileno())
-        if self._file is not None:
-            self._file.close()
-        os.replace(tmp, self.path)
-        try:
-            dfd = os.open(self.data_dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
-        self._lines = count
-        if self._file is not None:
-            self._file = open(self.path, "a", encoding="utf-8")
 
     # ------------------------------------------------------------------ inspection
     def describe(self) -> dict:
