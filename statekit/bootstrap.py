@@ -3,8 +3,7 @@ embedded broker of ``STATEKIT_HOME``, started (or reused) here. The client never
 itself (:func:`statekit.kafka.config.configured_bootstrap` is its part of this)."""
 from __future__ import annotations
 
-import os
-
+from statekit.contracts import default_broker_dir
 from statekit.kafka.config import configured_bootstrap
 
 
@@ -16,8 +15,7 @@ def resolve_bootstrap(bootstrap: str | None = None) -> str:
     found = configured_bootstrap(bootstrap)
     if found:
         return found
-    home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
     from statekit import broker as broker_mod  # the embedded broker: only when nothing is configured
 
-    handle = broker_mod.start(dir=os.path.join(home, "broker"), auth=broker_mod.should_auth())
+    handle = broker_mod.start(dir=default_broker_dir(), auth=broker_mod.should_auth())
     return handle.bootstrap

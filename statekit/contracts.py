@@ -9,8 +9,14 @@ Topics (the Kafka Streams spellings)::
     <app>-<name>-repartition     records re-keyed between two sub-topologies
     <app>-events                 every event of the application (statekit.events), one partition
 
+A topology compiled without an application name calls them by their name inside the topology
+(``<store>-changelog``, ``<name>-repartition``: Kafka Streams' topology description does the same).
+Nothing outside this module spells these suffixes (``tests/test_contracts.py`` checks).
+
 Task ids are Kafka Streams' ``<subtopology>_<partition>`` (``0_3``): the partition is the changelog
 (and shuffle) partition the task owns.
+
+The embedded broker's data directory is ``$STATEKIT_HOME/broker`` by default.
 
 Directories under an application's state dir (``$STATEKIT_HOME/apps/<app>`` by default)::
 
@@ -39,26 +45,51 @@ import shutil
 from typing import NamedTuple
 
 __all__ = [
-    "TaskId", "statekit_home", "changelog_topic", "repartition_topic", "events_topic",
-    "task_dir", "Layout", "ControlDir", "default_state_dir", "has_state",
+    "TaskId", "statekit_home", "default_broker_dir", "changelog_topic", "changelog_name",
+    "repartition_topic", "repartition_name", "events_topic", "CHANGELOG_SUFFIX",
+    "REPARTITION_SUFFIX", "EVENTS_SUFFIX", "task_dir", "Layout", "ControlDir",
+    "default_state_dir", "has_state",
 ]
+
+CHANGELOG_SUFFIX = "-changelog"
+REPARTITION_SUFFIX = "-repartition"
+EVENTS_SUFFIX = "-events"
 
 
 def statekit_home() -> str:
-    """``$STATEKIT_HOME``, else ``~/.statekit``: where the embedded broker and app state live."""
+    """``$STATEKIT_HOME``, else ``~/.statekit``: where the embedded broker and app state live.
+    The one reader of ``STATEKIT_HOME``."""
     return os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
 
 
+def default_broker_dir() -> str:
+    """The embedded broker's data directory when none is given: ``$STATEKIT_HOME/broker``."""
+    return os.path.join(statekit_home(), "broker")
+
+
+def changelog_name(store: str) -> str:
+    """A store's changelog as the topology calls it, without the application: ``<store>-changelog``."""
+    return store + CHANGELOG_SUFFIX
+
+
 def changelog_topic(application: str, store: str) -> str:
-    return f"{application}-{store}-changelog"
+    """A store's changelog topic: ``<application>-<store>-changelog``."""
+    return f"{application}-{changelog_name(store)}"
+
+
+def repartition_name(name: str) -> str:
+    """A repartition topic as the topology calls it, without the application: ``<name>-repartition``."""
+    return name + REPARTITION_SUFFIX
 
 
 def repartition_topic(application: str, name: str) -> str:
-    return f"{application}-{name}-repartition"
+    """Records re-keyed between two sub-topologies: ``<application>-<name>-repartition``."""
+    return f"{application}-{repartition_name(name)}"
 
 
 def events_topic(application: str) -> str:
-    return f"{application}-events"
+    """Every event of an application: ``<application>-events``."""
+    return application + EVENTS_SUFFIX
 
 
 _TASK_RE = re.compile(r"^(\d+)_(\d+)$")

@@ -21,12 +21,13 @@ import sys
 import threading
 import time
 
+from statekit.contracts import default_broker_dir
 from statekit.errors import BrokerUnreachable, StatekitError
 
 
 def default_dir() -> str:
-    home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
-    return os.path.join(home, "broker")
+    """The data directory of ``statekit.broker.start()`` without ``dir``: ``$STATEKIT_HOME/broker``."""
+    return default_broker_dir()
 
 
 def info_path(data_dir: str) -> str:

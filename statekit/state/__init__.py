@@ -25,7 +25,7 @@ from statekit.state.crash import POINTS as CRASH_POINTS, CrashPlan, SimulatedCra
 from statekit.state.restore import (BATCH_HEADER, MARKER_HEADER, MARKER_KEY, RestoreListener,
                                     RestoreMetrics, StoreReplay)
 from statekit.state.task import (ChangelogBuffer, CommitInfo, TaskState, changelog_configs,
-                                 changelog_topic, task_dir_for)
+                                 task_dir_for)
 
 
 def __getattr__(name):  # the standby and inspection modules load on demand
@@ -47,6 +47,6 @@ def __getattr__(name):  # the standby and inspection modules load on demand
 __all__ = [
     "TaskState", "StandbyReplica", "inspect_task", "TaskInspector", "SimulatedCrash", "CrashPlan",
     "CRASH_POINTS", "RestoreMetrics", "RestoreListener", "StoreReplay", "StoreCheckpoint",
-    "ChangelogBuffer", "CommitInfo", "changelog_topic", "changelog_configs", "task_dir_for",
+    "ChangelogBuffer", "CommitInfo", "changelog_configs", "task_dir_for",
     "MARKER_KEY", "MARKER_HEADER", "BATCH_HEADER", "forecast_task", "TaskForecast", "StoreForecast",
 ]

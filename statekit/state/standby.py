@@ -17,10 +17,11 @@ import os
 import threading
 import time
 
+from statekit.contracts import changelog_topic
 from statekit.errors import StatekitError, UnknownTopic
 from statekit.state import checkpoint as ckpt
 from statekit.state.restore import COMMITTED, NO_BATCH, StoreReplay, meta_key
-from statekit.state.task import _Lock, changelog_topic, task_dir_for
+from statekit.state.task import _Lock, task_dir_for
 
 log = logging.getLogger("statekit.state")
 

@@ -57,9 +57,6 @@ def task_dir_for(state_dir: str, application: str, task_id) -> str:
     return contracts.task_dir(state_dir, application, task_id)
 
 
-changelog_topic = contracts.changelog_topic
-
-
 def _segmented(spec) -> bool:
     """Window and session stores: retention by time, changelog keys `key + time`."""
     return getattr(spec, "kind", "kv") in ("window", "session")
@@ -254,7 +251,7 @@ class TaskState:
         return [s for s in self.specs if getattr(s, "logging", True)]
 
     def topic(self, store: str) -> str:
-        return changelog_topic(self.application, store)
+        return contracts.changelog_topic(self.application, store)
 
     # -- open & restore --------------------------------------------------------------------------
     def _open_db(self):

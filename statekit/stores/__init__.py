@@ -5,7 +5,7 @@ Public API (stable; `statekit/state/` codes against it)
 
 Building a task's stores::
 
-    from statekit.stores import StoreSpec, build_stores, changelog_topic, RecordingSink
+    from statekit.stores import StoreSpec, build_stores, RecordingSink
 
     stores, db = build_stores(
         [StoreSpec("counts"),                                    # kv, json/json, rocksdb, cached, logged
@@ -15,8 +15,6 @@ Building a task's stores::
         cache_bytes=10 * 1024 * 1024)   # one record-cache budget shared by the task's stores
     counts = stores["counts"]           # MeteredStore: typed get/put/put_if_absent/delete/range/...
     clicks = stores["clicks"]           # MeteredWindowStore: put(key, value, window_start), fetch, ...
-
-    changelog_topic("wordcount", "counts") == "wordcount-counts-changelog"
 
 StoreSpec(name, kind="kv"|"window"|"session"|"buffer", key_serde="json", value_serde="json", backend="rocksdb"|"memory",
 caching=True, logging=True, retention_ms=None, window_size_ms=None, segment_ms=None).
@@ -101,7 +99,7 @@ from __future__ import annotations
 
 from statekit.stores.api import ChangelogSink, KeyValueStore, RecordingSink, WindowStore
 from statekit.stores.buffer import BufferedRecord, MeteredBufferStore
-from statekit.stores.builder import StoreSpec, build_stores, changelog_topic
+from statekit.stores.builder import StoreSpec, build_stores
 from statekit.stores.caching import CachingStore, RecordCache
 from statekit.stores.changelogging import ChangeLoggingStore
 from statekit.stores.memory import MemoryStore
@@ -116,5 +114,5 @@ __all__ = [
     "ListSerde", "MemoryStore", "MeteredBufferStore", "MeteredSessionStore", "MeteredStore",
     "MeteredWindowStore", "ReadOnlyTaskDB", "RecordCache", "RecordingSink", "RocksDBStore",
     "SegmentedStore", "Serde", "StoreSpec", "TaskDB", "TimestampedSerde", "WindowStore",
-    "build_stores", "changelog_topic", "get_serde", "open_readonly", "register_serde",
+    "build_stores", "get_serde", "open_readonly", "register_serde",
 ]

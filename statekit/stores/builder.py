@@ -29,11 +29,6 @@ KINDS = ("kv", "window", "session", "buffer")
 SEGMENTED_KINDS = ("window", "session")
 
 
-def changelog_topic(application: str, store: str) -> str:
-    """The changelog topic of a store: `<application>-<store>-changelog` (Kafka Streams' naming)."""
-    return f"{application}-{store}-changelog"
-
-
 @dataclass(frozen=True)
 class StoreSpec:
     name: str

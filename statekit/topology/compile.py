@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from statekit.contracts import repartition_name, repartition_topic
 from statekit.errors import TopologyError
 from statekit.topology import graph as g
 from statekit.topology.graph import Node, StoreDecl, same_serde, serde_label
@@ -298,21 +299,21 @@ def _insert_repartitions(nodes: list, application: Optional[str], engine_shuffle
             raise TopologyError(
                 f"{_where(n)} needs its records partitioned by key, but {_where(rk)} changed the "
                 f"key before it: this topology needs a repartition topic "
-                f"(<application>-{name}-repartition); compile it with the application name, "
+                f"({repartition_topic('<application>', name)}); compile it with the application name, "
                 f"builder.compile(application=...)")
         _insert(nodes, p, n, application, name)
 
 
 def _insert(nodes: list, p: Node, n: Node, application: str, name: str) -> None:
     """Replace the edge p -> n by p -> sink(topic) ... source(topic) -> n."""
-    topic = f"{application}-{name}-repartition"
+    topic = repartition_topic(application, name)
     changes = p.kind in g.TABLE_KINDS
     vs = RepartitionSerde(p.value_serde) if changes else p.value_serde
     params = {"topic": topic, "repartition": True, "changes": changes,
               "keep_null_keys": n.kind in NULL_KEY_OK}
-    sink = Node(name=f"KSTREAM-SINK-{name}-repartition", kind=g.SINK, parent=p,
+    sink = Node(name=f"KSTREAM-SINK-{repartition_name(name)}", kind=g.SINK, parent=p,
                 params=dict(params), key_serde=p.key_serde, value_serde=vs, origin=p.origin)
-    src = Node(name=f"KSTREAM-SOURCE-{name}-repartition", kind=g.SOURCE,
+    src = Node(name=f"KSTREAM-SOURCE-{repartition_name(name)}", kind=g.SOURCE,
                params=dict(params, role="stream"), key_serde=p.key_serde, value_serde=vs,
                origin=p.origin, children=[n])
     p.children = [sink if c is n else c for c in p.children]

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from statekit.contracts import changelog_name, changelog_topic
 from statekit.errors import TopologyError
 from statekit.partition import partition_for
 from statekit.topology import graph as g
@@ -190,7 +191,7 @@ class Plan:
 
     def changelog_topics(self, application: str) -> dict:
         """{store: changelog topic} for the logged stores."""
-        return {d.name: f"{application}-{d.name}-changelog" for d in self.store_decls if d.logging}
+        return {d.name: changelog_topic(application, d.name) for d in self.store_decls if d.logging}
 
     @property
     def source_topics(self) -> list:
@@ -376,7 +377,7 @@ class Plan:
                 if any(s.name == d.name for s in n.stores):
                     edges.append({"from": n.name, "to": d.name, "kind": "store"})
             if d.logging:
-                topic = f"{application}-{d.name}-changelog" if application else f"{d.name}-changelog"
+                topic = changelog_topic(application, d.name) if application else changelog_name(d.name)
                 nodes.append({"id": topic, "type": "changelog", "kind": "topic", "label": topic,
                               "phase": "state", "store": d.name, "subtopology": idx,
                               "cleanup_policy": ("compact,delete" if d.kind in ("window", "session")

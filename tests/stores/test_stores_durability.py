@@ -314,12 +314,6 @@ def test_builder_validation(tmp_path):
     db.close()
 
 
-def test_changelog_topic_name():
-    from statekit.stores import changelog_topic
-
-    assert changelog_topic("wordcount", "counts") == "wordcount-counts-changelog"
-
-
 def test_closed_task_db_refuses_work(tmp_path):
     stores, db = reopen(tmp_path)
     db.close()
