@@ -6,7 +6,8 @@ applies what it reads at a rate that depends on this machine and on the records.
 
 * records a restore would read, per store: from scratch, every record the partition holds now —
   after compaction the live keys of the cleaned part plus the uncleaned tail. On the embedded
-  broker that count is exact and free (``statekit.broker.log_stats``). From a position ``o``: the
+  broker that count is exact and free (the ``log_figures`` the caller gives, by default
+  ``statekit.kafka.log_figures.log_figures_for``). From a position ``o``: the
   records in ``[o, end)`` (the lag), exact when nothing was compacted away, else counted from the
   record batch headers (``Kafka.count_records``) when the range is at most ``SCAN_MAX`` offsets;
   past that, and off the embedded broker, the offset span: an upper bound (``exact=False``);
@@ -30,7 +31,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
+from statekit.contracts import changelog_topic
 from statekit.errors import UnknownTopic
+from statekit.kafka.log_figures import LogFigures, log_figures_for
 from statekit.state.restore import (NO_BATCH, RESTORE_FETCH_BYTES, StoreReplay,
                                     last_restore_rate, meta_key)
 
@@ -90,36 +93,11 @@ def _secs(s: float) -> str:
     return f"{s:.1f} s" if s >= 0.1 else f"{s * 1000:.0f} ms"
 
 
-def _broker_dir_for(bootstrap: str) -> Optional[str]:
-    """The data dir of the embedded broker serving ``bootstrap``, if it is the default one."""
-    from statekit.broker import status
-
-    info = status(None)
-    if info is not None and info.get("bootstrap") == bootstrap:
-        from statekit.broker.process import default_dir
-
-        return default_dir()
-    return None
-
-
-def _partition_stats(broker_dir: Optional[str], topics: Iterable[str], partition: int) -> dict:
-    if broker_dir is None:
-        return {}
-    from statekit.broker import log_stats
-
-    want = set(topics)
-    try:
-        rows = log_stats(broker_dir)
-    except Exception:  # noqa: BLE001 - no stats: fall back to offsets
-        return {}
-    return {r["topic"]: r for r in rows if r["topic"] in want and r["partition"] == partition}
-
-
 def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
                   positions: Optional[dict] = None, *, source: Optional[str] = None,
                   apply_rate: Optional[float] = None, rate_source: Optional[str] = None,
                   calibrator: Optional[Callable[[str, int], Optional[float]]] = None,
-                  broker_dir: Optional[str] = None) -> TaskForecast:
+                  log_figures: Optional[LogFigures] = None) -> TaskForecast:
     """How long restoring task ``task`` of ``application`` would take now.
 
     ``positions``: ``{store: changelog offset | None}`` where the local copy stands (a checkpoint,
@@ -127,23 +105,22 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
     positions ("checkpoint" by default, "standby", ...); without positions it is "scratch".
     ``apply_rate``: records/s (default: the last restore's, else a calibration), labelled
     ``rate_source`` ("given" by default). ``calibrator(topic, partition)``: the calibration, done
-    where the restore would run (an instance); None or no answer: in this process. ``broker_dir``:
-    the embedded broker's data dir for exact counts (default: found when ``kafka`` talks to the
-    default embedded broker)."""
-    from statekit.state.task import changelog_topic
-
+    where the restore would run (an instance); None or no answer: in this process.
+    ``log_figures(topics, partition)``: the records each partition holds, for exact counts
+    (default: the default embedded broker's, when ``kafka`` talks to it; see
+    ``statekit.kafka.log_figures``)."""
     specs = [s for s in store_specs if getattr(s, "logging", True)]
     positions = dict(positions or {})
     topics = {s.name: changelog_topic(application, s.name) for s in specs}
-    if broker_dir is None:
-        broker_dir = _broker_dir_for(kafka.bootstrap)
+    if log_figures is None:
+        log_figures = log_figures_for(kafka.bootstrap)
     try:
         offs = kafka.offsets_many(list(topics.values()), task) if topics else {}
     except UnknownTopic:
         existing = kafka.partition_counts(topics.values())
         there = [t for t in topics.values() if existing.get(t, 0) > task]
         offs = kafka.offsets_many(there, task) if there else {}
-    stats = _partition_stats(broker_dir, offs, task)
+    stats = log_figures(offs, task) if (log_figures is not None and offs) else {}
     per_store = {}
     for spec in specs:
         t = topics[spec.name]
@@ -292,7 +269,7 @@ def _synthetic(n: int) -> list:
     per 10,000 records), ``RESTORE_FETCH_BYTES`` each, as a restore's Fetch responses bring them."""
     import json
 
-    from statekit.kafka import encode_batches
+    from statekit.wire import encode_batches
     from statekit.state.restore import BATCH_HEADER, MARKER_HEADER, MARKER_KEY
 
     recs = []
@@ -315,11 +292,11 @@ class _Decoded:
 
 def _decoding(batches: list):
     """A restore's read, minus the broker: each batch decoded as it comes."""
-    from statekit.kafka import _decode_columns
+    from statekit.wire import decode_columns
 
     pos = 0
     for raw in batches:
-        cols = _decode_columns([raw], pos)
+        cols = decode_columns([raw], pos)
         pos = cols.offsets[-1] + 1
         yield _Decoded(cols, pos)
 

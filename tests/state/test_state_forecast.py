@@ -10,6 +10,7 @@ import pytest
 
 from statekit import broker as broker_mod
 from statekit.kafka import Kafka
+from statekit.kafka.log_figures import embedded_log_figures
 from statekit.state import StandbyReplica, TaskState
 from statekit.state import checkpoint as ckpt
 from statekit.state import forecast as F
@@ -83,14 +84,15 @@ def test_forecast_counts_exactly_what_the_restores_read(still_broker, tmp_path):
             assert any(r["records_removed"] for r in broker_mod.log_stats(broker.dir)
                        if r["topic"].startswith(app))  # compaction gaps in the log
 
-            scratch = F.forecast_task(k, app, 0, SPECS, None, broker_dir=broker.dir,
+            figures = embedded_log_figures(broker.dir)
+            scratch = F.forecast_task(k, app, 0, SPECS, None, log_figures=figures,
                                       apply_rate=1000.0)
             cp = ckpt.read(f"{old_copy}/{app}/0")
             from_cp = F.forecast_task(k, app, 0, SPECS,
                                       {n: c.changelog_offset for n, c in cp.items()},
-                                      broker_dir=broker.dir, apply_rate=1000.0)
+                                      log_figures=figures, apply_rate=1000.0)
             from_sb = F.forecast_task(k, app, 0, SPECS, standby.positions(), source="standby",
-                                      broker_dir=broker.dir, apply_rate=1000.0)
+                                      log_figures=figures, apply_rate=1000.0)
             assert (scratch.source, from_cp.source, from_sb.source) == (
                 "scratch", "checkpoint", "standby")
             assert scratch.exact and from_cp.exact and from_sb.exact
@@ -125,7 +127,7 @@ def test_without_the_brokers_files_headers_are_counted_or_the_span_bounds_it(sti
                        topic_configs=CFG) as t:
             commit_batches(t, range(0, 60))
         broker_mod.request_clean(broker.dir)
-        counted = F.forecast_task(k, "ub", 0, SPECS, None, apply_rate=500.0)  # no broker_dir
+        counted = F.forecast_task(k, "ub", 0, SPECS, None, apply_rate=500.0)  # no log figures
         monkeypatch.setattr(F, "SCAN_MAX", 10)
         bound = F.forecast_task(k, "ub", 0, SPECS, None, apply_rate=500.0)
         with TaskState("ub", 0, SPECS, state_dir=str(tmp_path / "b"), kafka=k) as t:
@@ -141,7 +143,8 @@ def test_without_the_brokers_files_headers_are_counted_or_the_span_bounds_it(sti
 def test_missing_changelogs_forecast_nothing(broker):
     k = Kafka(broker.bootstrap)
     try:
-        f = F.forecast_task(k, "nothing", 3, SPECS, None, apply_rate=10.0, broker_dir=broker.dir)
+        f = F.forecast_task(k, "nothing", 3, SPECS, None, apply_rate=10.0,
+                            log_figures=embedded_log_figures(broker.dir))
         assert (f.source, f.records, f.seconds) == ("none", 0, 0.0)
     finally:
         k.close()
@@ -154,7 +157,7 @@ def test_the_rate_comes_from_the_last_restore_else_a_calibration(broker, tmp_pat
         F.clear_calibration()
         with TaskState("rt", 0, SPECS, state_dir=str(tmp_path / "a"), kafka=k) as t:
             commit_batches(t, range(0, 20))
-        f = F.forecast_task(k, "rt", 0, SPECS, None, broker_dir=broker.dir)
+        f = F.forecast_task(k, "rt", 0, SPECS, None, log_figures=embedded_log_figures(broker.dir))
         assert f.rate_source == "calibrated" and f.apply_rate > 0
         assert f.seconds == pytest.approx(f.records / f.apply_rate)
         assert F.calibrate(k, "rt-counts-changelog", 0) == f.apply_rate  # cached per process
@@ -163,7 +166,7 @@ def test_the_rate_comes_from_the_last_restore_else_a_calibration(broker, tmp_pat
             assert sum(m.records_restored for m in t.restore_metrics.values()) < R.MEASURE_MIN
         assert R.last_restore_rate() is None
         monkeypatch.setattr(R, "_last_rate", (123_456.0, 50_000))
-        f = F.forecast_task(k, "rt", 0, SPECS, None, broker_dir=broker.dir)
+        f = F.forecast_task(k, "rt", 0, SPECS, None, log_figures=embedded_log_figures(broker.dir))
         assert (f.rate_source, f.apply_rate) == ("last restore", 123_456.0)
     finally:
         k.close()
@@ -190,7 +193,8 @@ def test_the_forecast_is_within_a_factor_of_two_of_a_real_restore(broker, tmp_pa
         for attempt in range(3):  # a shared machine's load can spoil one measurement, not three
             monkeypatch.setattr(R, "_last_rate", None)
             F.clear_calibration()
-            f = F.forecast_task(k, "big", 0, [StoreSpec("counts")], None, broker_dir=broker.dir)
+            f = F.forecast_task(k, "big", 0, [StoreSpec("counts")], None,
+                                log_figures=embedded_log_figures(broker.dir))
             assert f.records == 200_020 and f.rate_source == "calibrated"
             with TaskState("big", 0, [StoreSpec("counts")], state_dir=str(tmp_path / str(attempt)),
                            kafka=k) as t:
