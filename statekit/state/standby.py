@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from statekit.contracts import changelog_topic
+from statekit.contracts import TaskId, changelog_topic
 from statekit.errors import StatekitError, UnknownTopic
 from statekit.state import checkpoint as ckpt
 from statekit.state.restore import COMMITTED, NO_BATCH, StoreReplay, meta_key
@@ -38,10 +38,9 @@ class StandbyReplica:
     def __init__(self, application: str, task_id: int, specs, *, state_dir: str,
                  bootstrap: str | None = None, poll_ms: int = 100,
                  fetch_max_bytes: int | None = None, listener=None):
-        from statekit.kafka import Kafka, resolve_bootstrap
+        from statekit.bootstrap import resolve_bootstrap
+        from statekit.kafka import Kafka
         from statekit.stores import build_stores
-
-        from statekit.contracts import TaskId
 
         self.application = application
         # a contracts.TaskId (sub-topology, partition), or a bare partition

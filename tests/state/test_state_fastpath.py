@@ -24,12 +24,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 import statekit.kafka as K
+import statekit.wire.columns as wire_columns
 from replay_reference import ReferenceReplay
 from statekit import broker as broker_mod
-from statekit.kafka import Columns, Kafka, _decode_loop, decode_batch_columns
+from statekit.kafka import Columns, Kafka, decode_batch_columns
 from statekit.state import CrashPlan, SimulatedCrash, TaskState
 from statekit.state.restore import BATCH_HEADER, MARKER_HEADER, MARKER_KEY, StoreReplay
 from statekit.stores import StoreSpec
+from statekit.wire.records import decode_rows
 
 try:
     from crc32c import crc32c
@@ -39,12 +41,12 @@ except ImportError:  # pragma: no cover
 
 @contextmanager
 def columnar_min(n: int):
-    old = K._COLUMNAR_MIN
-    K._COLUMNAR_MIN = n
+    old = wire_columns.COLUMNAR_MIN
+    wire_columns.COLUMNAR_MIN = n
     try:
         yield
     finally:
-        K._COLUMNAR_MIN = old
+        wire_columns.COLUMNAR_MIN = old
 
 
 def build_batch(records, base_offset: int, codec: int = 0, log_append: bool = False) -> bytes:
@@ -107,7 +109,7 @@ def test_columnar_decoder_equals_the_loop_and_kafka_python(b):
     raw = build_batch(recs, base, codec, log_append)
     want = kafka_python_records(raw, min_offset)
     loop: list = []
-    _decode_loop(raw, loop, min_offset)
+    decode_rows(raw, loop, min_offset)
     with columnar_min(0):
         cols = decode_batch_columns(raw, min_offset)
         tuples: list = []

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from statekit.bootstrap import resolve_bootstrap
 from statekit.errors import BrokerUnreachable, UnknownTopic
-from statekit.kafka import Kafka, resolve_bootstrap
+from statekit.kafka import Kafka
 
 
 def test_send_read_roundtrip(kafka):

@@ -59,7 +59,7 @@ class NativeApp:
     @property
     def bootstrap(self) -> str:
         if self._bootstrap is None:
-            from statekit.kafka import resolve_bootstrap
+            from statekit.bootstrap import resolve_bootstrap
 
             self._bootstrap = resolve_bootstrap(None)
         return self._bootstrap
