@@ -1203,33 +1203,54 @@ class App:
             r.close()
 
     def key_owner(self, store: str, key):
-        """``KeyOwner(task, instance, role)`` of the active copy of ``key`` in ``store``."""
+        """``KeyOwner`` of the active copy of ``key`` in ``store``: task, instance, role (unpacks
+        as those three), its state (running, restoring, moving, dead, ...) and how far behind the
+        changelog it is (``lag`` records, ``lag_s`` seconds of commits)."""
         return self._get_router().key_owner(store, key)
 
     def key_owners(self, store: str, key) -> list:
-        """Every copy of ``key``: the active, the standbys, the warmups."""
+        """Every copy of ``key`` (the active, the standbys, the warmups), each a ``KeyOwner`` with
+        its role, state and lag (Kafka Streams' ``queryMetadataForKey`` with each copy's
+        ``LagInfo``)."""
         return self._get_router().key_owners(store, key)
 
-    def query(self, store: str, key, stale: bool = False):
-        """The value of ``key`` in ``store`` (None when absent), read from the owning task's RocksDB
-        through a secondary instance while the application runs. ``stale=True`` may answer from a
-        standby when the active copy is unavailable."""
-        return self._get_router().get(store, key, stale=stale)
+    def query(self, store: str, key, stale: bool = False, wait: Optional[float] = None,
+              with_lag: bool = False):
+        """The value of ``key`` in ``store`` (None when absent), read from a copy of its task's
+        RocksDB while the application runs.
 
-    def query_range(self, store: str, lo, hi, stale: bool = False):
-        """``[(key, value)]`` with ``lo <= key <= hi`` in serialized-key order, over all tasks."""
-        return self._get_router().range(store, lo, hi, stale=stale)
+        ``stale=False``: the answer holds every commit made before the call — from the active copy,
+        or any copy at the changelog's end; while none is (a restore, a move, a dead owner) it waits
+        up to ``wait`` seconds (default 5), then raises ``StaleRead``, one line naming the task, its
+        state and its lag. ``stale=True``: at once, from the freshest copy there is (a standby, a
+        warmup, the restoring store). ``with_lag=True`` returns an ``Answer``: ``.value`` and
+        ``.copy`` (role, state, ``lag`` records, ``lag_s`` seconds behind)."""
+        return self._get_router().get(store, key, stale=stale, wait=wait, with_lag=with_lag)
 
-    def query_all(self, store: str, stale: bool = False, limit_per_task: Optional[int] = None):
+    def query_range(self, store: str, lo, hi, stale: bool = False, wait: Optional[float] = None,
+                    with_lag: bool = False):
+        """``[(key, value)]`` with ``lo <= key <= hi`` in serialized-key order, over all tasks
+        (``stale``, ``wait``, ``with_lag``: as ``query``; an ``Answer`` has one copy per task)."""
+        return self._get_router().range(store, lo, hi, stale=stale, wait=wait, with_lag=with_lag)
+
+    def query_all(self, store: str, stale: bool = False, limit_per_task: Optional[int] = None,
+                  wait: Optional[float] = None, with_lag: bool = False):
         """The whole store as a DataFrame (key, value, task, instance; window stores add
         window_start, session stores start and end, suppression buffers time, old, prior and
         timestamp); with ``limit_per_task``, at most that many rows of each task (in key order): a
-        look at a million-key store without reading all of it."""
-        return self._get_router().all(store, stale=stale, limit_per_task=limit_per_task)
+        look at a million-key store without reading all of it. ``stale`` and ``wait`` as in
+        ``query``; with ``stale=True`` (or ``with_lag=True``) each row also says the copy it came
+        from: ``role``, ``state`` (running, restoring, ...), ``lag`` and ``lag_s``.
+        ``.attrs["copies"]`` maps every task to that copy, a task without rows too."""
+        return self._get_router().all(store, stale=stale, limit_per_task=limit_per_task, wait=wait,
+                                      with_lag=with_lag)
 
-    def query_window(self, store: str, key, t_from: int, t_to: int, stale: bool = False):
-        """``[(window_start, value)]`` of a windowed store for ``t_from <= start <= t_to``."""
-        return self._get_router().window(store, key, t_from, t_to, stale=stale)
+    def query_window(self, store: str, key, t_from: int, t_to: int, stale: bool = False,
+                     wait: Optional[float] = None, with_lag: bool = False):
+        """``[(window_start, value)]`` of a windowed store for ``t_from <= start <= t_to``
+        (``stale``, ``wait``, ``with_lag``: as ``query``)."""
+        return self._get_router().window(store, key, t_from, t_to, stale=stale, wait=wait,
+                                         with_lag=with_lag)
 
     # ------------------------------------------------------------------ events
     def _start_events(self) -> None:

@@ -21,14 +21,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from statekit.contracts import TaskId, changelog_topic
-from statekit.errors import StatekitError
+from statekit.errors import StaleRead, StatekitError  # noqa: F401 - StaleRead: its old home
+from statekit.runtime.copies import Place
 from statekit.runtime.queries import KeyOwner, QueryRouter
 
 ROLE = "query-replica"
-
-
-class StaleRead(StatekitError):
-    """A query replica did not catch up with its changelogs in time."""
 
 
 @dataclass(frozen=True)
@@ -185,31 +182,25 @@ class QueryReplicas:
 
 class ReplicaQueryRouter(QueryRouter):
     """``runtime.queries.QueryRouter`` over the driver's query replicas (same reads, same serdes and
-    partitioner; another copy)."""
+    partitioner, same freshness rules; the one copy of each task is its replica). A paused replica
+    is refused at once with ``stale=False``: waiting cannot help."""
 
     def __init__(self, app, replicas: QueryReplicas, owner_of, wait_s: float = 30.0):
         super().__init__(app)
         self.replicas = replicas
         self.owner_of = owner_of      # task -> the executor number that last committed it
-        self.wait_s = wait_s
+        self.wait_s = self.default_wait = wait_s
 
-    def key_owner(self, store: str, key) -> ReplicaKeyOwner:
-        t = self.task_for(store, key)
-        try:
-            lag = self.replicas.lag(t)
-        except StatekitError:
-            lag = None
-        return ReplicaKeyOwner(t, self.owner_of(t), ROLE, self.replicas.task_dir(t), lag)
+    def _places(self, task: TaskId) -> list:
+        state = "paused" if self.replicas.paused else "tailing"
+        return [Place(None, ROLE, state, self.replicas.task_dir(task))]
 
-    def key_owners(self, store: str, key) -> list:
-        return [self.key_owner(store, key)]
+    def _no_live(self) -> bool:
+        return False
 
-    def _handle_for(self, task: TaskId, store: str, stale: bool):
-        if not stale:
-            self.replicas.wait(task, self.wait_s)
-        d = self.replicas.task_dir(task)
-        h = self._open(d)
-        if h is not None and store not in h.store_names:
-            self._drop(d)
-            h = self._open(d)
-        return h if h is not None and store in h.store_names else None
+    def _hopeless(self, copies: list) -> bool:
+        return bool(copies) and copies[0].state == "paused"
+
+    def _owner(self, c) -> ReplicaKeyOwner:
+        return ReplicaKeyOwner(c.task, self.owner_of(c.task), ROLE, c.state_dir, c.state, c.lag,
+                               c.lag_s, c.offset, c.end, c.source)
