@@ -207,7 +207,11 @@ def wait_for_output(page, text: str, timeout: float = 300.0, poll=None) -> None:
         if failed:
             raise AssertionError(f"a cell failed while waiting for {text!r}: {failed[0][-1500:]}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"no output contains {text!r} after {timeout:.0f} s")
+            last = [" ".join(o.split())[-300:] for o in outputs_text(page)[-3:]]
+            busy = page.evaluate("() => Array.from(document.querySelectorAll('.jp-InputPrompt'))"
+                                 ".filter(e => e.textContent.includes('*')).length")
+            raise AssertionError(f"no output contains {text!r} after {timeout:.0f} s ({busy} cell(s) "
+                                 f"running or queued; the last outputs: {last})")
         time.sleep(1.0)
 
 
