@@ -3,7 +3,7 @@ changelog topics, restore by replaying the changelog) against Spark's own RocksD
 (changelog checkpointing: restore = latest snapshot + the changelog files since).
 
 Starts its own broker on port 0 in a temp dir and one local Spark session; both are stopped at the
-end, also on failure. The scenario is `statekit.engine.spark_native.compare.compare_engines`:
+end, also on failure. The scenario is `statekit.compare_engines.compare_engines`:
 
 1. word count + 40 ms windowed click count over the same backlog, one engine at a time,
    `--per-trigger` records per micro-batch;
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2)
     args = ap.parse_args()
 
-    from statekit.engine.spark_native.compare import compare_engines
+    from statekit.compare_engines import compare_engines
     from statekit.engine.spark_native.engine import stop_native_session
 
     work = tempfile.mkdtemp(prefix="statekit-bench-engines-")
