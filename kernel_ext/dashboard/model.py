@@ -821,10 +821,3 @@ def disagreements(p: Picture) -> list[str]:
         if live:
             out.append(f"the app is stopped but tasks {live} are live")
     return out
-
-
-def collect(app, *args, **kwargs) -> Snapshot:
-    """`kernel_ext.dashboard.collect.collect` (a poll of `app`)."""
-    from kernel_ext.dashboard.collect import collect as _collect
-
-    return _collect(app, *args, **kwargs)

@@ -12,7 +12,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.native]
 
 def test_dashboard_model_reads_a_live_native_app(native_broker, native_spark, tmp_path):
     import statekit
-    from kernel_ext.dashboard.model import DashboardModel, collect, normalize_task
+    from kernel_ext.dashboard.collect import collect
+    from kernel_ext.dashboard.model import DashboardModel, normalize_task
     from kernel_ext.dashboard.view import render_header
     from statekit.kafka import Kafka
 
