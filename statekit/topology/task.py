@@ -23,50 +23,13 @@ from typing import Any, Optional
 from statekit.errors import ProcessorError, StatekitError
 from statekit.topology import graph as g
 from statekit.topology.graph import Node
+from statekit.topology.held import HeldKey, held_key
 from statekit.topology.processor import ProcessorContext
 from statekit.topology.steps import _fail, _fanout, _Rec, _stateless, describe_step
 
 _MEMO_MAX = 1 << 16
 _MEMO_BYTES = 80             # only values this short are memoized (decoded once per batch)
 _IMMUTABLE = (str, int, float, bool, bytes)
-
-
-def held_key(k):
-    """The key of a record key in a cached aggregation's held-back updates: the key itself when it
-    is a str (or a window's (str, ...) tuple); else a `_Held`, so that a JSON object or array key
-    (unhashable) can be held, and 1, 1.0 and True (three keys of a JSON store) stay three."""
-    t = type(k)
-    if t is str or (t is tuple and k and type(k[0]) is str):
-        return k
-    return _Held(k)
-
-
-def _freeze(x):
-    """A hashable token equal for keys the JSON serde writes alike (object keys in any order)."""
-    t = type(x)
-    if t is dict:
-        return (dict, frozenset((_freeze(a), _freeze(b)) for a, b in x.items()))
-    if t is list or t is tuple:
-        return (list, tuple(map(_freeze, x)))
-    try:
-        hash(x)
-    except TypeError:
-        return (t, repr(x))
-    return (t, x)
-
-
-class _Held:
-    __slots__ = ("key", "token")
-
-    def __init__(self, key) -> None:
-        self.key = key
-        self.token = _freeze(key)
-
-    def __hash__(self) -> int:
-        return hash(self.token)
-
-    def __eq__(self, other) -> bool:
-        return type(other) is _Held and other.token == self.token
 
 
 class TaskProcessor:
@@ -333,7 +296,7 @@ class TaskProcessor:
                 for k, (new, old, ts, off, part, topic) in items:
                     if new is None and old is None:
                         continue   # created and deleted within the batch: nothing to tell
-                    if type(k) is _Held:
+                    if type(k) is HeldKey:
                         k = k.key
                     n += 1
                     rec.topic, rec.partition, rec.offset, rec.timestamp = topic, part, off, ts

@@ -2,6 +2,8 @@
 window, and the re-aggregation of a table grouped by a new key (adder and subtractor)."""
 from __future__ import annotations
 
+from statekit.topology.held import held_key
+
 
 def table_source(tp, n, down):
     """Each record upserts its key (a None value deletes); forwards (new, old)."""
@@ -20,8 +22,6 @@ def table_source(tp, n, down):
 
 
 def aggregate(tp, n, down):
-    from statekit.topology.task import held_key
-
     store = tp.store(n.stores[0].name)
     op = n.params["op"]
     emit, cached = tp.holder(n, down)
