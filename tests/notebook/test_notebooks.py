@@ -1,7 +1,7 @@
 """Every notebook of the tour runs top to bottom in a real Jupyter kernel (nbclient), prints OK in
 its reference-check cell(s) and shows no error output (no traceback, no red %statekit line, no
-output from a hidden cell), within the tour's budget of 3 minutes per notebook
-(STATEKIT_NOTEBOOK_BUDGET seconds to change it on a slow or shared machine). The notebooks that build
+output from a hidden cell). How long they take is `make demo`'s report, not a test's. The notebooks
+that build
 workshop-scale state (02, 03, 05, 10) run here with fewer accounts (STATEKIT_TOUR_KEYS, default
 20,000): the same cells, a smaller store; `make demo` runs them at full size. Notebook 12 (the
 exercises) runs with its reference answers, each check passing. The notebooks are written for
@@ -16,7 +16,6 @@ import pytest
 from statekit.demo import notebook_paths, run_notebook
 
 PATHS = notebook_paths()
-BUDGET = float(os.environ.get("STATEKIT_NOTEBOOK_BUDGET", "180"))
 
 
 # 09 runs Spark's own state store engine too: also part of `make test-native`
@@ -32,7 +31,6 @@ def test_notebook_runs_and_checks_hold(path, tmp_path, monkeypatch):
     r = run_notebook(path, out_dir=str(tmp_path / "build"), timeout=240, home=str(tmp_path / "home"))
     assert not r.errors, f"{r.name}: " + " | ".join(r.errors)
     assert r.ok_checks >= 1, f"{r.name}: the reference check did not print OK"
-    assert r.seconds < BUDGET, f"{r.name} took {r.seconds:.0f} s (budget {BUDGET:.0f} s)"
 
 
 NOTEBOOKS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
