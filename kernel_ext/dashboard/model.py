@@ -612,6 +612,8 @@ class DashboardModel:
         rate = self.input.rate
         if rate is None:
             rate = pick("input_rate")
+        if state in ("NOT_RUNNING", "ERROR", "PENDING_SHUTDOWN") and rate is not None:
+            rate = 0.0                        # stopped or failed: nothing comes in
         processed = pick("records_processed")
         if not processed and self.board.committed_records:
             processed = self.board.committed_records

@@ -111,6 +111,12 @@ def test_input_rate_follows_the_processed_counter_and_drops_to_zero():
     for t in range(3, 9):
         m.update(Snapshot(t=t, metrics={"records_processed": 1600, "input_rate": 5555.0}))
     assert m.header()["input_rate"] == 0.0
+    m = DashboardModel(rate_window=5)                         # a stopped app reads 0 at once
+    for t, n in [(0, 0), (1, 800), (2, 1600)]:
+        m.update(Snapshot(t=t, state="RUNNING", metrics={"records_processed": n, "input_rate": 55.0}))
+    m.update(Snapshot(t=2.5, state="NOT_RUNNING", metrics={"records_processed": 1600,
+                                                          "input_rate": 55.0}))
+    assert m.header()["input_rate"] == 0.0
 
 
 def test_restore_round_queued_restoring_done_with_eta_and_summary():
