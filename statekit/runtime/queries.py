@@ -90,6 +90,7 @@ class QueryRouter:
     def __init__(self, app):
         self.app = app
         self._handles: dict[str, Any] = {}
+        self._ids: dict[str, Optional[str]] = {}   # task dir -> its database's IDENTITY
         self._lock = threading.RLock()
         self._closed = False
         self._klock = threading.Lock()
@@ -210,12 +211,18 @@ class QueryRouter:
                 raise StatekitError(f"app '{self.app.name}' is changing its assignment (crash or "
                                     f"restart); query again")
             h = self._handles.get(task_dir)
-            if h is not None and not has_state(task_dir):
-                self._drop(task_dir)   # a lost disk: the open handle would read a deleted copy
-                return None
+            if h is not None and (not has_state(task_dir) or
+                                  _identity(h.path) != self._ids.get(task_dir)):
+                # a lost disk (the open handle would read a deleted copy), or a new database in
+                # the same place since (its files may even have the same names as the old one's)
+                self._drop(task_dir)
+                h = None
+                if not has_state(task_dir):
+                    return None
             if h is not None:
                 try:
-                    h.refresh()
+                    h.refresh()   # (reopens itself when the writer did)
+                    self._ids[task_dir] = _identity(h.path)
                     if not self._behind(h, task_dir):
                         return h
                 except Exception:
@@ -229,6 +236,7 @@ class QueryRouter:
                 h = open_readonly(task_dir)
             except StatekitError:
                 return None  # no commit yet
+            self._ids[task_dir] = _identity(h.path)
             self._handles[task_dir] = h
             return h
 
@@ -448,6 +456,17 @@ class QueryRouter:
                             stale, deadline, self._end(self._ends(store), t))
         out = sorted(((ws, vs.from_bytes(v)) for ws, v in raw), key=lambda x: x[0])
         return self._answer(out, [c], store, with_lag)
+
+
+def _identity(db_dir: str) -> Optional[str]:
+    """The unique id RocksDB wrote when it created the database in ``db_dir``."""
+    import os
+
+    try:
+        with open(os.path.join(db_dir, "IDENTITY")) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _window_rows(h, store: str, kb: bytes, t_from: int, t_to: int, seg_ms: int) -> list:
