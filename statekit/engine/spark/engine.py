@@ -82,9 +82,25 @@ def task_rows(batches):
             yield int(task), [tuple(r) for r in json.loads(ranges)]
 
 
+_POOL = None
+
+
+def _pool(n: int):
+    """The Python worker's delivering threads, kept across micro-batches (Spark reuses the worker)
+    so that each keeps its connections to the instances."""
+    global _POOL
+    if _POOL is None or _POOL._max_workers < min(n, 16):
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=min(max(n, 4), 16),
+                                   thread_name_prefix="statekit-deliver")
+    return _POOL
+
+
 def make_deliver(run: RunSpec):
-    """The one stage of the instances placement (see the module docstring): each task's ranges to
-    the instance that owns it."""
+    """The one stage of the instances placement (see the module docstring): every task's ranges to
+    the instance that owns it, all at once; the Spark task ends when every one is committed (or
+    spooled), and fails with the first task's failure."""
     control_dir, sub = run.control_dir, int(run.subtopology)
     app, bootstrap, events = run.app, run.bootstrap, run.events
 
@@ -102,18 +118,24 @@ def make_deliver(run: RunSpec):
             from statekit.event_bus import EventPublisher
 
             publish = EventPublisher(bootstrap, app).publish
-        for task, ranges in task_rows(batches):
+        rows = list(task_rows(batches))
+
+        def one(row):
+            task, ranges = row
             t0 = _time.perf_counter()
             reply = deliver(control_dir, TaskId(sub, task), batch_id, ranges, publish=publish)
             trace({"stage": "deliver", "task": task, "batch": batch_id, "ranges": ranges,
                    "reply": reply[0], "s": round(_time.perf_counter() - t0, 3)})
+            return reply
+
+        if len(rows) == 1:
+            one(rows[0])
+        elif rows:
+            list(_pool(len(rows)).map(one, rows))   # the first failure raises here
         return
         yield  # a generator that yields nothing: the instances wrote the outputs
 
     return deliver_tasks
-
-
-# --- progress ---------------------------------------------------------------------------------------
 
 
 def _offset_span(sources) -> "int | None":
@@ -435,6 +457,10 @@ class SparkEngine:
              .option("isolation.level", run.isolation))
         if tasks:
             r = r.option("tasks", str(int(run.partitions)))
+            if run.extra.get("placement") != "executors":
+                # one Spark task hands every stream task its ranges at once: the instances run
+                # them side by side (Spark's task slots would run them a few at a time)
+                r = r.option("taskGroups", "1")
         if run.max_records_per_trigger:
             r = r.option("maxRecordsPerTrigger", str(int(run.max_records_per_trigger)))
         return r.load()

@@ -17,7 +17,8 @@ range holds no record, so that a reader of each partition always learns both).
 
 `.option("tasks", N)` reads no record: it plans one input partition per stream task p (0..N-1) and
 yields one row `task int, ranges string` for it — the JSON list of `[topic, partition, start, end]`
-ranges of partition p of every topic in the micro-batch (possibly none). statekit's engine runs its
+ranges of partition p of every topic in the micro-batch (possibly none); with
+`.option("taskGroups", 1)` all N rows come from one input partition (one Spark task). statekit's engine runs its
 queries so: each task reads its own ranges where it runs (`statekit.worker.batch_input`), and Spark
 moves no record. Every topic must then have N partitions.
 
@@ -97,6 +98,18 @@ class TaskRanges(InputPartition):
 
     def __repr__(self):
         return f"TaskRanges({self.task}: {self.ranges})"
+
+
+class AllTaskRanges(InputPartition):
+    """Every stream task's part of a micro-batch in one input partition (`taskGroups` 1): one
+    Spark task hands them all out at once."""
+
+    def __init__(self, parts: list):
+        self.parts = parts                 # [TaskRanges]
+        super().__init__(tuple(p.value for p in parts))
+
+    def __repr__(self):
+        return f"AllTaskRanges({len(self.parts)} tasks)"
 
 
 def _truthy(v) -> bool:
@@ -237,6 +250,7 @@ class _Options:
         self.include_headers = _truthy(o.get("includeheaders", "false"))
         self.include_splits = _truthy(o.get("includesplits", "false"))
         self.tasks = int(o.get("tasks") or 0)
+        self.task_groups = int(o.get("taskgroups") or 0)   # 1: every task in one input partition
         self.min_partitions = int(o.get("minpartitions") or 0)
         # Kafka's isolation.level: read_committed ends at the last stable offset and drops the
         # records of aborted transactions (exactly-once output of an upstream sub-topology)
@@ -360,7 +374,8 @@ class _OffsetsMixin:
                                         f"needs exactly {n} partitions")
             if e > s:
                 ranges[p].append([t, p, s, e])
-        return [TaskRanges(p, ranges[p]) for p in range(n)]
+        parts = [TaskRanges(p, ranges[p]) for p in range(n)]
+        return [AllTaskRanges(parts)] if self.opts.task_groups == 1 else parts
 
     def _partitions(self, start: dict, end: dict) -> list:
         if self.opts.tasks:
@@ -385,6 +400,8 @@ class _OffsetsMixin:
     def read(self, partition: KafkaPartition):
         if isinstance(partition, TaskRanges):
             return iter([(partition.task, json.dumps(partition.ranges))])
+        if isinstance(partition, AllTaskRanges):
+            return iter([(p.task, json.dumps(p.ranges)) for p in partition.parts])
         return read_range(self.opts.bootstrap, partition.topic, partition.partition, partition.start,
                           partition.end, self.schema, isolation=self.opts.isolation,
                           split=(partition.split, partition.splits) if self.opts.include_splits
