@@ -753,6 +753,28 @@ class Session:
                 raise StatekitError(f"--key-type json: {text!r} is not JSON") from None
         return text
 
+    @staticmethod
+    def _freshest(fn, *args):
+        """``(value, note, answer)`` of a query method read at once from the freshest copy there
+        is; ``note`` names the tasks whose copy is not current ("" when all are). An app whose
+        queries take no ``with_lag`` (Spark's own state store) is read as before."""
+        import inspect
+
+        from statekit.runtime.copies import stale_note
+
+        try:
+            takes = "with_lag" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if not takes:
+            return fn(*args), "", None
+        a = fn(*args, stale=True, with_lag=True)
+        if hasattr(a, "columns"):   # query_all: a frame, its copies in .attrs
+            note = stale_note((a.attrs.get("copies") or {}).values())
+            return a, (f"; {note}" if note else ""), None
+        note = stale_note(a.copies)
+        return a.value, (f"; {note}" if note else ""), a
+
     def cmd_query(self, cmd: Command):
         import pandas as pd
 
@@ -764,35 +786,42 @@ class Session:
             key = self._key(cmd.key, cmd.key_type)
             lo = cmd.window_from or 0
             hi = cmd.window_to if cmd.window_to is not None else 2 ** 62
-            rows = list(app.query_window(cmd.store, key, lo, hi))
+            rows, note, _a = self._freshest(app.query_window, cmd.store, key, lo, hi)
+            rows = list(rows)
             df = pd.DataFrame(rows[: cmd.limit], columns=["window_start", "value"])
             say(f"{cmd.store}[{key!r}]: {len(rows)} window(s)"
-                + (f"; first {cmd.limit}" if len(rows) > cmd.limit else ""))
+                + (f"; first {cmd.limit}" if len(rows) > cmd.limit else "") + note)
             return df
         if cmd.key is not None:
             key = self._key(cmd.key, cmd.key_type)
-            value = app.query(cmd.store, key)
-            owner = None
-            try:
-                owner = app.key_owner(cmd.store, key)
-            except Exception:
-                owner = None
+            value, note, a = self._freshest(app.query, cmd.store, key)
+            owner = a.copy if a is not None else None
+            if owner is None:
+                try:
+                    owner = app.key_owner(cmd.store, key)
+                except Exception:
+                    owner = None
             where = ""
-            if owner is not None:
+            if owner is not None and not note:
                 where = (f"  (task {getattr(owner, 'task', '?')}, instance {getattr(owner, 'instance', '?')}, "
                          f"{getattr(owner, 'role', 'active')})")
-            say(f"{cmd.store}[{key!r}] = {value!r}{where}")
+            say(f"{cmd.store}[{key!r}] = {value!r}{where}{note}")
             return None
         if cmd.range is not None:
             lo, hi = (self._key(x, cmd.key_type) for x in cmd.range)
-            rows = list(app.query_range(cmd.store, lo, hi))
+            rows, note, _a = self._freshest(app.query_range, cmd.store, lo, hi)
+            rows = list(rows)
             df = pd.DataFrame(rows[: cmd.limit], columns=["key", "value"])
-            say(f"{len(rows)} key(s) in [{lo!r}, {hi!r}]" + (f"; first {cmd.limit}" if len(rows) > cmd.limit else ""))
+            say(f"{len(rows)} key(s) in [{lo!r}, {hi!r}]" + (f"; first {cmd.limit}" if len(rows) > cmd.limit else "")
+                + note)
             return df
-        df = app.query_all(cmd.store)
+        df, note, _a = self._freshest(app.query_all, cmd.store)
         if not hasattr(df, "head"):
             df = pd.DataFrame(list(df), columns=["key", "value"])
-        say(f"{len(df)} key(s) in {cmd.store}" + (f"; first {cmd.limit}" if len(df) > cmd.limit else ""))
+        elif not note:   # every row current: the columns that say so add nothing
+            df = df.drop(columns=[c for c in ("role", "state", "lag", "lag_s") if c in df.columns])
+        say(f"{len(df)} key(s) in {cmd.store}" + (f"; first {cmd.limit}" if len(df) > cmd.limit else "")
+            + note)
         return df.head(cmd.limit)
 
     def cmd_lag(self, cmd: Command):

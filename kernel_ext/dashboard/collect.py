@@ -5,9 +5,11 @@ Asking is kept off the refresh path and bounded: the light figures (state, metri
 status) once a second; `App.lag()` (which asks every instance) only while replicas exist or the
 Tasks tab shows, else every few seconds; a store's contents only while its tab shows and after one
 of its tasks committed, at most `max_rows` of it (`App.query_all(limit_per_task=...)`: a million-key
-store is not read whole); the changelog figures only while their tab shows, every few seconds; the
-restore forecast the latest one made (`statekit.runtime.forecasts.latest`: the figure a notebook
-cell printed), else one made here, when something changed, never during a restore.
+store is not read whole), from the freshest copy of each task at once (`stale=True`), the rows of a
+task whose copy is behind its changelog marked (`store_marks`) and read again at every poll; the
+changelog figures only while their tab shows, every few seconds; the restore forecast the latest
+one made (`statekit.runtime.forecasts.latest`: the figure a notebook cell printed), else one made
+here, when something changed, never during a restore.
 """
 from __future__ import annotations
 
@@ -146,9 +148,11 @@ class StoreCache:
         return (state, metrics.get("generation"), batch, tuple(sorted(cps, key=repr)))
 
     def get(self, name: str, sig, now: float):
-        """The (rows, per_task) read at `sig`, or None when the store must be read again."""
+        """What was read at `sig`, or None when the store must be read again (also when it was
+        put with `reuse=False`)."""
         got = self._read.get(name)
-        if sig is None or got is None or got[0] != sig or now - got[1] > self.max_age:
+        if sig is None or got is None or got[0] != sig or now - got[1] > self.max_age or \
+                not got[3]:
             return None
         self.skips += 1
         return got[2]
@@ -158,9 +162,9 @@ class StoreCache:
         got = self._read.get(name)
         return got[2] if got is not None else None
 
-    def put(self, name: str, sig, now: float, value) -> None:
+    def put(self, name: str, sig, now: float, value, reuse: bool = True) -> None:
         self.reads += 1
-        self._read[name] = (sig, now, value)
+        self._read[name] = (sig, now, value, reuse)
 
 
 class Throttled:
@@ -223,11 +227,14 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000, even
                                        None if commits is None else commits.get(name, 0))
             got = cache.get(name, sig, snap.t) if live else cache.last(name)
         if got is None and live:
-            got = guard(f"store {name}", lambda: _read_store(app, name, max_rows))
+            got = guard(f"store {name}", lambda: _read_store(
+                app, name, max_rows, cache.last(name) if cache is not None else None))
             if got is not None and cache is not None:
-                cache.put(name, sig, snap.t, got)
+                # rows that are not current are read again at every poll: a restore moves
+                # without commits
+                cache.put(name, sig, snap.t, got, reuse=not (got[2] or {}).get("tasks"))
         if got is not None:
-            snap.stores[name], per_task = got
+            snap.stores[name], per_task, snap.store_marks[name] = got
             for t, n in per_task.items():
                 snap.task_rows[(t, name)] = n
     snap.has_events = callable(getattr(app, "events", None))
@@ -259,17 +266,35 @@ def _store_names(app) -> list[str]:
     return [n for n in names if n]
 
 
-def _read_store(app, name: str, max_rows: int) -> tuple[dict, dict]:
-    """({key: value} for up to max_rows keys, {task: number of keys}) of one store. A store of a
-    million keys is not read whole every commit: at most max_rows / tasks rows of each task (the
-    first in key order), when the app can (`query_all(limit_per_task=...)`); the per-task counts
-    then come from the commits instead."""
+def _read_store(app, name: str, max_rows: int, last=None) -> tuple[dict, dict, dict]:
+    """({key: value} for up to max_rows keys, {task: number of keys}, marks) of one store. A store
+    of a million keys is not read whole every commit: at most max_rows / tasks rows of each task
+    (the first in key order), when the app can (`query_all(limit_per_task=...)`); the per-task
+    counts then come from the commits instead.
+
+    The rows come from the freshest copy of each task (`query_all(stale=True)`), never waiting
+    for a restore; `marks` says which rows are not current: {"tasks": {task: what its copy is},
+    "keys": {key: task}} (see `store_marks`). When a task has no copy at all to read (a lost disk,
+    its restore not begun) the rows read `last` stay, that task's marked."""
+    from statekit.errors import StaleRead
+
     limit = None
+    kw = {"stale": True} if _accepts(app.query_all, "stale") else {}
     if _accepts(app.query_all, "limit_per_task"):
         limit = max(1, max_rows // max(1, int(getattr(app, "partitions", 1) or 1)))
-        res = app.query_all(name, limit_per_task=limit)
-    else:
-        res = app.query_all(name)
+        kw["limit_per_task"] = limit
+    try:
+        res = app.query_all(name, **kw)
+    except StaleRead as err:
+        if last is None:
+            raise
+        rows, per_task, marks = last
+        marks = dict(marks or {})
+        marks["tasks"] = dict(marks.get("tasks") or {})
+        marks["tasks"][task_id(err.task)] = {"state": err.state, "lag": err.lag,
+                                             "line": f"task {err.task}: {err.state}, no copy to "
+                                                     f"read; the rows shown are from before"}
+        return rows, per_task, marks
     per_task: dict = {}
     if hasattr(res, "to_dict") and hasattr(res, "columns"):
         cols = list(res.columns)
@@ -279,19 +304,35 @@ def _read_store(app, name: str, max_rows: int) -> tuple[dict, dict]:
         kcol = "key" if "key" in cols else cols[0]
         vcol = "value" if "value" in cols else cols[-1]
         if "window_start" in cols:
-            keys = list(zip(res[kcol].head(max_rows), res["window_start"].head(max_rows)))
+            keys = [_hashable(k) for k in zip(res[kcol].head(max_rows),
+                                              res["window_start"].head(max_rows))]
         else:
-            keys = list(res[kcol].head(max_rows))
-        return {_hashable(k): v for k, v in zip(keys, res[vcol].head(max_rows))}, per_task
+            keys = [_hashable(k) for k in res[kcol].head(max_rows)]
+        marks = store_marks(res, keys)
+        return dict(zip(keys, res[vcol].head(max_rows))), per_task, marks
     if isinstance(res, dict):
-        return {_hashable(k): v for k, v in list(res.items())[:max_rows]}, per_task
+        return {_hashable(k): v for k, v in list(res.items())[:max_rows]}, per_task, {}
     out = {}
     for i, kv in enumerate(res):
         if i >= max_rows:
             break
         k, v = kv
         out[_hashable(k)] = v
-    return out, per_task
+    return out, per_task, {}
+
+
+def store_marks(res, keys: list) -> dict:
+    """Which rows of a `query_all` frame are not current: {"tasks": {task: {state, instance, role,
+    lag, lag_s, line}} for the tasks whose copy was behind its changelog (`res.attrs["copies"]`,
+    `statekit.runtime.copies.Copy`), "keys": {key: task} for every row read}."""
+    copies = (getattr(res, "attrs", None) or {}).get("copies") or {}
+    tasks = {task_id(t): {"state": c.state, "instance": c.instance, "role": c.role, "lag": c.lag,
+                          "lag_s": c.lag_s, "line": c.summary()}
+             for t, c in copies.items() if not c.current}
+    by_key = {}
+    if "task" in res.columns:
+        by_key = {k: task_id(t) for k, t in zip(keys, res["task"].head(len(keys)))}
+    return {"tasks": tasks, "keys": by_key}
 
 
 def _accepts(fn, name: str) -> bool:

@@ -50,6 +50,7 @@ class Snapshot:
     status: dict = field(default_factory=dict)          # App.task_status(): task -> {...}
     instances: list[dict] = field(default_factory=list)  # App.instances_frame() rows
     stores: dict[str, dict] = field(default_factory=dict)  # store -> {key: value}
+    store_marks: dict = field(default_factory=dict)  # store -> rows not current (collect.store_marks)
     events: list = field(default_factory=list)  # typed events to apply first (tests; the feed applies them live)
     changelog: list[dict] | None = None  # one dict per changelog partition (None: not read this time)
     task_rows: dict = field(default_factory=dict)  # (task, store) -> keys, counted from the store read
@@ -101,6 +102,15 @@ class Diff:
 
     def __len__(self):
         return len(self.added) + len(self.changed) + len(self.removed)
+
+
+def _behind(mark: dict | None) -> str | None:
+    """A row's mark when its task's copy is not current: "restoring · 1,522 behind"."""
+    if not mark:
+        return None
+    state = {"dead": "owner dead", "tailing": "catching up"}.get(mark.get("state"), mark.get("state"))
+    lag = mark.get("lag")
+    return f"{state} · {fmt_num(lag)} behind" if lag is not None else str(state)
 
 
 def diff_rows(before: dict | None, after: dict) -> Diff:
@@ -218,6 +228,7 @@ class StoreRow:
     value: Any
     status: str | None  # "new" | "changed" | None
     last_change: float | None
+    behind: str | None = None  # its task's copy is not current: "restoring · 1,522 behind"
 
 
 @dataclass
@@ -272,6 +283,7 @@ class Picture:
     markers: list                     # (seconds since t0, kind, label)
     ownership: OwnershipTimeline
     t0: float
+    store_stale: list = field(default_factory=list)   # one line per task whose rows are not current
 
 
 class DashboardModel:
@@ -309,6 +321,7 @@ class DashboardModel:
         self.started_at: float | None = None     # the app's (latest) start, from its state events
         self.stores: dict[str, dict] = {}        # store -> the rows read last
         self.store_read_at: dict[str, float] = {}
+        self.store_marks: dict[str, dict] = {}   # store -> its rows that are not current
         self.task_rows: dict = {}                # (task, store) -> keys counted by the last read
         self.diffs: dict = {}
         self.last_change: dict[str, dict] = {}   # store -> key -> time of its last change
@@ -427,6 +440,7 @@ class DashboardModel:
 
     def _absorb_stores(self, snap: Snapshot) -> None:
         for store, rows in snap.stores.items():
+            self.store_marks[store] = snap.store_marks.get(store) or {}
             before = self.stores.get(store)
             d = Diff() if before is None or before is rows else diff_rows(before, rows)
             self.diffs[store] = d
@@ -500,7 +514,7 @@ class DashboardModel:
         chips, tasks = self._tasks(rnd)
         instances = self._instances(chips, now)
         store = self.store
-        srows, total, held, changed, hidden = self._store_view(store, tasks)
+        srows, total, held, changed, hidden, stale = self._store_view(store, tasks)
         t0 = self.t0 if self.t0 is not None else now
         alive = sum(r["status"] in LIVE_STATUSES for r in instances)
         header = self._header(state, tasks, instances, alive)
@@ -516,7 +530,7 @@ class DashboardModel:
             changelog=self._changelog_rows(tasks), events=list(self.events)[-14:],
             lag=self._series(self.lag_history, t0), standby_lag=self._series(self.standby_lag_history, t0),
             markers=[(m.t - t0, m.kind, m.label) for m in self.markers if m.t >= t0 - 1],
-            ownership=self._ownership(), t0=t0)
+            ownership=self._ownership(), t0=t0, store_stale=stale)
         pic.reason = self._reason(pic)
         header["reason"] = pic.reason
         return pic
@@ -669,7 +683,7 @@ class DashboardModel:
         rows = self.stores.get(store) if store else None
         held = sum(r["rows"] or 0 for r in tasks if r["role"] == "active" and r["store"] == store)
         if rows is None:
-            return [], 0, held, 0, []
+            return [], 0, held, 0, [], []
         d = self.diffs.get(store, Diff())
         times = self.last_change.get(store, {})
         flt = self.key_filter.strip().lower()
@@ -687,11 +701,15 @@ class DashboardModel:
 
         # the top k without sorting the whole store (same result as sorted(...)[:k])
         top = heapq.nsmallest(self.top_k, items, key=order)
-        out = [StoreRow(k, v, "new" if k in d.added else "changed" if k in d.changed else None, times.get(k))
+        marks = self.store_marks.get(store) or {}
+        late, of_key = marks.get("tasks") or {}, marks.get("keys") or {}
+        out = [StoreRow(k, v, "new" if k in d.added else "changed" if k in d.changed else None, times.get(k),
+                        _behind(late.get(of_key.get(k))))
                for k, v in top]
         shown = {r.key for r in out}
         hidden = sorted(d.touched - shown, key=str)
-        return out, len(rows), held, len(d.touched), hidden
+        stale = [late[t]["line"] for t in sorted(late, key=task_order)]
+        return out, len(rows), held, len(d.touched), hidden, stale
 
     def _changelog_rows(self, tasks: list) -> list[dict]:
         """Per changelog partition: records in the log, live keys, dirty ratio, cleaner runs."""

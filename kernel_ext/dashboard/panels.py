@@ -59,6 +59,8 @@ table.sk tr.standby td, table.sk tr.warmup td { color: #667; font-style: italic;
 table.sk tr.new td { background: #e6f6ea; }
 table.sk tr.changed td { background: #fff6d9; }
 table.sk tr.dead td { color: #b71c1c; }
+table.sk tr.stale td { color: #8a5a00; background: #fff3e0; font-style: italic; }
+.sk-stale { color: #8a5a00; background: #fff3e0; border: 1px solid #ffd8a8; border-radius: 4px; padding: 2px 6px; margin: 2px 0 4px 0; }
 table.sk td.lagbad { color: #c62828; font-weight: 600; }
 .sk-dot { display: inline-block; width: 8px; height: 8px; border-radius: 4px; margin-right: 4px; }
 .sk-bar { background: #eceff3; border-radius: 4px; height: 11px; width: 90px; overflow: hidden; display: inline-block; vertical-align: middle; }
@@ -228,11 +230,19 @@ def render_store(m) -> str:
     head = (f"<div class='sk-h'>Store <code>{_e(store or '–')}</code>"
             f"<span class='sk-note'>{fmt_num(total)} rows read{of} · {changed} changed since last refresh · "
             f"top {m.top_k} by {m.sort_by}{' among them' if of else ''}</span></div>")
+    stale = getattr(m, "store_stale", None) or []
+    if stale:   # the rows of these tasks come from a copy behind its changelog: never as if current
+        head += (f"<div class='sk-stale' title='read from the freshest copy there is; a query with "
+                 f"stale=False waits for it or says why not'>"
+                 f"{'<br>'.join(_e('not current — ' + line) for line in stale)}</div>")
     if not rows:
         return _dash(f"{head}<div class='sk-empty'>no rows yet</div>")
-    body = [[_fmt_key(r.key), _fmt_value(r.value), {"new": "new", "changed": "changed"}.get(r.status, "")]
+    body = [[_fmt_key(r.key), _fmt_value(r.value),
+             _e(r.behind) if getattr(r, "behind", None) else
+             {"new": "new", "changed": "changed"}.get(r.status, "")]
             for r in rows]
-    t = table(["key", "value", ""], body, [r.status or "" for r in rows], left={0, 2}, cls="kv")
+    classes = ["stale" if getattr(r, "behind", None) else (r.status or "") for r in rows]
+    t = table(["key", "value", ""], body, classes, left={0, 2}, cls="kv")
     hidden = m.store_hidden
     more = ""
     if hidden:
