@@ -6,7 +6,9 @@
                   move only to caught-up copies, warmups, standbys never with their active
 - ``supervisor``  instance processes: start, stop, SIGKILL
 - ``lifecycle``   CREATED -> RESTORING -> RUNNING <-> REBALANCING -> ERROR / NOT_RUNNING
-- ``queries``     key -> task (murmur2 of the serialized key) -> instance -> RocksDB secondary read
+- ``queries``     key -> task (murmur2 of the serialized key) -> a copy fresh enough -> RocksDB
+                  secondary read
+- ``copies``      a task's copies, how far behind its changelog each is, the answer and the refusal
 - ``lag``         ``App.lag()``: every copy's position vs its changelog's end
 
 The worker side (instances, tasks, the engines' router, crash directives) is ``statekit.worker``.
