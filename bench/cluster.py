@@ -2,7 +2,7 @@
 placement): do tasks stay where their state is, and what does losing an executor cost?
 
     .venv/bin/python bench/cluster.py [--batches 30] [--keys 20000] [--per-batch 2000]
-                                      [--phases steady,baseline,instances,kill,kill-warm]
+                                      [--phases warmup,steady,baseline,instances,kill,kill-warm,kill-warm1]
 
 Starts (and always stops) an embedded broker, a standalone master and three workers (one core,
 512 MB executors each), and one SparkSession on it. The tour's word count (``group_by_key().count``
@@ -17,19 +17,29 @@ over ``words``, keyed by word), four tasks; the store is seeded with ``--keys`` 
   placement did before tasks stayed put);
 * instances: the same micro-batches with ``placement="instances"`` on the same session (instance
   processes beside the driver; every executor is on this machine), for the per-batch time;
-* kill / kill-warm: records flow (a trigger every second); the executor running the most tasks is
-  SIGKILLed; measured: the seconds from the kill until every task it ran has committed again on
-  another executor, and the changelog records those tasks restored — without a warm copy
-  (``standby_replicas=0``) and with one (``standby_replicas=1``: a standby tailing each task's
-  changelog on another executor).
+* kill / kill-warm / kill-warm1: the store seeded with ``--kill-keys`` words, then records flow
+  (a trigger every second); the executor running the
+  most tasks is SIGKILLed (usually mid-batch: batches run back to back); measured: the seconds from
+  the kill until every task it ran has committed again on another executor, and the changelog
+  records those tasks restored — without a warm copy (``standby_replicas=0``), with one on every
+  other executor (``standby_replicas=2``: a standby tailing each task's changelog on each of the
+  two others, where this cluster has room), and with one on one other executor
+  (``standby_replicas=1``: the retry of the batch in flight goes where Spark puts it, which may not
+  be there).
+
+A warm-up app (five micro-batches, not measured) runs first, so that no phase pays for the JVMs'
+and Python workers' first batches.
 
 Ends with RESULT lines (baselines measured in this run):
 
     RESULT name=cluster_task_moves value=<moves> unit=moves baseline=<moves, locality off> ratio=...
     RESULT name=cluster_restored_after_first value=<records> unit=records baseline=<locality off> ratio=...
     RESULT name=cluster_batch_ms value=<ms, executors> unit=ms baseline=<ms, instances> ratio=...
-    RESULT name=cluster_kill_recovery value=<s, warm copy> unit=s baseline=<s, none> ratio=...
-    RESULT name=cluster_kill_restored value=<records, warm copy> unit=records baseline=<none> ratio=...
+    RESULT name=cluster_batch_ms_locality_off value=<ms, executors> unit=ms baseline=<ms, locality off> ratio=...
+    RESULT name=cluster_kill_recovery value=<s, warm copies> unit=s baseline=<s, none> ratio=...
+    RESULT name=cluster_kill_restored value=<records, warm copies> unit=records baseline=<none> ratio=...
+    RESULT name=cluster_kill_recovery_one_standby value=<s, one standby> unit=s baseline=<s, none> ratio=...
+    RESULT name=cluster_kill_restored_one_standby value=<records, one standby> unit=records baseline=<none> ratio=...
 """
 from __future__ import annotations
 
@@ -160,7 +170,7 @@ def kill(name, bootstrap, work, spark, kafka, vocab, cluster, standby_replicas: 
     prod = Producer(kafka, topic, vocab, args.rate)
     try:
         app.start(trigger=1.0, sink="none")
-        assert app.process_all_available(timeout=600), "the first batch did not finish"
+        assert app.process_all_available(timeout=900), "the seed did not finish"
         prod.start()
         time.sleep(args.settle)                    # standbys catch up, batches flow
         last: dict = {}
@@ -207,9 +217,11 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--keys", type=int, default=20_000)
     ap.add_argument("--per-batch", type=int, default=2_000)
+    ap.add_argument("--kill-keys", type=int, default=200_000,
+                    help="words seeded in the kill phases (the state a cold restore replays)")
     ap.add_argument("--rate", type=int, default=2_000, help="records/s during the kill phases")
     ap.add_argument("--settle", type=float, default=8.0, help="seconds of flow before the kill")
-    ap.add_argument("--phases", default="steady,baseline,instances,kill,kill-warm")
+    ap.add_argument("--phases", default="warmup,steady,baseline,instances,kill,kill-warm,kill-warm1")
     args = ap.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
 
@@ -236,7 +248,10 @@ def main() -> int:
         vocab = words(args.keys)
         for i, phase in enumerate(phases):
             name = f"wc{i}"
-            if phase == "steady":
+            if phase == "warmup":
+                small = argparse.Namespace(**{**vars(args), "batches": 5, "per_batch": 500})
+                steady(name, handle.bootstrap, work, spark, kafka, vocab[:2000], small)
+            elif phase == "steady":
                 out[phase] = steady(name, handle.bootstrap, work, spark, kafka, vocab, args)
             elif phase == "baseline":
                 os.environ[LOCALITY_ENV] = "off"
@@ -247,9 +262,10 @@ def main() -> int:
             elif phase == "instances":
                 out[phase] = steady(name, handle.bootstrap, work, spark, kafka, vocab, args,
                                     placement="instances")
-            elif phase in ("kill", "kill-warm"):
-                out[phase] = kill(name, handle.bootstrap, work, spark, kafka, vocab, cluster,
-                                  1 if phase == "kill-warm" else 0, args)
+            elif phase in ("kill", "kill-warm", "kill-warm1"):
+                k = {"kill": 0, "kill-warm": WORKERS - 1, "kill-warm1": 1}[phase]
+                out[phase] = kill(name, handle.bootstrap, work, spark, kafka, words(args.kill_keys),
+                                  cluster, k, args)
                 cluster.wait_executors(WORKERS, timeout=180)
             else:
                 raise SystemExit(f"unknown phase {phase!r}")
@@ -269,10 +285,17 @@ def main() -> int:
         lines.append(result("cluster_restored_after_first", s["restored"], "records", b["restored"]))
     if s and i:
         lines.append(result("cluster_batch_ms", s["batch_ms"], "ms", i["batch_ms"]))
-    k, w = out.get("kill"), out.get("kill-warm")
+    if s and b:
+        lines.append(result("cluster_batch_ms_locality_off", s["batch_ms"], "ms", b["batch_ms"]))
+    k, w, w1 = out.get("kill"), out.get("kill-warm"), out.get("kill-warm1")
     if k and w:
         lines.append(result("cluster_kill_recovery", w["recovery_s"], "s", k["recovery_s"]))
         lines.append(result("cluster_kill_restored", w["restored"], "records", k["restored"]))
+    if k and w1:
+        lines.append(result("cluster_kill_recovery_one_standby", w1["recovery_s"], "s",
+                            k["recovery_s"]))
+        lines.append(result("cluster_kill_restored_one_standby", w1["restored"], "records",
+                            k["restored"]))
     print("\n".join(lines))
     return 0
 

@@ -31,6 +31,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))                      # tests/ (the shared helpers)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "runtime"))
 
 import harness as H  # noqa: E402
@@ -151,6 +152,7 @@ def run(root: str) -> dict:
         res["rebalances"] = _events(app, "rebalance")
         res["membership"] = _events(app, ["instance_started", "instance_died"])
         res["instances_frame"] = app.instances_frame().to_dict(orient="records")
+        res["events"] = [e.to_dict() for e in app.events()]
         res["tasks"] = [str(t) for t in app.tasks()]
         res["lag"] = app.lag().to_dict(orient="records")
         res["owner"] = list(app.key_owner("counts", "the"))

@@ -175,6 +175,32 @@ def test_a_lost_executors_tasks_reopen_from_their_standbys(result):
     assert all(m["reason"] == "owner-died" for m in moves)
 
 
+def test_the_dashboard_sees_executors_moves_and_restores(result):
+    """The dashboard's own models, fed the app's events: each task's executor over time, the
+    executors' deaths, and the restore round of the first kill with its promotions."""
+    assert "exception" not in result, result.get("exception")
+    from kernel_ext.dashboard.membership import OwnershipTimeline
+    from kernel_ext.dashboard.restore import RestoreBoard
+    from statekit import events as ev
+
+    timeline, board = OwnershipTimeline(), RestoreBoard()
+    for d in result["events"]:
+        e = ev.from_dict(d)
+        timeline.feed(e)
+        board.feed(e)
+    first = result["crashes"][0]
+    dead = first["claim"]["instance"]
+    for t in first["died"]["tasks"]:
+        history = timeline.owner_history(t)
+        assert dead in history and history[history.index(dead) + 1] != dead, (t, history)
+    deaths = [m for m in timeline.markers if m.kind == "crash" and m.task is None]
+    assert [m.label for m in deaths] == [f"instance {c['claim']['instance']} died"
+                                         for c in result["crashes"]]
+    rnd = next(r for r in board.rounds if set(first["died"]["tasks"]) <= set(r.rows))
+    rows = [rnd.rows[t] for t in first["died"]["tasks"]]
+    assert all(r.final and r.promoted == "standby" and r.instance != dead for r in rows), rows
+
+
 def test_state_lives_on_the_executors_local_disks(result):
     assert "exception" not in result, result.get("exception")
     dirs = result["worker_task_dirs"]

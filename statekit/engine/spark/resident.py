@@ -119,6 +119,7 @@ class Resident:
         self.tasks: dict = {}       # (root, app, TaskId) -> _Open
         self.standbys: dict = {}    # (root, app, TaskId) -> (StandbyReplica, _App)
         self.apps: dict = {}        # (root, app) -> _App (the latest run seen)
+        self.opening: set = set()   # keys the main thread is opening as tasks
         self.pid = os.getpid()
         self._thread: Optional[threading.Thread] = None
         self._kafka: dict = {}
@@ -186,42 +187,54 @@ class Resident:
         from statekit.worker.task import StreamTask
 
         key = (app.root, app.app, task)
-        source = "checkpoint"
+        with self.lock:
+            self.opening.add(key)          # the background thread opens no standby for it now
+        try:
+            d = task_dir(app.root, app.app, task)
+            deadline = time.monotonic() + LOCK_WAIT_S
+            source, asked = "checkpoint", False
+            while True:
+                if self._promote(app, key):
+                    source = "standby"
+                try:
+                    t = StreamTask(app.spec, task, app.root, instance=app.instance,
+                                   publish=app.publish, kafka=kafka, generation=app.generation,
+                                   source=source)
+                    break
+                except StateLocked:
+                    # another Python worker of this executor holds it (or a dying attempt's)
+                    if not asked:
+                        _ask_release(d)
+                        asked = True
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            if asked or os.path.exists(os.path.join(d, RELEASE_FILE)):
+                _clear_release(d)
+            ent = _Open(t, app)
+            ent.busy = True
+            with self.lock:
+                self.tasks[key] = ent
+            return ent
+        finally:
+            with self.lock:
+                self.opening.discard(key)
+
+    def _promote(self, app: _App, key) -> bool:
+        """Hand this worker's standby of the task (if any) over to the task: True if there was one."""
         with self.lock:
             sb = self.standbys.pop(key, None)
-        if sb is not None:
-            replica = sb[0]
-            try:
-                lag = replica.lag()
-            except StatekitError:
-                lag = None
-            replica.promote()
-            source = "standby"
-            app.publish(ev.StandbyPromoted(task=str(task), instance=app.instance, role="standby",
-                                           lag=lag))
-        d = task_dir(app.root, app.app, task)
-        deadline = time.monotonic() + LOCK_WAIT_S
-        asked = False
-        while True:
-            try:
-                t = StreamTask(app.spec, task, app.root, instance=app.instance, publish=app.publish,
-                               kafka=kafka, generation=app.generation, source=source)
-                break
-            except StateLocked:
-                # another Python worker of this executor holds it (or a dying attempt's worker)
-                if not asked:
-                    _ask_release(d)
-                    asked = True
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        if asked or os.path.exists(os.path.join(d, RELEASE_FILE)):
-            _clear_release(d)
-        ent = _Open(t, app)
-        ent.busy = True
-        with self.lock:
-            self.tasks[key] = ent
-        return ent
+        if sb is None:
+            return False
+        replica = sb[0]
+        try:
+            lag = replica.lag()
+        except StatekitError:
+            lag = None
+        replica.promote()
+        app.publish(ev.StandbyPromoted(task=str(key[2]), instance=app.instance, role="standby",
+                                       lag=lag))
+        return True
 
     def _drop(self, key, reason: str, only_idle: bool = False) -> bool:
         """Close an open task (``only_idle``: unless a micro-batch is using it right now)."""
@@ -307,6 +320,7 @@ class Resident:
         with self.lock:
             have = {k[2] for k, (_r, a) in self.standbys.items() if a is app}
             active = {k[2] for k, e in self.tasks.items() if e.app is app}
+            active |= {k[2] for k in self.opening if k[:2] == (app.root, app.app)}
             stale = {k[2] for k, (_r, a) in self.standbys.items()
                      if k[:2] == (app.root, app.app) and a is not app}
         for t in sorted((have | stale) - want):
@@ -316,12 +330,18 @@ class Resident:
                      if getattr(s, "logging", True)]
             if not specs:
                 continue
+            key = (app.root, app.app, t)
             try:
                 r = StandbyReplica(app.app, t, specs, state_dir=app.root, bootstrap=app.bootstrap)
             except StateLocked:
                 continue                    # the active copy is in another worker here: not a standby
             with self.lock:
-                self.standbys[(app.root, app.app, t)] = (r, app)
+                taken = key in self.opening or key in self.tasks
+                if not taken:
+                    self.standbys[key] = (r, app)
+            if taken:                       # the task arrived meanwhile: it takes the directory
+                r.close()
+                continue
             r.start()
             try:
                 lag = r.lag()
