@@ -14,21 +14,13 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from statekit import broker as broker_mod
 
 from _broker_util import consume_all, create_topic
-
-
-def _wait(pred, timeout=15.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    return pred()
+from waiting import wait_until
 
 
 def _stats(handle, topic, p=0):
     """The partition's row of log_stats (the broker refreshes them every second)."""
-    return _wait(lambda: next((s for s in broker_mod.log_stats(handle.dir, topic) if s["partition"] == p), None))
+    return wait_until(lambda: next((s for s in broker_mod.log_stats(handle.dir, topic) if s["partition"] == p),
+                                   None), 15, f"log_stats of {topic}-{p}")
 
 
 def test_compaction_keeps_latest_per_key_with_original_offsets(broker):
@@ -57,7 +49,7 @@ def test_compaction_keeps_latest_per_key_with_original_offsets(broker):
         admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "compacted", {"segment.ms": "100"})], incremental=True)
     finally:
         admin.close()
-    time.sleep(0.3)
+    time.sleep(0.3)  # the active segment gets older than segment.ms (100 ms): the next append rolls it
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
     assert producer.send("compacted", key=b"roll", value=b"%d" % end, partition=0).get(timeout=10).offset == end
     producer.close()
@@ -135,7 +127,7 @@ def test_compaction_of_compressed_batches(broker, codec):
             if i % 100 == 99:
                 producer.flush()
         producer.close()
-    assert _wait(lambda: _stats(broker, topic)["high_watermark"] == 2000)
+    wait_until(lambda: _stats(broker, topic)["high_watermark"] == 2000, 15, "stats after the 2000th record")
     st = next(s for s in broker_mod.request_clean(broker.dir) if s["topic"] == topic)
     assert st["records_removed"] > 0
     got = consume_all(broker.bootstrap, topic, [0])[0]
@@ -157,16 +149,17 @@ def test_cleaner_honours_dirty_ratio_and_keeps_fresh_tombstones(broker):
         producer.send("ratio", key=b"k%02d" % k, value=None, partition=0).get(timeout=10)
     # the log was never cleaned: every closed segment is dirty (ratio 1.0 >= 0.9), the cleaner runs alone
     # (stats taken after the last append, so that no closed segment is left to make it dirty again)
-    st = _wait(lambda: (lambda s: s if s and s["high_watermark"] == 303 and s["cleaner_runs"] >= 1
-                        and s["dirty_ratio"] < 0.9 else None)(_stats(broker, "ratio")))
-    assert st, _stats(broker, "ratio")
+    st = wait_until(lambda: (lambda s: s if s and s["high_watermark"] == 303 and s["cleaner_runs"] >= 1
+                             and s["dirty_ratio"] < 0.9 else None)(_stats(broker, "ratio")),
+                    15, "a cleaner pass over the 303 records")
     runs = st["cleaner_runs"]
     # a little more data: the dirty part is now far below 90% of the closed bytes
     for i in range(40):
         producer.send("ratio", key=b"k%02d" % (10 + i % 20), value=b"w%d" % i, partition=0).get(timeout=10)
     producer.close()
-    time.sleep(2.5)
-    st = _stats(broker, "ratio")
+    time.sleep(2.5)  # the point: two of the cleaner's own passes go by and do not clean
+    st = wait_until(lambda: (lambda s: s if s["high_watermark"] == 343 else None)(_stats(broker, "ratio")),
+                    15, "stats after the 343rd record")
     assert st["cleaner_runs"] == runs
     assert 0 < st["dirty_ratio"] < 0.9
     st = next(s for s in broker_mod.request_clean(broker.dir) if s["topic"] == "ratio")
@@ -189,9 +182,8 @@ def test_retention_bytes_deletes_old_segments(broker):
         producer.send("rb", key=b"k%03d" % i, value=b"x" * 50, partition=0).get(timeout=10)
     producer.close()
     # stats.json is rewritten every second: wait for one written after the last record
-    st = _wait(lambda: (lambda s: s if s["log_start_offset"] > 0 and s["high_watermark"] == 200
-                        else None)(_stats(broker, "rb")))
-    assert st, _stats(broker, "rb")
+    st = wait_until(lambda: (lambda s: s if s["log_start_offset"] > 0 and s["high_watermark"] == 200
+                             else None)(_stats(broker, "rb")), 15, "retention after the 200th record")
     files = sorted(glob.glob(os.path.join(broker.dir, "logs", "rb-0", "*.log")))
     sizes = [os.path.getsize(f) for f in files]
     assert int(os.path.basename(files[0])[:-4]) == st["log_start_offset"]
@@ -212,8 +204,8 @@ def test_retention_ms_deletes_old_segments(broker):
     for i in range(5):
         producer.send("rms", key=b"new%d" % i, value=b"z", partition=0).get(timeout=10)
     producer.close()
-    st = _wait(lambda: (lambda s: s if s["log_start_offset"] > 0 else None)(_stats(broker, "rms")))
-    assert st, _stats(broker, "rms")
+    st = wait_until(lambda: (lambda s: s if s["log_start_offset"] > 0 else None)(_stats(broker, "rms")),
+                    15, "retention.ms deleting the hour-old segments")
     start = st["log_start_offset"]
     bases = sorted(int(os.path.basename(f)[:-4]) for f in glob.glob(os.path.join(broker.dir, "logs", "rms-0", "*.log")))
     # every segment holding only hour-old records is gone; the first one left holds a new record
@@ -250,11 +242,11 @@ def test_kill9_during_produce_keeps_every_acked_record(tmp_path):
                     break
                 i += 1
                 if i % 500 == 0:
-                    time.sleep(0.001)
+                    time.sleep(0.001)  # pacing: the producer's I/O thread gets the GIL now and then
 
         t = threading.Thread(target=load, daemon=True)
         t.start()
-        assert _wait(lambda: len(acked) > 5000, timeout=20)
+        wait_until(lambda: len(acked) > 5000, 20, "5000 acknowledged records")
         h.kill()  # SIGKILL mid-load
         stop.set()
         t.join(10)
@@ -485,8 +477,9 @@ def test_idle_segments_roll_only_for_retention(broker):
                              for t in ("idle-c", "idle-d")], incremental=True)
     finally:
         admin.close()
-    st = _wait(lambda: (lambda s: s if s["log_start_offset"] == 5 else None)(_stats(broker, "idle-d")))
-    assert st and st["high_watermark"] == 5 and st["records"] == 0, _stats(broker, "idle-d")
+    st = wait_until(lambda: (lambda s: s if s["log_start_offset"] == 5 else None)(_stats(broker, "idle-d")),
+                    15, "retention deleting idle-d's old segment")
+    assert st["high_watermark"] == 5 and st["records"] == 0, _stats(broker, "idle-d")
     assert consume_all(broker.bootstrap, "idle-d", [0])[0] == []
     time.sleep(1.5)  # well past segment.ms, several retention checks later
     files = glob.glob(os.path.join(broker.dir, "logs", "idle-c-0", "*.log"))

@@ -14,17 +14,9 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 
+from waiting import wait_until
+
 DEADLINE_S = 60
-
-
-def wait_for(pred, what, timeout=DEADLINE_S, interval=0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def create_topic(bootstrap, name, partitions):
@@ -136,13 +128,14 @@ def test_kafka_python_group_of_two_rebalances_and_honours_commits(broker):
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
         # both members get 2 of the 4 partitions
-        wait_for(lambda: len(w1.assigned()) == 2 and len(w2.assigned()) == 2
-                 and not (w1.assigned() & w2.assigned()), "a 2 + 2 assignment")
+        wait_until(lambda: len(w1.assigned()) == 2 and len(w2.assigned()) == 2
+                   and not (w1.assigned() & w2.assigned()), DEADLINE_S, "a 2 + 2 assignment")
         p1, p2 = sorted(w1.assigned()), sorted(w2.assigned())
         assert sorted(p1 + p2) == [0, 1, 2, 3]
         # each consumes its partitions to the end (positions exactly at n)
-        wait_for(lambda: positions(w1, topic, p1) == {p: n for p in p1}
-                 and positions(w2, topic, p2) == {p: n for p in p2}, "both members at the end")
+        wait_until(lambda: positions(w1, topic, p1) == {p: n for p in p1}
+                   and positions(w2, topic, p2) == {p: n for p in p2}, DEADLINE_S,
+                   "both members at the end")
         assert w1.assigned() == frozenset(p1) and w2.assigned() == frozenset(p2)  # still stable
 
         # the group as the admin API sees it
@@ -168,10 +161,12 @@ def test_kafka_python_group_of_two_rebalances_and_honours_commits(broker):
         # commits; the partitions it keeps keep their positions (kafka-python, like the Java
         # client, does not reset a retained partition), so nothing of those is read again.
         w1.close()
-        wait_for(lambda: w2.assigned() == frozenset(range(4)), "w2 owning all 4 partitions")
+        wait_until(lambda: w2.assigned() == frozenset(range(4)), DEADLINE_S,
+                   "w2 owning all 4 partitions")
         assert [a for a in w2.assignments if a][-2:] == [frozenset(p2), frozenset(range(4))]
         expected = {(p, o): produced[(p, o)] for p in p1 for o in range(committed[p], n)}
-        wait_for(lambda: len(w2.records) >= len(expected), "w2 reading w1's partitions from the commits")
+        wait_until(lambda: len(w2.records) >= len(expected), DEADLINE_S,
+                   "w2 reading w1's partitions from the commits")
         assert w2.records == expected
         assert w2.dupes == []
         assert positions(w2, topic, range(4)) == {p: n for p in range(4)}
@@ -224,12 +219,14 @@ def test_a_killed_member_times_out_and_its_partitions_move(broker):
         survivor = Worker("survivor", broker.bootstrap, group, topic, session_timeout_ms=1500)
         # the survivor's join rebalances the group: one partition each
         theirs = next_assignment()
-        wait_for(lambda: len(survivor.assigned()) == 1, "the survivor owning one partition")
+        wait_until(lambda: len(survivor.assigned()) == 1, DEADLINE_S,
+                   "the survivor owning one partition")
         assert len(theirs) == 1 and theirs | survivor.assigned() == {0, 1}
         os.kill(doomed.pid, signal.SIGKILL)  # no LeaveGroup: only the session timeout can tell
         doomed.wait(10)
         t0 = time.monotonic()
-        wait_for(lambda: survivor.assigned() == frozenset({0, 1}), "the survivor owning both partitions")
+        wait_until(lambda: survivor.assigned() == frozenset({0, 1}), DEADLINE_S,
+                   "the survivor owning both partitions")
         assert time.monotonic() - t0 >= 0.5  # it took a session timeout, not a LeaveGroup
     finally:
         if doomed.poll() is None:

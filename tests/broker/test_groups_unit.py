@@ -21,6 +21,7 @@ from kafka.protocol.consumer.group import (
 )
 
 from statekit.broker.groups import GroupCoordinator, SUPPORTED_VERSIONS
+from waiting import async_wait_until
 
 NONE, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL, INVALID_GROUP_ID = 0, 22, 23, 24
 UNKNOWN_MEMBER_ID, INVALID_SESSION_TIMEOUT, REBALANCE_IN_PROGRESS = 25, 26, 27
@@ -164,7 +165,7 @@ async def stable_group(coord, n, group="g", v=5, **kw):
     leader = resps[0].leader
     ids = [r.member_id for r in resps]
     syncs = [asyncio.ensure_future(sync(coord, group, gen, m)) for m in ids if m != leader]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the followers' syncs park before the leader's
     await sync(coord, group, gen, leader, [(m, m.encode()) for m in ids])
     for s in await asyncio.gather(*syncs):
         assert s.error_code == NONE
@@ -253,7 +254,8 @@ def test_two_members_in_the_initial_window_leader_gets_members_follower_waits(tm
         assert rb.members == []
         # the follower's SyncGroup parks until the leader's arrives
         fb = asyncio.ensure_future(sync(coord, "g", 1, b))
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: coord.groups["g"].members[b].awaiting_sync, 5, "b's parked sync")
+        await asyncio.sleep(0.05)  # the point: it stays parked while the loop runs on
         assert not fb.done()
         # ... and the event loop is not blocked meanwhile
         assert (await heartbeat(coord, "g", 1, b)).error_code == NONE
@@ -273,8 +275,8 @@ def test_new_member_triggers_rebalance_that_completes_when_all_rejoined(tmp_path
         gen, (a,), leader = await stable_group(coord, 1, rebalance=60_000)
         assert gen == 1
         c, tc = await join_known(coord, client_id="c", rebalance=60_000)
-        await asyncio.sleep(0.01)
-        assert state(coord) == "PreparingRebalance"
+        await async_wait_until(lambda: state(coord) == "PreparingRebalance", 5,
+                               "c's join to start a rebalance")
         assert (await heartbeat(coord, "g", 1, a)).error_code == REBALANCE_IN_PROGRESS
         assert (await sync(coord, "g", 1, a)).error_code == REBALANCE_IN_PROGRESS
         loop = asyncio.get_running_loop()
@@ -342,7 +344,7 @@ def test_session_timeout_expires_a_silent_member(tmp_path):
             code = (await heartbeat(coord, "g", gen, alive)).error_code
             if code != NONE:
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # pacing: alive's heartbeats, well inside its session
         assert code == REBALANCE_IN_PROGRESS
         assert silent not in coord.groups["g"].members
         r = await join(coord, "g", alive, session=300, client_id="c1")
@@ -448,7 +450,7 @@ def test_rebalance_during_completing_rebalance_fails_parked_syncs(tmp_path):
         b, tb = await join_known(coord, client_id="b")
         await asyncio.gather(ta, tb)
         fb = asyncio.ensure_future(sync(coord, "g", 1, b))
-        await asyncio.sleep(0.01)
+        await async_wait_until(lambda: coord.groups["g"].members[b].awaiting_sync, 5, "b's parked sync")
         # the leader leaves before it syncs
         await call(coord, LeaveGroupRequest, 3, group_id="g", members=[
             LeaveGroupRequest.MemberIdentity(member_id=a, group_instance_id=None)])
@@ -541,8 +543,8 @@ def test_commit_rules_follow_kafka(tmp_path):
         assert commit_codes(await commit(coord, "g", {("t", 0): 42}, 1, a)) == {("t", 0): NONE}
         # PreparingRebalance: members may still commit what they processed
         b, tb = await join_known(coord, client_id="b")
-        await asyncio.sleep(0.01)
-        assert state(coord) == "PreparingRebalance"
+        await async_wait_until(lambda: state(coord) == "PreparingRebalance", 5,
+                               "b's join to start a rebalance")
         assert commit_codes(await commit(coord, "g", {("t", 0): 43}, 1, a)) == {("t", 0): NONE}
         assert await fetch(coord, "g", {"t": [0]}) == {("t", 0): (43, "m43", NONE)}
         await join(coord, "g", a, client_id="a")
@@ -622,7 +624,8 @@ def test_close_answers_parked_requests(tmp_path):
     async def go():
         coord = await new_coord(tmp_path, initial_rebalance_delay_ms=5_000)
         a, ta = await join_known(coord)
-        await asyncio.sleep(0.01)
+        await async_wait_until(lambda: coord.groups["g"].members.get(a) is not None
+                               and coord.groups["g"].members[a].awaiting_join, 5, "a's parked join")
         assert not ta.done()
         await coord.close()
         assert (await ta).error_code == COORDINATOR_NOT_AVAILABLE
@@ -636,7 +639,8 @@ def test_cancelled_join_does_not_break_the_group(tmp_path):
         coord = await new_coord(tmp_path)
         a, ta = await join_known(coord, client_id="a")
         b, tb = await join_known(coord, client_id="b")
-        await asyncio.sleep(0.01)
+        await async_wait_until(lambda: coord.groups["g"].members.get(b) is not None
+                               and coord.groups["g"].members[b].awaiting_join, 5, "b's parked join")
         tb.cancel()
         ra = await ta
         assert ra.error_code == NONE and len(ra.members) == 2

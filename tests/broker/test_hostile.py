@@ -27,6 +27,7 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, Met
 from kafka.protocol.producer import ProduceResponse
 
 from _broker_util import Raw, build_batch, fetch_request, produce_request
+from waiting import wait_until
 
 CORRUPT_MESSAGE = 2
 MESSAGE_TOO_LARGE = 10
@@ -72,7 +73,7 @@ class Spawned:
                 with open(os.path.join(d, "test-broker.log")) as f:
                     raise RuntimeError(f"broker exited: {f.read()[-2000:]}")
             assert time.monotonic() < deadline, "broker did not start"
-            time.sleep(0.02)
+            time.sleep(0.02)  # polling for broker.json (a dead child is reported above)
 
     def stop(self, kill=False):
         if self.proc.poll() is None:
@@ -279,7 +280,7 @@ def test_pipelined_fetches_never_read_do_not_grow_the_broker(tmp_path):
             req.with_header(correlation_id=corr, client_id="never-reads")
             frames += req.encode(header=True, framed=True)
         s.sendall(frames)
-        time.sleep(3)  # let the broker read and answer what it will
+        time.sleep(3)  # the point: the broker reads and answers what it will of a client that never reads
         with Raw(b.bootstrap) as raw:  # still serving others
             assert _latest(raw, "big") == 16
         peak = b.peak_rss_mb()
@@ -345,7 +346,7 @@ def test_broker_retention_settings_are_topic_defaults(tmp_path):
             got = {c.name: (c.value, c.config_source, [s.name for s in c.synonyms]) for c in resp.results[0].configs}
             assert got == {"retention.ms": ("-1", 4, ["log.retention.ms"]),
                            "segment.bytes": ("2000", 4, ["log.segment.bytes"])}
-            time.sleep(0.5)  # ten retention checks
+            time.sleep(0.5)  # the point: ten retention checks go by and delete nothing
             T = ListOffsetsRequest.ListOffsetsTopic
             resp = raw.call(ListOffsetsRequest(version=7, replica_id=-1, isolation_level=0, topics=[T(
                 name="auto", partitions=[T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1,
@@ -356,17 +357,17 @@ def test_broker_retention_settings_are_topic_defaults(tmp_path):
         b.stop()
     b = Spawned(d, configs=["log.retention.hours=1", "log.retention.check.interval.ms=50"])
     try:
-        deadline = time.monotonic() + 20
         with Raw(b.bootstrap) as raw:
             T = ListOffsetsRequest.ListOffsetsTopic
-            while True:  # now the hour applies: the old closed segments go
+
+            def log_start():
                 resp = raw.call(ListOffsetsRequest(version=7, replica_id=-1, isolation_level=0, topics=[T(
                     name="auto", partitions=[T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1,
                                                                    timestamp=-2)])]), ListOffsetsResponse)
-                if resp.topics[0].partitions[0].offset > 0:
-                    break
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+                return resp.topics[0].partitions[0].offset
+
+            # now the hour applies: the old closed segments go
+            wait_until(lambda: log_start() > 0, 20, "retention deleting the hour-old segments")
     finally:
         b.stop()
 

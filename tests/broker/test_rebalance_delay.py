@@ -20,7 +20,7 @@ from test_groups_unit import NONE, call, commit, join_known, new_coord, run, sta
 
 
 async def _arrive(coord, at_s, loop, t0, **kw):
-    await asyncio.sleep(max(0.0, t0 + at_s - loop.time()))
+    await asyncio.sleep(max(0.0, t0 + at_s - loop.time()))  # the point: a member arriving at t0 + at_s
     mid, task = await join_known(coord, **kw)
     return mid, task
 
@@ -106,7 +106,7 @@ def test_no_extension_once_the_group_has_completed_a_rebalance(tmp_path):
         ra, rb = await asyncio.gather(ta, tb)
         assert ra.generation_id == rb.generation_id == generation + 1   # one window: a and b
         c, tc = await _arrive(coord, 1.4, loop, t0, client_id="c")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the point: c's join stays parked while the loop runs on
         assert not tc.done() and state(coord) == "PreparingRebalance"  # c starts a new round
         await coord.close()
     run(go())

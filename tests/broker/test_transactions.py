@@ -16,6 +16,7 @@ from kafka.errors import KafkaError as KPError
 from kafka.structs import OffsetAndMetadata
 
 from _broker_util import Raw, create_topic, fetch_request
+from waiting import wait_until
 
 ck = pytest.importorskip("confluent_kafka")
 
@@ -48,13 +49,6 @@ def _lso_and_hw(bootstrap, topic, partition=0):
                 k.end_offsets(topic, [partition])[partition])
     finally:
         k.close()
-
-
-def _wait(cond, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,7 +339,8 @@ def test_transaction_timeout_aborts(shared_broker):
         p.send("tx-to", key=b"slow", value=b"1", partition=0)
         p.flush()
         assert _lso_and_hw(b, "tx-to") == (0, 1)
-        _wait(lambda: _lso_and_hw(b, "tx-to") == (2, 2), what="the timed-out transaction's abort marker")
+        wait_until(lambda: _lso_and_hw(b, "tx-to") == (2, 2), 20,
+                   "the timed-out transaction's abort marker")
         with pytest.raises(KPError):
             p.commit_transaction()
     finally:
@@ -356,7 +351,7 @@ def test_transaction_timeout_aborts(shared_broker):
     txp = k.transactional_producer("tx-to-2", timeout_ms=300)
     txp.begin()
     assert txp.send_many([("tx-to", 0, [(b"k", b"v")])]) == [2]
-    _wait(lambda: _lso_and_hw(b, "tx-to") == (4, 4), what="the abort marker")
+    wait_until(lambda: _lso_and_hw(b, "tx-to") == (4, 4), 20, "the abort marker")
     with pytest.raises(ProducerFenced):
         txp.commit()
     k.close()
@@ -411,7 +406,7 @@ def test_compaction_keeps_exactly_the_committed_latest_values(tmp_path):
         k.send("tx-cmp", 0, [(b"pad-end%d" % i, b"x" * 300) for i in range(8)])
         broker_mod.request_clean(h.dir)  # drops the aborted data (and superseded committed data)
         broker_mod.request_clean(h.dir)  # markers whose transactions are now empty get a delete horizon
-        time.sleep(0.4)  # past delete.retention.ms
+        time.sleep(0.4)  # the point: time past delete.retention.ms, which no request can shorten
         broker_mod.request_clean(h.dir)  # ... and go
         hw = k.end_offsets("tx-cmp")[0]
         # every record of the log, aborted data included if any were left: exactly one per key, the

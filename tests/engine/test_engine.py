@@ -7,13 +7,13 @@ from __future__ import annotations
 import collections
 import random
 import struct
-import time
 
 import pytest
 
 from statekit.contracts import Layout, TaskId
 from statekit.runtime.coordinator import Coordinator, Settings
 from statekit.worker.task import WorkerSpec
+from waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -107,9 +107,7 @@ def test_word_count_and_an_instance_killed_mid_batch(spark, kafka_broker, tmp_pa
         assert q.await_termination(180)
         assert q.exception() is None, q.exception()
         assert crash.claimed(layout.control_dir, d["id"]) is not None
-        deadline = time.time() + 60
-        while not co.tasks_ready(fresh=True) and time.time() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: co.tasks_ready(fresh=True), 60, "the moved tasks ready on instance 1")
         assert co.live() == [1] and co.tasks_ready()
         ref.update(w for ln in second for w in ln.split())
         assert _final_counts(client, "counts") == dict(ref)
@@ -147,9 +145,9 @@ def test_continuous_trigger_process_all_available_and_stop(spark, kafka_broker, 
             q.stop()
         assert not q.is_active
         assert sum(p["num_input_rows"] for p in q.recent_progress) == sent
-        deadline = time.time() + 10  # listener events arrive asynchronously (~100 ms after a batch)
-        while sum(e["num_input_rows"] for e in events) < sent and time.time() < deadline:
-            time.sleep(0.1)
+        # listener events arrive asynchronously (~100 ms after a batch)
+        wait_until(lambda: sum(e["num_input_rows"] for e in events) >= sent, 10,
+                   "the listener's progress events of every batch")
         assert sum(e["num_input_rows"] for e in events) == sent
         rows = read_outputs(layout.control.output_dir())
         assert sorted({r[0] for r in rows}) == [p["batch_id"] for p in q.recent_progress
@@ -164,9 +162,8 @@ def test_continuous_trigger_process_all_available_and_stop(spark, kafka_broker, 
         third = _lines(5, 2000)
         _produce(client, "lines2", third, 2)
         q = engine.start(run)  # restarts from the checkpoint
-        deadline = time.time() + 60
-        while not q.status().get("isTriggerActive") and time.time() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: q.status().get("isTriggerActive"), 60, "a micro-batch running",
+                   interval=0.01)
         q.abort()
         assert not q.is_active and q.exception() is None
         q = engine.start(run)

@@ -39,7 +39,7 @@ def produce(kafka, chunk, parts: int = 2, sends: int = 2) -> None:
             by_p[partition_for(u.encode(), parts)].append((u.encode(), page.encode()))
         for p, recs in by_p.items():
             kafka.send("clicks", p, recs)
-        time.sleep(WINDOW_MS / 1000.0 * 0.7)
+        time.sleep(WINDOW_MS / 1000.0 * 0.7)  # spacing: each send lands in a later time window
 
 
 def read_topic(kafka, topic) -> list:

@@ -17,6 +17,7 @@ import time
 
 from kernel_ext.dashboard.model import disagreements
 from kernel_ext.dashboard.view import LiveDashboard
+from waiting import wait_until
 
 KEYS = 1_000_000
 
@@ -70,13 +71,11 @@ def test_a_disk_loss_crash_beside_a_cpu_hog_is_on_the_model_at_once(broker, tmp_
         d.refresh()
         d.start()
         assert app.process_all_available(timeout=300)
-        deadline = time.monotonic() + 30
-        while d.model.picture().header["rows"] != KEYS and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert d.model.picture().header["rows"] == KEYS   # keys, from the tasks' commits
+        wait_until(lambda: d.model.picture().header["rows"] == KEYS, 30,
+                   f"the model counting {KEYS} keys from the tasks' commits", interval=0.1)
         with cpu_hog() as hog:
             t_hog = {p.pid: _cpu_seconds(p.pid) for p in hog}
-            time.sleep(1.0)
+            time.sleep(1.0)  # the hog has the cores for a second before the crash
             busy0 = _machine_busy()
             n0, drawn_before = len(d.refresh_times), len(drawn)
             published = []    # when the death was published (its ts)
@@ -96,7 +95,7 @@ def test_a_disk_loss_crash_beside_a_cpu_hog_is_on_the_model_at_once(broker, tmp_
                 chips = {c["task"]: c["state"] for c in p.chips}
                 if status.get(0) == "dead" and all(chips.get(t) in ("queued", "restoring") for t in lost):
                     on_model = time.time() - t_crash
-                time.sleep(0.01)
+                time.sleep(0.01)  # sampling: how soon the model shows the crash is what is measured
             assert on_model is not None and on_model < 1.5, (
                 f"the crash reached the model after {on_model} s; crash() took {t_returned - t_crash:.2f} s, "
                 f"the death was published {published[0] - t_crash:.2f} s after the call" if published else
@@ -110,9 +109,10 @@ def test_a_disk_loss_crash_beside_a_cpu_hog_is_on_the_model_at_once(broker, tmp_
                 if rnd is not None and rnd.final and all(rnd.rows.get(t) and rnd.rows[t].status == "done"
                                                          for t in lost):
                     break
-                time.sleep(0.05)
+                time.sleep(0.05)  # sampling: every picture on the way is checked for disagreements
             assert rnd is not None and rnd.final, [(r.task, r.status) for r in rnd.rows.values()]
-            time.sleep(1.5)   # a refresh or two after the end
+            n_end = len(d.refresh_times)
+            wait_until(lambda: len(d.refresh_times) >= n_end + 2, 10, "two refreshes after the restore's end")
             busy1 = _machine_busy()
             hogged = {p.pid: _cpu_seconds(p.pid) - t_hog[p.pid] for p in hog}
         during = list(d.refresh_times)[n0:]

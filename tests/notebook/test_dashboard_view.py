@@ -10,6 +10,7 @@ import pandas as pd
 
 from kernel_ext.dashboard.view import LiveDashboard, render_events, render_header
 from statekit import events as ev
+from waiting import wait_until
 
 
 def _events():
@@ -131,28 +132,23 @@ def test_an_error_shows_on_the_badge_and_the_dashboard_keeps_the_last_state():
 def test_thread_keeps_refreshing_in_error_and_stops_when_the_app_stops_and_on_close():
     app = FakeApp()
     d = LiveDashboard(app, interval=0.1).start()
-    time.sleep(0.5)
-    assert d.running and d.refreshes >= 2
+    wait_until(lambda: d.refreshes >= 2, 5, "two refreshes")
+    assert d.running
     app.state = "ERROR"
     n = d.refreshes
-    time.sleep(0.5)
-    assert d.running and d.refreshes > n  # a restart from Python must show up
+    wait_until(lambda: d.refreshes >= n + 3, 5, "three refreshes after the error")
+    assert d.running  # past 1.5 intervals in ERROR: it goes on (a restart from Python must show up)
     app.state = "NOT_RUNNING"
-    deadline = time.time() + 5
-    while d.running and time.time() < deadline:
-        time.sleep(0.05)
-    assert not d.running
+    wait_until(lambda: not d.running, 5, "the thread stopping with the app")
     d.follow()  # the app runs again: the same dashboard follows it
     app.state = "RUNNING"
-    time.sleep(0.3)
+    n = d.refreshes
+    wait_until(lambda: d.refreshes >= n + 3, 5, "three refreshes after follow()")
     assert d.running
     d.stop()
     d2 = LiveDashboard(FakeApp(), interval=0.1).start()
     d2.view.stop_button.click()
-    deadline = time.time() + 5
-    while d2.running and time.time() < deadline:
-        time.sleep(0.05)
-    assert not d2.running
+    wait_until(lambda: not d2.running, 5, "the stop button stopping the thread")
 
 
 def test_a_failing_panel_does_not_kill_the_dashboard():
@@ -300,13 +296,6 @@ def test_before_a_round_has_a_rate_the_eta_comes_from_the_forecast():
     assert render_restore_table(rnd).count("≈") == 0    # without a forecast nothing is guessed
 
 
-def _wait(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 def test_the_dashboard_shows_the_forecast_a_notebook_cell_made():
     # one forecast: the figure a cell printed is the one the Restoration panel shows
     from statekit.runtime import forecasts
@@ -339,10 +328,10 @@ def test_the_dashboard_shows_the_forecast_a_notebook_cell_made():
 def test_after_stop_and_down_the_dashboard_shows_the_app_stopped():
     app = FakeApp()
     d = LiveDashboard(app, interval=0.1).start()
-    _wait(lambda: "1 alive" in d.view.header.value)
+    wait_until(lambda: "1 alive" in d.view.header.value, 10, "the header saying 1 alive")
     d.stop()                  # `%statekit down` stops the dashboards, then the apps
     app.state = "NOT_RUNNING"
-    _wait(lambda: ">NOT_RUNNING<" in d.view.header.value)
+    wait_until(lambda: ">NOT_RUNNING<" in d.view.header.value, 10, "the header saying NOT_RUNNING")
     h = d.view.header.value
     assert "0 alive / 1" in h and "1 alive" not in h
     assert "0 alive" in d.view.instances.value and ">stopped<" in d.view.instances.value
@@ -356,7 +345,7 @@ def test_an_urgent_event_is_drawn_before_the_next_tick():
     n = d.refreshes
     t = time.monotonic()
     app.push(ev.InstanceDied(instance=0, tasks=["0_0"], ts=time.time()))
-    _wait(lambda: ">dead<" in d.view.instances.value, timeout=5)
+    wait_until(lambda: ">dead<" in d.view.instances.value, 5, "the instance drawn dead")
     assert time.monotonic() - t < 2 and d.refreshes > n
     assert "1 queued" in d.view.header.value      # its task waits for a new owner
     d.stop()

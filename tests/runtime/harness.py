@@ -5,6 +5,8 @@ import collections
 import random
 import time
 
+from waiting import wait_until
+
 WINDOW_MS = 40
 POINTS = ("records", "records", "before_send", "after_ack", "after_rocksdb")
 VOCAB = ["the", "a", "of", "stream", "state", "kafka", "rocks", "spark", "task", "store", "log",
@@ -51,7 +53,7 @@ def produce_chunk(kafka, chunk, lines_topic="lines", clicks_topic="clicks", rnd=
             by_p[partition_for(kb, parts)].append((kb, page.encode()))
         for p, recs in by_p.items():
             kafka.send(clicks_topic, p, recs)
-        time.sleep(WINDOW_MS / 1000.0 * 0.6)
+        time.sleep(WINDOW_MS / 1000.0 * 0.6)  # spacing: each send lands in a later time window
 
 
 def read_topic(kafka, topic) -> list:
@@ -242,10 +244,8 @@ def run_membership_schedule(app, kafka, seed: int, steps: int = 5, log=None,
         if i == 0 and first_crash:   # the first crash fires before anything else happens
             from statekit.worker import crash as crash_mod
 
-            deadline = time.monotonic() + 60
-            while crash_mod.claimed(app.layout.control_dir, app.crashes[0]["id"]) is None:
-                assert time.monotonic() < deadline, "the first crash never fired"
-                time.sleep(0.05)
+            wait_until(lambda: crash_mod.claimed(app.layout.control_dir, app.crashes[0]["id"])
+                       is not None, 60, "the first crash to fire")
         if rnd.random() < 0.5:
             app.process_all_available(timeout=60)
     # the end: a crash still armed is withdrawn, whatever is dead comes back, everything drains

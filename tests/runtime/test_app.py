@@ -18,6 +18,7 @@ from statekit.contracts import TaskId
 from statekit.errors import BrokerUnreachable, ProcessorError, StatekitError, TopologyError, UnknownTopic
 from statekit.partition import partition_for
 from statekit.runtime.lifecycle import AppState
+from waiting import wait_until
 
 LINES = ["the quick brown fox", "jumps over the lazy dog", "a stream of words", "the state of the art",
          "kafka streams keeps state", "rocksdb holds the store", "a b c d e f g", "the end"]
@@ -107,9 +108,7 @@ def test_failover_to_a_paused_standby_replays_exactly_its_lag(shared_broker, kaf
         send_lines(kafka, topic, LINES)
         app.start(max_records_per_trigger=4)
         assert app.process_all_available()
-        deadline = time.time() + 30
-        while time.time() < deadline and not (app.lag()["lag"] == 0).all():
-            time.sleep(0.1)
+        wait_until(lambda: (app.lag()["lag"] == 0).all(), 30, "every copy at lag 0")
         lag = app.lag()
         assert set(lag["role"]) == {"active", "standby"} and (lag["lag"] == 0).all(), lag
         app.pause_standbys()                # the standbys stop tailing: their lag grows
@@ -159,7 +158,7 @@ def test_interactive_queries_while_the_application_runs(shared_broker, kafka, tm
                 send_lines(kafka, topic, [ln])
                 sent.append(ln)
                 i += 1
-                time.sleep(0.02)
+                time.sleep(0.02)  # pacing: the lines arrive while the queries run
 
         th = threading.Thread(target=feed)
         th.start()
@@ -167,7 +166,7 @@ def test_interactive_queries_while_the_application_runs(shared_broker, kafka, tm
         try:
             while th.is_alive():
                 seen.append(app.query("counts", "the") or 0)
-                time.sleep(0.03)
+                time.sleep(0.03)  # sampling: a count read now and then while the feeder runs
         finally:
             stop.set()
             th.join()

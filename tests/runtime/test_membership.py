@@ -13,6 +13,7 @@ import statekit
 from statekit.contracts import TaskId
 from statekit.errors import StatekitError
 from statekit.runtime.lifecycle import AppState
+from waiting import wait_until
 
 WORDS = ["the", "state", "kafka", "stream", "store", "task", "log", "commit", "crash", "replay",
          "standby", "window", "alpha", "beta", "gamma", "delta"]
@@ -61,7 +62,7 @@ class Feeder:
             for p, recs in sorted(by_p.items()):
                 self.kafka.send("lines", p, recs)
             self.sent.append(line)
-            time.sleep(self.every)
+            time.sleep(self.every)  # pacing: records keep arriving while instances come and go
 
     def __enter__(self):
         self._t.start()
@@ -90,16 +91,6 @@ def check_output(app, want):
     assert last == want
 
 
-def wait_for(pred, timeout=60, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.parametrize("mode", ["process", "disk-loss"])
 def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, kafka, tmp_path, mode):
     kafka.ensure_topic("lines", 6)
@@ -109,13 +100,13 @@ def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, kafk
     try:
         app.start()
         with Feeder(kafka) as feed:
-            wait_for(lambda: app.state == AppState.RUNNING and len(feed.sent) > 150, what="warm-up")
+            wait_until(lambda: app.state == AppState.RUNNING and len(feed.sent) > 150, 60, "warm-up")
             victim = 1
             moved = {str(t) for t in app.assignment.active_tasks(victim)}
             sizes = {}
             rec = app.crash(mode, instance=victim, after_records=3)   # dies in the middle of a batch
-            died = wait_for(lambda: app.wait_for_event(lambda e: e.type == "instance_died", 0.1),
-                            what="the death")
+            died = wait_until(lambda: app.wait_for_event(lambda e: e.type == "instance_died", 0.1),
+                              60, "the death")
             for t in moved:
                 topic = app.changelog_topic("counts")
                 p = TaskId.parse(t).partition
@@ -128,7 +119,9 @@ def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, kafk
                 assert e is not None and e.instance != victim, t
                 opened[t] = e
             failover_end = max(e.ts for e in opened.values())
-            time.sleep(0.3)
+            wait_until(lambda: app.wait_for_event(lambda e: e.type == "commit" and e.task in moved
+                                                  and e.ts > failover_end, 0.1),
+                       60, "a moved task committing new input on its new instance")
         assert rec["status"] == "applied" and died.instance == victim and died.mode == mode
         assert died.cause == "crash" and died.point == "records"
         assert sorted(died.tasks) == sorted(moved)
@@ -160,8 +153,8 @@ def test_a_new_instance_warms_up_before_a_task_moves_to_it(broker, kafka, tmp_pa
     seen = []
     app.on_event(seen.append)
     try:
-        with Feeder(kafka, every=0.005):
-            time.sleep(1.0)
+        with Feeder(kafka, every=0.005) as backlog:
+            wait_until(lambda: len(backlog.sent) >= 150, 30, "a backlog of 150 lines")
         app.start()
         assert app.process_all_available()
         before = dict(app.assignment.active)
@@ -171,11 +164,12 @@ def test_a_new_instance_warms_up_before_a_task_moves_to_it(broker, kafka, tmp_pa
         assert len(app.assignment.warmups) == 1
         (task, (dest,)), = app.assignment.warmups.items()
         assert dest == new
-        wait_for(lambda: new in app.assignment.active.values(), 60, "the move")
+        wait_until(lambda: new in app.assignment.active.values(), 60, "the move")
         assert app.process_all_available()
-        wait_for(lambda: not app.assignment.warmups and
+        wait_until(lambda: not app.assignment.warmups and
                  sorted(app.assignment.active.values()).count(new) == 1, 60, "balance")
-        time.sleep(0.5)
+        wait_until(lambda: any(e.type == "task_opened" and e.instance == new and e.task == str(task)
+                               for e in seen), 30, f"task {task} opened on instance {new}")
         evs = [e for e in seen if getattr(e, "task", None) == str(task) or e.type == "rebalance"]
         order = [e.type for e in evs]
         i_warm = next(i for i, e in enumerate(evs) if e.type == "replica_started" and e.role == "warmup"
@@ -212,7 +206,7 @@ def test_remove_instance_is_graceful_and_scale_goes_both_ways(broker, kafka, tmp
     try:
         app.start()
         with Feeder(kafka):
-            wait_for(lambda: app.state == AppState.RUNNING, what="running")
+            wait_until(lambda: app.state == AppState.RUNNING, 60, "running")
             app.remove_instance(2)
             assert app.instances == 2 and not app.assignment.active_tasks(2)
             left = app.wait_for_event(lambda e: e.type == "instance_left", 10)
@@ -243,7 +237,7 @@ def test_bad_membership_calls_are_refused_and_change_nothing(broker, kafka, tmp_
         app.start()
         assert app.process_all_available()
         app.kill(1)
-        wait_for(lambda: app.state == AppState.RUNNING, what="running after the kill")
+        wait_until(lambda: app.state == AppState.RUNNING, 60, "running after the kill")
         before = (app.assignment, app.instances_frame().to_dict(), app.generation)
         calls = [
             (lambda: app.kill(7), "no instance 7"),

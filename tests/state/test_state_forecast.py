@@ -9,6 +9,7 @@ import time
 import pytest
 
 from statekit import broker as broker_mod
+from statekit.contracts import changelog_topic
 from statekit.kafka import Kafka
 from statekit.kafka.log_figures import embedded_log_figures
 from statekit.state import StandbyReplica, TaskState
@@ -16,6 +17,7 @@ from statekit.state import checkpoint as ckpt
 from statekit.state import forecast as F
 from statekit.state import restore as R
 from statekit.stores import StoreSpec
+from waiting import wait_until
 
 SPECS = [StoreSpec("counts"), StoreSpec("latest")]
 CFG = {"segment.bytes": "4096", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "0",
@@ -48,14 +50,12 @@ def commit_batches(t, batches, width: int = 12) -> None:
 
 def stats_current(broker_dir: str, k: Kafka, app: str) -> None:
     """log_stats is refreshed every second: wait until it has caught up with the end offsets."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def current():
         rows = {(r["topic"], r["partition"]): r for r in broker_mod.log_stats(broker_dir)}
-        if all(rows.get((f"{app}-{s.name}-changelog", 0), {}).get("high_watermark")
-               == k.end_offsets(f"{app}-{s.name}-changelog")[0] for s in SPECS):
-            return
-        time.sleep(0.1)
-    raise AssertionError("log_stats did not catch up")
+        return all(rows.get((changelog_topic(app, s.name), 0), {}).get("high_watermark")
+                   == k.end_offsets(changelog_topic(app, s.name))[0] for s in SPECS)
+
+    wait_until(current, 10, "log_stats catching up with the end offsets", interval=0.1)
 
 
 def test_forecast_counts_exactly_what_the_restores_read(still_broker, tmp_path):
@@ -220,7 +220,7 @@ def test_a_calibration_is_measured_on_a_quiet_machine_and_again_when_the_changel
         return 1000.0 * len(measured)
 
     def fake_others(window):
-        time.sleep(0.02)
+        time.sleep(0.02)  # stands in for the real one's measuring window
         return others["cores"]
 
     def grow_to(n):

@@ -6,6 +6,7 @@ import time
 import statehelpers as H
 from statekit.kafka import Kafka
 from statekit.state import StandbyReplica, TaskState, inspect_task
+from waiting import wait_until
 
 SEED = 5
 
@@ -70,10 +71,8 @@ def test_standby_holds_an_uncommitted_tail(broker, tmp_path):
             H.run_batches(t, SEED, range(5))
         except SimulatedCrash:
             t.abandon()
-        deadline = time.time() + 20
-        while time.time() < deadline and sb.last_batch < 2:
-            time.sleep(0.05)
-        time.sleep(0.3)
+        wait_until(lambda: sb.last_batch >= 2, 20, "the standby applying batch 2")
+        time.sleep(0.3)  # the point: a few more polls (20 ms) go by and batch 3 is not applied
         assert sb.last_batch == 2  # batch 3 reached only the first store's changelog
         sb.close()
         # the standby store equals the reference after batch 2 (TaskState reopens its dir)

@@ -83,7 +83,7 @@ CHILD = textwrap.dedent("""
         sys.stdin.readline(); db.commit({"batch": 2}); print("committed", flush=True)
         sys.stdin.readline()
     else:
-        time.sleep(120)
+        time.sleep(120)  # holds the DB open until the test kills this process
 """)
 
 

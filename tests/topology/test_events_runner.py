@@ -7,6 +7,7 @@ import time
 from statekit import events as ev
 from statekit.contracts import events_topic
 from statekit.event_bus import EventPublisher, EventReader
+from waiting import wait_until
 
 
 def test_publish_and_read_typed_events(broker):
@@ -27,9 +28,7 @@ def test_publish_and_read_typed_events(broker):
         assert [e.offset for e in reader.events(since=evs[0].offset)] == [evs[1].offset, evs[2].offset]
         assert [e.type for e in reader.events(types="commit")] == ["commit"]
         assert reader.events(since_ts=time.time() + 60) == []
-        deadline = time.time() + 5
-        while len(got) < 3 and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(got) >= 3, 5, "three events pushed to the callback")
         assert [e.type for e in got] == ["commit", "restore_start", "restore_end"]
         assert [e.type for e in reader.poll(0.1)] == ["commit", "restore_start", "restore_end"]
         assert reader.poll(0.1) == []
