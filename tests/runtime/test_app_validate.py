@@ -185,4 +185,9 @@ def test_native_engine_still_takes_what_it_runs(tmp_path):
     (b.stream("clicks").join(users, lambda c, u: f"{c}/{u}").group_by_key()
      .windowed_by(tumbling(10)).count(store="w").to_stream().to("out"))
     b.stream("words").flat_map_values(str.split).group_by(lambda k, w: w).count(store="c")
-    check_supported(b.compile("native", engine_shuffle=True))     # no error
+    plan = b.compile("native", engine_shuffle=True)
+    assert check_supported(plan) is None      # accepted: no TopologyError
+    # what it accepted: the re-key is the engine's shuffle (no repartition topic), and the join's
+    # table, the windowed count and the count by word are its stores
+    assert not plan.repartition_topics
+    assert sorted((s.name, s.kind) for s in plan.stores) == [("c", "kv"), ("users", "kv"), ("w", "window")]
