@@ -3,3 +3,5 @@ not part of an engine). This alias is a known exception of tests/test_layers.py,
 notebooks/_build_09.py and 09_two_engines.ipynb import it from here; delete it once they import
 ``statekit.compare_engines``."""
 from statekit.compare_engines import compare_engines  # noqa: F401
+
+__all__ = ["compare_engines"]
