@@ -92,7 +92,13 @@ def sample(pids_fn, seconds: float) -> tuple:
     return (cpu_seconds(pids) - c0) / (time.monotonic() - t0), peak
 
 
-def measure_app(boot, work, instances, seconds) -> dict:
+def _idle_wait(given) -> float:
+    from statekit.engine.spark.session import PYTHON_WORKER_IDLE_S
+
+    return PYTHON_WORKER_IDLE_S + 15 if given is None else given
+
+
+def measure_app(boot, work, instances, seconds, idle_wait=None) -> dict:
     import statekit
     from statekit.datagen import produce_fast
 
@@ -105,9 +111,7 @@ def measure_app(boot, work, instances, seconds) -> dict:
     try:
         if not app.process_all_available(timeout=300):
             raise RuntimeError(f"the app did not catch up: {app.state} {app.error}")
-        from statekit.engine.spark.session import PYTHON_WORKER_IDLE_S
-
-        time.sleep(PYTHON_WORKER_IDLE_S + 15)           # idle: nothing left to do
+        time.sleep(_idle_wait(idle_wait))              # idle: nothing left to do
         cpu, rss = sample(lambda: tree(os.getpid()), seconds)
         # back to full speed on new data: one record, until its count is queryable
         from statekit.kafka import Kafka
@@ -125,7 +129,7 @@ def measure_app(boot, work, instances, seconds) -> dict:
     return {"cpu": cpu, "rss": rss, "wake": wake}
 
 
-def measure_plain_query(boot, work, seconds) -> dict:
+def measure_plain_query(boot, work, seconds, idle_wait=None) -> dict:
     from statekit.engine.spark.session import get_session
 
     spark = get_session()
@@ -135,9 +139,7 @@ def measure_plain_query(boot, work, seconds) -> dict:
          .start())
     try:
         q.processAllAvailable()
-        from statekit.engine.spark.session import PYTHON_WORKER_IDLE_S
-
-        time.sleep(PYTHON_WORKER_IDLE_S + 15)
+        time.sleep(_idle_wait(idle_wait))
         cpu, rss = sample(lambda: tree(os.getpid()), seconds)
     finally:
         q.stop()
@@ -148,6 +150,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--instances", type=int, default=2)
+    ap.add_argument("--idle-wait", type=float, default=None,
+                    help="seconds idle before sampling (default: until Spark's idle Python "
+                         "workers have gone)")
     args = ap.parse_args(argv)
 
     from statekit import broker as broker_mod
@@ -156,8 +161,8 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="statekit-bench-footprint-")
     handle = broker_mod.start(dir=os.path.join(work, "broker"), port=0)
     try:
-        app = measure_app(handle.bootstrap, work, args.instances, args.seconds)
-        plain = measure_plain_query(handle.bootstrap, work, args.seconds)
+        app = measure_app(handle.bootstrap, work, args.instances, args.seconds, args.idle_wait)
+        plain = measure_plain_query(handle.bootstrap, work, args.seconds, args.idle_wait)
         print(f"started app, idle ({args.instances} instances): {app['cpu']:.3f} cores, "
               f"{app['rss']:.0f} MB resident (broker, JVM, Python workers, instances, this "
               f"process); a new record counted {app['wake'] * 1000:.0f} ms after its send", flush=True)

@@ -37,6 +37,16 @@ SMALL = {
                   "5000"], {}, ["failover_recovery", "failover_survivors", "restart_first_record"]),
     "engines": (["--chunks", "2", "--lines", "20", "--clicks", "10", "--per-trigger", "100"], {},
                 ["engines_restore"]),
+    "ingest": (["--records", "20000", "--latency-seconds", "3", "--skip", "cold"], {},
+               ["ingest_count_vs_rocksdb", "ingest_aggregate", "ingest_keyed_count", "ingest_start",
+                "ingest_latency_p50", "ingest_count"]),
+    "footprint": (["--seconds", "2", "--idle-wait", "2"], {},
+                  ["footprint_rss", "footprint_idle_cpu"]),
+    "cluster": (["--batches", "3", "--keys", "2000", "--per-batch", "500", "--kill-keys", "5000",
+                 "--settle", "2"], {},
+                ["cluster_task_moves", "cluster_restored_after_first", "cluster_batch_ms",
+                 "cluster_batch_ms_locality_off", "cluster_kill_recovery", "cluster_kill_restored",
+                 "cluster_kill_recovery_one_standby", "cluster_kill_restored_one_standby"]),
 }
 NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 LINE = re.compile(rf"^RESULT name=(\w+) value=({NUM}) unit=(\S+) baseline=({NUM}) ratio=({NUM})$")
