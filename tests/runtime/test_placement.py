@@ -38,10 +38,10 @@ def test_app_uses_the_session_it_is_given_and_leaves_it_running(shared_broker, k
     mine.conf.set("spark.sql.shuffle.partitions", "7")
     mine.conf.set("spark.sql.adaptive.enabled", "true")
     topic = unique("lines")
-    kafka.ensure_topic(topic, 2)
+    kafka.ensure_topic(topic, 3)                 # a task reads its own partition of each source
     lines = ["the user owns this session", "the app borrows it"]
     for i, ln in enumerate(lines):
-        kafka.send(topic, i % 2, [(None, ln.encode())])
+        kafka.send(topic, i % 3, [(None, ln.encode())])
     app = statekit.App(unique("own"), bootstrap=shared_broker.bootstrap, partitions=3,
                        state_dir=str(tmp_path / "st"), spark=mine)
     app.stream(topic).flat_map_values(str.split).group_by(lambda k, w: w).count(store="counts")
@@ -111,10 +111,14 @@ def test_executors_placement_is_exact_across_a_disk_loss_and_queries_read_replic
         assert app.process_all_available(timeout=180)
         exact()
         # the tasks ran in this session's Python workers, with their state under the app's state dir
+        # (the word count repartitions by word: the count is sub-topology 1's, beside the lines'
+        # stateless part and the click count in sub-topology 0)
+        tasks = sorted(str(t) for t in app.tasks())
+        assert tasks == ["0_0", "0_1", "0_2", "1_0", "1_1", "1_2"]
         root = os.path.join(app.state_dir, "executors", app._placement_extra["scope"], app.name)
-        assert sorted(os.listdir(root)) == ["0_0", "0_1", "0_2"]
+        assert sorted(os.listdir(root)) == tasks
         first = app.task_opens().drop_duplicates("task", keep="first")   # later opens find it there
-        assert sorted(first.task) == ["0_0", "0_1", "0_2"] and set(first.source) == {"scratch"}
+        assert sorted(first.task) == tasks and set(first.source) == {"scratch"}
         # queries are answered by the driver's query replicas, caught up
         owner = app.key_owner("counts", "the")
         assert owner.role == "query-replica" and owner.lag == 0
@@ -146,7 +150,7 @@ def test_executors_placement_is_exact_across_a_disk_loss_and_queries_read_replic
         assert app.process_all_available(timeout=180)
         exact()                                   # the replayed batch counted once
         reopened = app.task_opens().drop_duplicates("task", keep="first")   # since the restart
-        assert sorted(reopened.task) == ["0_0", "0_1", "0_2"]
+        assert sorted(reopened.task) == tasks
         again = reopened[reopened.task == claimed.task].iloc[0]
         assert again.source == "scratch" and again.restored > 0
 
