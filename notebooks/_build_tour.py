@@ -105,7 +105,9 @@ The store can be read while the query runs: a key is routed to its task with the
 shuffle uses (Kafka's murmur2), and the task's RocksDB is read through a secondary instance.
 
 **What you will see:** a word count on two instances; which task and instance hold a key; one key,
-a range of keys and the whole store read while the app runs, and checked against plain Python.
+a range of keys and the whole store read while the app runs, and checked against plain Python; then
+a key queried while its store is rebuilt after a crash: refused, read stale with its lag, read
+current once the restore is done.
 """),
     SETUP,
     code("%statekit produce words --from ../sample_data/words.jsonl --partitions 4 --wait"),
@@ -138,6 +140,52 @@ assert rng == {w: n for w, n in expected.items() if "a" <= w <= "d"}
 print(f"every one of the {len(expected)} words reads back its plain-Python count; the range a..d too")
 print("OK")
 """),
+    md("""
+## A query while a store restores
+
+A store that is being rebuilt from its changelog is not the store yet: read halfway, it would answer
+`None` for a word it has not got back yet. So a query (`stale=False`, the default) answers only from
+a copy that holds every commit made before the call. When there is none it waits for one (`wait=`
+seconds, 5 by default) or says in one line why not: the task, its state (restoring, moving, owner
+dead) and how many changelog records it is behind. `stale=True` answers at once from the freshest
+copy there is, and `with_lag=True` says which copy that was and how far behind it is.
+
+Both instances crash and lose their disks; the restart brings them back empty, and every task
+replays its whole changelog, throttled to 10 records a second so that there is time to ask.
+"""),
+    code("""
+%statekit crash iq --mode disk-loss --instance 0
+%statekit crash iq --mode disk-loss --instance 1
+%statekit restart iq --restore-rate 10/s --no-watch
+"""),
+    md("""
+Ask now, without waiting (`wait=0`): the store of the word's task is still being rebuilt.
+"""),
+    code("""
+from statekit.errors import StaleRead
+
+try:
+    print("current:", app.query("counts", "record", wait=0))
+except StaleRead as refusal:
+    print(refusal)
+"""),
+    md("""
+The freshest copy there is, read anyway: its value, and how far behind it is. The magic reads the
+same way and says the same.
+"""),
+    code("""
+answer = app.query("counts", "record", stale=True, with_lag=True)
+print(answer.value, "from", answer.copy)
+%statekit query iq counts record
+"""),
+    md("""
+Now let the query wait for the restore (up to a minute): the answer is current again.
+"""),
+    code("""
+answer = app.query("counts", "record", wait=60, with_lag=True)
+print(answer.value, "from", answer.copy)
+assert answer.current and answer.value == expected["record"]
+"""),
     code("%statekit stop iq"),
     DOWN,
     md("""
@@ -145,7 +193,10 @@ print("OK")
 
 A key's task is fixed by hashing the key, the same way the records were partitioned, so a query for
 one key goes straight to the one task (and instance) that holds it; a range or the whole store asks
-every task. The answers came from the live RocksDB stores while the app ran.
+every task. The answers came from the live RocksDB stores while the app ran. While a store was
+rebuilt from its changelog, a query did not pretend: it refused, naming the task, its state and its
+lag; read stale, it said how far behind its copy was; once the restore was done it answered the
+count plain Python counts.
 """),
 ]
 

@@ -105,7 +105,7 @@ class Copy:
         if self.role == "query-replica":
             where = f"its query replica is {label}"
         elif self.role == "active":
-            where = f"{label} on instance {self.instance}"
+            where = f"{label} {'to' if self.state == 'moving' else 'on'} instance {self.instance}"
         else:
             where = f"read from its {self.role} on instance {self.instance} ({label})"
         return f"task {self.task}: {where}, {self.behind()}"
@@ -306,8 +306,8 @@ def task_state(active: Optional[Copy], no_live: bool) -> tuple:
     if s == "restoring":
         how = _SOURCES.get(active.source or "", "")
         return "restoring", f"on instance {i}" + (f", {how}" if how else "")
-    if s == "moving":
-        return "moving", f"to instance {i}, its restore not started yet"
+    if s == "moving":   # assigned; its new owner reported it queued (source known), or not yet
+        return "moving", f"to instance {i}" + (", its restore not started yet" if active.source else "")
     if s == "dead":
         if no_live:
             return "owner dead", f"instance {i} died and no instance is alive"
@@ -351,7 +351,7 @@ def refusal(store: str, task: TaskId, copies: list, *, waited: float, wait: floa
     else:
         readable = [c for c in copies if c.offset is not None]
         best = max(readable, key=lambda c: c.offset) if readable else None
-        waited_s = f"after waiting {waited:.1f} s" if waited >= 0.05 else "at once"
+        waited_s = f"after waiting {waited:.1f} s" if wait >= 0.05 and waited >= 0.05 else "at once"
         other = (f", or pass stale=True to read {best.where()} ({best.behind()})"
                  if best is not None else "; no copy to read with stale=True yet either")
         msg = (f"store {store!r}, task {task}: {state} ({detail}), {lag}; no current copy "
