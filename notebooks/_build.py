@@ -696,10 +696,11 @@ def all_notebooks() -> dict:
     import _build_09
     import _build_11
     import _build_12
+    import _build_13
     import _build_tour
 
     out = dict(NOTEBOOKS)
-    for mod in (_build_tour, _build_09, _build_11, _build_12):
+    for mod in (_build_tour, _build_09, _build_11, _build_12, _build_13):
         out.update(mod.NOTEBOOKS)
     return dict(sorted(out.items()))
 

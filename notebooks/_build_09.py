@@ -62,7 +62,7 @@ pd.DataFrame(sorted(native_conf(min_deltas_for_snapshot=10, maintenance_interval
     md("""
 ## One input, one crash, both engines
 
-`compare_engines` (in `statekit.engine.spark_native.compare`, also what `bench/engines.py` runs):
+`compare_engines` (in `statekit.compare_engines`, also what `bench/engines.py` runs):
 
 1. 4 chunks of lines and clicks; each engine catches up on its own (they share two cores), 150
    records per micro-batch;
@@ -74,8 +74,8 @@ pd.DataFrame(sorted(native_conf(min_deltas_for_snapshot=10, maintenance_interval
 This cell takes a minute or two.
 """),
     code("""
-from statekit.kafka import resolve_bootstrap
-from statekit.engine.spark_native.compare import compare_engines
+from statekit.bootstrap import resolve_bootstrap
+from statekit.compare_engines import compare_engines
 
 home = os.environ.get("STATEKIT_HOME") or os.path.join(os.path.expanduser("~"), ".statekit")
 work = os.path.join(home, "apps", "two-engines")

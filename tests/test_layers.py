@@ -20,20 +20,9 @@ PACKAGES = ("statekit", "kernel_ext")
 # KNOWN EXCEPTIONS: imports in files other engineers were editing when this test was written, each
 # with the change that removes it. Empty this dict as they are fixed; the test fails on any other
 # circle or upward import, and on an entry here that no longer exists.
-KNOWN_EXCEPTIONS = {
-    # engine/spark: engine.py <-> executors.py <-> resident.py. Fix: OUTPUT_SCHEMA, trace and
-    # task_rows move from engine.py to a module both import (e.g. engine/spark/stage_rows.py), and
-    # executor_identity / instance_number (with _parent, _cmdline, _EXECUTOR_ID) from executors.py
-    # to engine/spark/executor_id.py, which resident.py and cluster.py import.
-    ("statekit.engine.spark.executors", "statekit.engine.spark.engine"):
-        "executors.py imports OUTPUT_SCHEMA, trace, task_rows from engine.py",
-    ("statekit.engine.spark.resident", "statekit.engine.spark.executors"):
-        "resident.py imports instance_number from executors.py",
-    # compare_engines builds a statekit.App, so it lives above the façade; the old path stays while
-    # notebooks/_build_09.py (and 09_two_engines.ipynb) import it. Fix: import
-    # statekit.compare_engines there, then delete statekit/engine/spark_native/compare.py.
-    ("statekit.engine.spark_native.compare", "statekit.compare_engines"):
-        "an alias kept for notebook 09",
+KNOWN_EXCEPTIONS: dict = {
+    # (importer, imported): why it is allowed for now, and the fix. Empty: every import follows the
+    # layer table.
 }
 
 

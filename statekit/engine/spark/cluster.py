@@ -67,7 +67,7 @@ def _probe_partition(paths: list):
 
         import pyarrow as pa
 
-        from statekit.engine.spark.executors import executor_identity
+        from statekit.engine.spark.executor_id import executor_identity
 
         for _ in batches:
             pass

@@ -30,10 +30,10 @@ import time
 from typing import Callable
 
 from statekit.engine.spark.session import SparkFailure, get_session, one_line
+from statekit.engine.spark.stage_rows import OUTPUT_SCHEMA, task_rows, trace
 from statekit.engine.spec import RunSpec
 from statekit.errors import StatekitError
 
-OUTPUT_SCHEMA = "topic string, key binary, value binary"
 
 
 class EngineError(StatekitError):
@@ -57,29 +57,6 @@ def source_topics(plan) -> list:
 
 def sink_topics(plan) -> list:
     return [_topic_of(s) for s in getattr(plan, "sinks", ()) or ()]
-
-
-def trace(entry: dict) -> None:
-    """STATEKIT_ENGINE_TRACE=/path.jsonl: workers append per-task timings (a debugging aid)."""
-    import os
-
-    path = os.environ.get("STATEKIT_ENGINE_TRACE")
-    if path:
-        import json
-
-        with open(path, "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
-
-
-def task_rows(batches):
-    """The (task, ranges) rows of the source's `tasks` mode, from Arrow record batches."""
-    import json
-
-    for rb in batches:
-        if rb.num_rows == 0:
-            continue
-        for task, ranges in zip(rb.column("task").to_pylist(), rb.column("ranges").to_pylist()):
-            yield int(task), [tuple(r) for r in json.loads(ranges)]
 
 
 _POOL = None

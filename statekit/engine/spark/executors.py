@@ -56,6 +56,8 @@ import tempfile
 import time
 from typing import Optional
 
+from statekit.engine.spark.executor_id import _parent, executor_identity, instance_number
+from statekit.engine.spark.stage_rows import OUTPUT_SCHEMA, task_rows, trace
 from statekit.engine.spec import RunSpec
 
 STATE_DIR_ENV = "STATEKIT_EXECUTOR_STATE_DIR"
@@ -64,7 +66,6 @@ PLACEMENT = "executors"
 STAGE_OUTPUT = "task int, outputs long"
 STAGE_STATE = "batch long"
 _SPARK_APP_DIR = re.compile(r"^(?:spark|executor|blockmgr)-[0-9a-f]{8}-[0-9a-f-]{27}$")
-_EXECUTOR_ID = re.compile(r"--executor-id\s+(\S+)")
 _LOCK_WAIT_S = 30.0
 
 
@@ -87,51 +88,6 @@ def state_root(configured: Optional[str] = None) -> str:
             d = os.path.dirname(d)
         return os.path.join(d, "statekit")
     return os.path.join(tempfile.gettempdir(), f"statekit-executor-{os.getuid()}")
-
-
-def _parent(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-_IDENTITY: dict = {}
-
-
-def executor_identity() -> tuple:
-    """``(executor id, executor JVM pid)`` of this Python worker — found among its ancestors (the
-    JVM running an ``...ExecutorBackend``); ``(None, None)`` on the driver (a local master)."""
-    me = os.getpid()
-    if me in _IDENTITY:
-        return _IDENTITY[me]
-    found = (None, None)
-    pid = _parent(me)
-    for _ in range(6):
-        if pid is None or pid <= 1:
-            break
-        cl = _cmdline(pid)
-        if "ExecutorBackend" in cl:
-            m = _EXECUTOR_ID.search(cl)
-            found = (m.group(1) if m else None, pid)
-            break
-        pid = _parent(pid)
-    _IDENTITY[me] = found
-    return found
-
-
-def instance_number(executor_id: Optional[str]) -> Optional[int]:
-    """The ``instance`` field of events published on an executor: its number (None: the driver)."""
-    return int(executor_id) if executor_id is not None and str(executor_id).isdigit() else None
 
 
 def _descendants(pid: int) -> list:
@@ -294,7 +250,6 @@ def locality_enabled() -> bool:
 def executor_frame(spark, src, run: RunSpec):
     """The executors placement's query over the source's task rows (see the module docstring)."""
     if not locality_enabled():
-        from statekit.engine.spark.engine import OUTPUT_SCHEMA
 
         return src.mapInArrow(make_executor_stage(run), OUTPUT_SCHEMA)
     from pyspark.sql import functions as F
@@ -324,7 +279,6 @@ def make_resident_stage(run: RunSpec):
         from pyspark import TaskContext
 
         from statekit.contracts import TaskId
-        from statekit.engine.spark.engine import trace
 
         ctx = TaskContext.get()
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
@@ -354,7 +308,6 @@ def make_executor_stage(run: RunSpec):
         from pyspark import TaskContext
 
         from statekit.contracts import TaskId
-        from statekit.engine.spark.engine import task_rows, trace
 
         ctx = TaskContext.get()
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)

@@ -53,7 +53,7 @@ class _App:
     """One run of an application, as this worker saw it in a micro-batch."""
 
     def __init__(self, run, root: str, eid: Optional[str]) -> None:
-        from statekit.engine.spark.executors import instance_number
+        from statekit.engine.spark.executor_id import instance_number
 
         x = run.extra
         self.app = run.app

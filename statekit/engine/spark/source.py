@@ -234,7 +234,7 @@ class _Options:
         o = {str(k).lower(): v for k, v in dict(options).items()}
         self.bootstrap = o.get("bootstrap") or o.get("kafka.bootstrap.servers")
         if not self.bootstrap:
-            from statekit.kafka import resolve_bootstrap
+            from statekit.bootstrap import resolve_bootstrap
 
             self.bootstrap = resolve_bootstrap(None)
         raw = o.get("topics") or o.get("topic") or o.get("subscribe")

@@ -22,7 +22,7 @@ import time
 
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://[\w.\-]+:\d+)")
 _REGISTERED = "Successfully registered with master"
-_EXECUTOR_ID = re.compile(r"--executor-id\s+(\S+)")
+from statekit.engine.spark.executor_id import EXECUTOR_ID as _EXECUTOR_ID
 
 
 class ClusterError(RuntimeError):
