@@ -13,6 +13,8 @@ snapshot read).
   seconds (default ``DEFAULT_WAIT_S``) for one, re-checking, then raises one ``StaleRead`` line
   naming the task, its state (restoring, moving, owner dead, ...) and its lag. Nothing missing or
   older is ever returned as if current: a store restoring from scratch is refused, not read.
+* A running copy behind its changelog is one whose commit is landing (the changelog's transaction
+  committed, RocksDB a few milliseconds later): every query gives it up to ``COMMIT_GRACE_S``.
 * ``stale=True`` answers at once from the freshest copy there is (a current one, else the one
   with the highest offset: a standby, a warmup, the restoring store), and says which with
   ``with_lag=True`` (an ``Answer``: the value and the copies read, with their role, state and lag)
@@ -45,6 +47,9 @@ _Q = struct.Struct(">Q")
 
 # how long a stale=False query waits for a current copy by default (a restore, a move)
 DEFAULT_WAIT_S = 5.0
+# how long any query gives a running copy whose commit is landing (its changelog is a few records
+# ahead of its RocksDB for the milliseconds between the two steps of a commit)
+COMMIT_GRACE_S = 0.5
 
 
 class UnknownStore(StatekitError):
@@ -305,7 +310,12 @@ class QueryRouter:
                     if c.current and (h is not None or not c.end):
                         return fn(h), c
                     seen.append((c, h))
-                if stale:
+                # a copy that keeps up (a running active, a tailing query replica) is behind only
+                # while a commit lands: give it that moment, whatever stale and wait say
+                lead = seen[0][0] if seen else None
+                landing = lead is not None and lead.state in ("running", "tailing") and \
+                    time.monotonic() - t0 < COMMIT_GRACE_S
+                if stale and not landing:
                     readable = [(c, h) for c, h in seen if h is not None]
                     if readable:
                         c, h = max(readable, key=lambda ch: (ch[0].offset or 0,
@@ -313,9 +323,9 @@ class QueryRouter:
                         return fn(h), c
             copies = [c for c, _h in seen]
             now = time.monotonic()
-            if stale or now >= deadline or self._hopeless(copies):
+            if not landing and (stale or now >= deadline or self._hopeless(copies)):
                 raise self._refuse(store, task, copies, now - t0, deadline - t0, stale)
-            time.sleep(0.05)
+            time.sleep(0.02 if landing else 0.05)
 
     def _refuse(self, store: str, task: TaskId, copies: list, waited: float, wait: float,
                 stale: bool):
