@@ -14,7 +14,7 @@ Reads hit the cache first; a miss reads below and caches the value as a clean en
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Iterator, Optional
 
 from statekit.stores.api import KV, SortedKeys, StoreBase, merge_overlay
@@ -113,7 +113,7 @@ class CachingStore(StoreBase):
             c.used += added
             self._bytes += added
             if c.used > c.max_bytes:
-                self._evict()
+                self._evict_bulk(len(new))
         return out
 
     def scan(self, lo: Optional[bytes] = None, hi: Optional[bytes] = None) -> Iterator[KV]:
@@ -154,33 +154,89 @@ class CachingStore(StoreBase):
             self._evict()
 
     def put_many(self, keys: list, values: list) -> None:
-        """`put` of distinct keys in bulk: the same entries, dirty marks, LRU order and byte count
-        as one put after the other when the task's cache holds them all; otherwise the evictions
-        come once the whole write is in (forwarded below in one bulk write), so other entries may
-        go early — the committed state and what the changelog restores are the same."""
+        """A bulk write of distinct keys (an aggregation applied per key: each key's one value of
+        the batch) goes through at once — below to the change-logging layer and the store, one
+        record per key — so the cache has nothing to absorb; it keeps serving reads: a key it
+        holds takes the new value, and new keys are kept (clean) while they fit without evicting.
+        What a commit writes and what the changelog restores are those of one put after the
+        other."""
+        self.inner.put_many(keys, values)
+        self.forwarded += len(keys)
         e = self._entries
-        dirty = self._dirty
-        vbytes = (sum(len(v) for v in values if v is not None) if None in values
-                  else sum(map(len, values)))
-        if not e or e.keys().isdisjoint(keys):
-            self._keys.added_many(keys)
-            delta = sum(map(len, keys)) + ENTRY_OVERHEAD * len(keys) + vbytes
-        else:
-            old = [e.get(k, _MISS) for k in keys]
-            new = [k for k, o in zip(keys, old) if o is _MISS]
-            self._keys.added_many(new)
-            delta = (sum(map(len, new)) + ENTRY_OVERHEAD * len(new) + vbytes
-                     - sum(len(o) for o in old if o is not _MISS and o is not None))
-            if len(new) < len(keys):      # an overwrite moves its key to the end, in write order
-                for k in keys:
-                    e.pop(k, None)
-        e.update(zip(keys, values))
-        dirty.update(dict.fromkeys(keys))
         c = self.cache
-        c.used += delta
-        self._bytes += delta
-        if c.used > c.max_bytes:
-            self._evict()
+        if e and not e.keys().isdisjoint(keys):
+            dirty = self._dirty
+            delta = 0
+            move = e.move_to_end
+            for k, v in zip(keys, values):
+                old = e.get(k, _MISS)
+                if old is _MISS:
+                    continue
+                dirty.pop(k, None)              # the value below is this one now
+                if v is None:
+                    del e[k]
+                    self._keys.removed()
+                    delta -= len(k) + ENTRY_OVERHEAD + (0 if old is None else len(old))
+                else:
+                    e[k] = v
+                    move(k)
+                    delta += len(v) - (0 if old is None else len(old))
+            c.used += delta
+            self._bytes += delta
+            new = [i for i, k in enumerate(keys) if k not in e and values[i] is not None]
+            keys = [keys[i] for i in new]
+            values = [values[i] for i in new]
+        elif None in values:
+            keep = [i for i, v in enumerate(values) if v is not None]
+            keys = [keys[i] for i in keep]
+            values = [values[i] for i in keep]
+        if not keys:
+            return
+        add = sum(map(len, keys)) + sum(map(len, values)) + ENTRY_OVERHEAD * len(keys)
+        if c.used + add <= c.max_bytes:         # new keys stay for later reads while they fit
+            e.update(zip(keys, values))
+            self._keys.added_many(keys)
+            c.used += add
+            self._bytes += add
+
+    def _evict_bulk(self, written: int) -> None:
+        """`_evict` after a bulk write: when it must drop many entries (a batch of new keys bigger
+        than the cache pushes out the last batch's), the oldest entries go in one cut — the
+        same entries `_evict` would drop, in the same order, without a Python step per entry."""
+        e = self._entries
+        if len(e) < 2048 or written < 1024:
+            return self._evict()
+        import numpy as np
+
+        c = self.cache
+        excess = c.used - c.max_bytes
+        keys = list(e)
+        values = list(e.values())
+        sizes = np.fromiter(map(len, keys), np.int64, len(keys)) + ENTRY_OVERHEAD
+        if None in values:
+            sizes += np.fromiter((0 if v is None else len(v) for v in values), np.int64, len(values))
+        else:
+            sizes += np.fromiter(map(len, values), np.int64, len(values))
+        n = int(np.searchsorted(np.cumsum(sizes), excess, side="left")) + 1
+        n = min(n, len(keys))
+        if n < 256:                          # a few: the plain walk
+            return self._evict()
+        dropped = int(sizes[:n].sum())
+        dirty = self._dirty
+        gone = keys[:n]
+        if dirty:
+            fk = [k for k in gone if k in dirty]
+            if fk:
+                for k in fk:
+                    del dirty[k]
+                fv = [e[k] for k in fk]
+                self.forwarded += len(fk)
+                self.inner.put_many(fk, fv)
+        deque(map(e.__delitem__, gone), 0)   # oldest first: C calls, no Python step per entry
+        self._keys.removed(n)
+        c.used -= dropped
+        self._bytes -= dropped
+        self.evictions += n
 
     def delete(self, key: bytes) -> Optional[bytes]:
         old = self.get(key)

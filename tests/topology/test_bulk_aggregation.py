@@ -75,12 +75,15 @@ class ColumnCtx(Ctx):
 def run(plan, batches, tmp_path, bulk, tag, cuts=None, ctx_cls=Ctx):
     """Every batch (a `Records`) through a TaskProcessor over real stores, committed; `cuts[i]`:
     positions where batch i is cut into several process_batch calls. Returns (outputs per batch,
-    store contents as bytes, changelog records, skipped_null)."""
+    store contents as bytes, each commit's changelog as what a restore reads of it — per store,
+    the last record of each key, in the order the keys were first logged — skipped_null). (A bulk
+    write logs a key when it is applied, so a batch cut in two may log a key twice; the second
+    record is the one a restore keeps.)"""
     sink = RecordingSink()
     stores, db = build_stores(plan.stores, str(tmp_path / tag), sink, cache_bytes=1 << 20, sync=False)
     old = TaskProcessor.bulk_aggregation
     TaskProcessor.bulk_aggregation = bulk
-    outs, skipped, engaged = [], 0, []
+    outs, skipped, engaged, logs = [], 0, [], []
     run.engaged = engaged      # did each batch have bulk aggregations
     try:
         for i, batch in enumerate(batches):
@@ -97,8 +100,14 @@ def run(plan, batches, tmp_path, bulk, tag, cuts=None, ctx_cls=Ctx):
             db.flush()
             db.commit({"batch": i})
             outs.append(ctx.out)
+            per_store: dict = {}
+            for store, k, v in sink.records:
+                per_store.setdefault(store, {})[k] = v
+            logs.append(per_store)
+            sink.records.clear()
         contents = {name: sorted(s.inner.all()) for name, s in stores.items()}
-        return outs, contents, list(sink.records), skipped
+        return outs, contents, [{st: list(d.items()) for st, d in sorted(c.items())}
+                                for c in logs], skipped
     finally:
         TaskProcessor.bulk_aggregation = old
         db.close()

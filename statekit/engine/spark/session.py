@@ -195,7 +195,8 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
             with open(props, "w") as fh:
                 fh.write(_LOG4J.format(path=log_path()))
             java_opts = (f"-Dlog4j.configurationFile=file:{props} "
-                         f"-Dlog4j2.configurationFile=file:{props} {JAVA_OPTS}")
+                         f"-Dlog4j2.configurationFile=file:{props} "
+                         f"{os.environ.get('STATEKIT_SPARK_JAVA_OPTS', JAVA_OPTS)}")
             b = (SparkSession.builder.master(master).appName(app_name)
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")
