@@ -220,6 +220,11 @@ class RocksDBStore(OverlayStore):
         keys = list(self._ov)
         values = list(self._ov.values())
         if None not in values:            # the common case: puts only, no Python loop
+            if len(keys) > 64:
+                # in key order: RocksDB inserts a sorted run into its memtable about three
+                # times faster than the same keys in the batch's order
+                keys = sorted(keys)
+                values = list(map(self._ov.__getitem__, keys))
             _drain(map(wb.put, keys, values, _repeat(h)), 0)
             return n + len(keys)
         put = wb.put
@@ -715,12 +720,14 @@ class ReadOnlyTaskDB:
         self._db = None
         self._open(path)
 
-    def _manifest(self) -> Optional[bytes]:
-        """The MANIFEST the writer uses now (the CURRENT file), None when there is none."""
+    def _manifest(self) -> Optional[tuple]:
+        """The MANIFEST the writer uses now (the CURRENT file) and its size, None when there is
+        none: the size grows with every flush or compaction the writer records."""
         try:
             with open(os.path.join(self.path, "CURRENT"), "rb") as f:
-                return f.read()
-        except OSError:
+                name = f.read()
+            return name, os.path.getsize(os.path.join(self.path, name.decode().strip()))
+        except (OSError, UnicodeDecodeError):
             return None
 
     def _open(self, path: str) -> None:
@@ -757,15 +764,19 @@ class ReadOnlyTaskDB:
         return cf
 
     def refresh(self) -> None:
-        """Catch up with the writer's latest commit. A writer that reopened the DB since writes a new
-        MANIFEST, which a secondary instance does not follow (it would still replay the new WAL, so
-        the meta would look current while flushed data stayed old): then open afresh."""
+        """Catch up with the writer's latest commit. A secondary instance that catches up across a
+        flush of one column family can lose that family's newer memtable entries (the meta looks
+        current while some keys read an older value), and it does not follow the new MANIFEST of a
+        writer that reopened the DB. So it catches up only while the MANIFEST stayed as it was
+        (same file, same size, before and after), and otherwise opens afresh: a new secondary
+        reads the flushed files and replays the live WAL whole."""
         current = self._manifest()
-        if current is not None and current != self._manifest_seen:
-            self.close()
-            self._open(self.path)
-            return
-        self._db.try_catch_up_with_primary()
+        if current is None or current == self._manifest_seen:
+            self._db.try_catch_up_with_primary()
+            if self._manifest() == current:
+                return
+        self.close()
+        self._open(self.path)
 
     def read_meta(self) -> dict:
         return _read_meta(self._cf(META_CF))

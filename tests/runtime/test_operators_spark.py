@@ -42,14 +42,22 @@ def pair(a, b):
 
 
 def produce_chunk(kafka, records):
-    """records: (topic, key, value, timestamp), sent in this order per partition."""
-    from statekit.datagen import Record, produce_timed
+    """records: (topic, key, value, timestamp), sent in this order per partition: a keyed record to
+    Kafka's default partition, one without a key to partition 0 (where the models put it)."""
+    import json
 
-    by_topic = collections.defaultdict(list)
+    from statekit.partition import partition_for
+    from statekit.wire import Columns
+
+    parts = collections.defaultdict(lambda: ([], [], []))
     for topic, k, v, ts in records:
-        by_topic[topic].append(Record(k, v, ts))
-    for topic, recs in by_topic.items():
-        produce_timed(topic, recs, kafka=kafka)
+        key = None if k is None else k.encode("utf-8")
+        p = 0 if key is None else partition_for(key, PARTS)
+        keys, values, stamps = parts[(topic, p)]
+        keys.append(key)
+        values.append(None if v is None else json.dumps(v, separators=(",", ":"), sort_keys=True).encode())
+        stamps.append(int(ts))
+    kafka.send_many([(t, p, Columns.of(k, v, timestamps=s)) for (t, p), (k, v, s) in sorted(parts.items())])
 
 
 def start_app(name, broker, tmp_path, build, topics, engine="changelog"):
@@ -186,7 +194,7 @@ def test_stream_operators_on_spark_match_the_models(broker, tmp_path, spark_sess
     from statekit.datagen import now_ms
 
     app, kafka = start_app("sparkstreams", broker, tmp_path, build_streams,
-                           {"L": 1, "R": 1, "clicks": 2})
+                           {"L": PARTS, "R": PARTS, "clicks": PARTS})
     try:
         chunks = stream_input(7, now_ms())
         for chunk in chunks:
