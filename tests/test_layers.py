@@ -246,6 +246,33 @@ def test_the_library_never_imports_ipython_or_ipywidgets():
     assert found == []
 
 
+# ---------------------------------------------------------------------------------------- the sizes
+APP_CLASS_MAX_LINES = 500     # the App is a façade: its jobs live in statekit/runtime's parts
+MODULE_MAX_LINES = 900
+
+
+def test_the_app_class_is_a_facade():
+    path = os.path.join(ROOT, "statekit", "app.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    (app,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "App"]
+    lines = app.end_lineno - app.lineno + 1
+    assert lines <= APP_CLASS_MAX_LINES, (f"class App is {lines} lines (at most {APP_CLASS_MAX_LINES}): "
+                                          f"give the new job to a part in statekit/runtime/")
+    methods = {n.name for n in app.body if isinstance(n, ast.FunctionDef)}
+    assert "__getattr__" not in methods, "App declares what it offers: no __getattr__ forwarding"
+
+
+def test_no_module_is_too_long():
+    long = []
+    for mod, path in sorted(project_modules().items()):
+        with open(path, encoding="utf-8") as f:
+            n = len(f.read().splitlines())
+        if n > MODULE_MAX_LINES:
+            long.append(f"{mod}: {n} lines")
+    assert long == [], f"modules over {MODULE_MAX_LINES} lines (split them by job):\n" + "\n".join(long)
+
+
 # -------------------------------------------------------------------- the scanner itself can fail
 def test_the_scanner_sees_lazy_relative_and_from_imports():
     known = {"statekit", "statekit.a", "statekit.b", "statekit.pkg", "statekit.pkg.c",

@@ -29,14 +29,3 @@ __all__ = [
     "encode_batches_flat",
 ]
 
-
-def __getattr__(name):
-    # resolve_bootstrap lives in statekit.bootstrap (starting a broker is not the client's job).
-    # Still imported from here by statekit/app.py, statekit/engine/spark/source.py and
-    # notebooks/_build_09.py (09_two_engines.ipynb); once they import statekit.bootstrap, delete
-    # this function.
-    if name == "resolve_bootstrap":
-        from statekit.bootstrap import resolve_bootstrap
-
-        return resolve_bootstrap
-    raise AttributeError(f"module 'statekit.kafka' has no attribute {name!r}")

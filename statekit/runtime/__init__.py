@@ -11,5 +11,14 @@
 - ``copies``      a task's copies, how far behind its changelog each is, the answer and the refusal
 - ``lag``         ``App.lag()``: every copy's position vs its changelog's end
 
+The App's parts (``statekit.app.App`` holds one of each and delegates to it):
+
+- ``runner``        start, the monitor, ``process_all_available``, stop, restart
+- ``inspection``    read-only views: lag, forecasts, task status, restores, progress, output
+- ``app_events``    the events read, published and called back
+- ``crash_control`` crash requests, the pending directive, its withdrawal
+- ``deployment``    the engine and the placement object (instances or executors)
+- ``app_topics``    source topics checked, internal topics created and deleted
+
 The worker side (instances, tasks, the engines' router, crash directives) is ``statekit.worker``.
 """

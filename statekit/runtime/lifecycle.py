@@ -19,7 +19,9 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["AppState", "Lifecycle", "IllegalTransition"]
+from statekit.errors import StatekitError
+
+__all__ = ["AppState", "AppStateError", "Lifecycle", "IllegalTransition", "NoLiveInstance"]
 
 
 class AppState(str, enum.Enum):
@@ -51,6 +53,14 @@ _VALID = {
 
 class IllegalTransition(RuntimeError):
     pass
+
+
+class AppStateError(StatekitError):
+    """An operation that the application's current state does not allow."""
+
+
+class NoLiveInstance(StatekitError):
+    """Every instance is dead: nothing processes until one is revived (or the app restarted)."""
 
 
 class Lifecycle:

@@ -1,0 +1,102 @@
+"""An application's events, as the App sees them: the reader that tails ``<app>-events`` from
+``start()`` on, the publisher of the control side's own events, and the callbacks registered with
+``App.on_event``.
+
+One object owns the three so that the reader's thread, the callbacks and the failures the tasks
+report (which turn an engine failure into the task's one-line ``ProcessorError``) have one place.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from statekit import events as ev
+
+log = logging.getLogger("statekit.app")
+
+
+class AppEvents:
+    """``bootstrap``: a function returning the broker address once it is known, else None (no
+    broker yet: nothing to publish to). ``hooks`` see every event before the callbacks do."""
+
+    def __init__(self, name: str, bootstrap: Callable[[], Optional[str]], hooks=()):
+        self.name = name
+        self._bootstrap = bootstrap
+        self._hooks = list(hooks)
+        self.callbacks: list[Callable[[ev.Event], None]] = []
+        self.reader = None
+        self._publisher = None
+        self.task_errors: list[ev.TaskFailed] = []
+
+    def start(self) -> None:
+        if self.reader is not None:
+            return
+        from statekit.event_bus import EventReader
+
+        self.reader = EventReader(self._bootstrap(), self.name, start="end")
+        self.reader.subscribe(self.handle)
+
+    def stop(self) -> None:
+        r, self.reader = self.reader, None
+        if r is not None:
+            try:
+                r.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._publisher = None
+
+    def forget_task_errors(self) -> None:
+        self.task_errors = []
+
+    def handle(self, e: ev.Event) -> None:
+        """Called by the EventReader's thread for every event of the app's events topic."""
+        if isinstance(e, ev.TaskFailed):
+            self.task_errors.append(e)
+        for hook in self._hooks:
+            hook(e)
+        for cb in list(self.callbacks):
+            try:
+                cb(e)
+            except Exception as exc:  # noqa: BLE001 - a callback never stops the reader
+                log.info("event callback failed: %s", exc)
+
+    def publish(self, e: ev.Event) -> None:
+        """The control side's events (state changes, membership, rebalances) go to the same topic."""
+        try:
+            if self._publisher is None:
+                bootstrap = self._bootstrap()
+                if bootstrap is None:
+                    return  # no broker yet: nothing to publish to (CREATED -> NOT_RUNNING)
+                from statekit.event_bus import EventPublisher
+
+                self._publisher = EventPublisher(bootstrap, self.name)
+            self._publisher.publish(e)
+        except Exception as exc:  # noqa: BLE001
+            log.info("could not publish an event: %s", exc)
+
+    def events(self, since: Optional[float] = None, types=None) -> list:
+        """The events (``statekit.events`` records) read since start(), oldest first; optionally
+        from time ``since`` (epoch seconds) on and of some ``types``."""
+        r = self.reader
+        return [] if r is None else r.events(since_ts=since, types=types)
+
+    def frame(self, **kw):
+        """``events(**kw)`` as a DataFrame, one row per event."""
+        import pandas as pd
+
+        return pd.DataFrame([e.to_dict() for e in self.events(**kw)])
+
+    def wait_for(self, predicate: Callable[[ev.Event], bool],
+                 timeout: float = 30) -> Optional[ev.Event]:
+        """The first event (already read or new) matching ``predicate``, or None after ``timeout``."""
+        r = self.reader
+        return None if r is None else r.wait_for(predicate, timeout)
+
+    def on_event(self, callback: Callable[[ev.Event], None]) -> Callable[[ev.Event], None]:
+        """Call ``callback(event)`` for every event from now on (from the reader thread)."""
+        self.callbacks.append(callback)
+        return callback
+
+    def unsubscribe(self, callback) -> None:
+        if callback in self.callbacks:
+            self.callbacks.remove(callback)

@@ -1,0 +1,444 @@
+"""Running an application: ``start()`` (instances, then one engine query per sub-topology), the
+monitor that turns the engines' progress and failures and the instances' reports into the App's
+state, ``process_all_available()``, ``stop()`` and ``restart()``.
+
+It is the only part of the App that starts or stops anything, so the order of those steps (events
+before the first state change, the coordinator before the queries, the queries before the
+instances at a stop) is written once, here.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+from statekit.errors import (BrokerUnreachable, ProcessorError, StatekitError, TopologyError,
+                             UnknownTopic)
+from statekit.runtime import app_topics
+from statekit.runtime.lifecycle import AppState, AppStateError, NoLiveInstance
+
+log = logging.getLogger("statekit.app")
+
+# A micro-batch reads at most this many records (start(max_records_per_trigger=0): no bound), so a
+# big backlog shows its progress batch by batch instead of one silent first batch
+DEFAULT_MAX_RECORDS_PER_TRIGGER = 250_000
+
+
+def _progress_dict(p) -> dict:
+    if isinstance(p, dict):
+        return p
+    fn = getattr(p, "asDict", None) or getattr(p, "as_dict", None)
+    if callable(fn):
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001
+            pass
+    return {}
+
+
+def active(q) -> bool:
+    try:
+        return bool(q.is_active)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _abort_query(q) -> None:
+    fn = getattr(q, "abort", None) or getattr(q, "stop")
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        log.info("abort: %s", exc)
+
+
+class Runner:
+    """The running side of one ``App`` (``app``: its façade, for its settings, plan, lifecycle
+    and parts)."""
+
+    def __init__(self, app):
+        self.app = app
+        self.queries: dict = {}         # sub-topology -> running query
+        self.run_opts: dict = {}
+        self.started_at = 0.0
+        self.stopping = False
+        self.progress: dict = {}        # (sub-topology, batch id, timestamp) -> progress dict
+        self.records_processed = 0
+        self._progress_at = 0.0
+        self._monitor: Optional[threading.Thread] = None
+        self._monitor_stop = threading.Event()
+
+    # ------------------------------------------------------------------ start / stop
+    def start(self, trigger, max_records_per_trigger: Optional[int], sink: str,
+              starting_offsets: str) -> None:
+        app = self.app
+        with app._lock:
+            if app.state not in (AppState.CREATED, AppState.NOT_RUNNING):
+                raise AppStateError(f"app '{app.name}' is {app.state}; start() needs CREATED or "
+                                    f"NOT_RUNNING (restart() after a crash)")
+            if sink not in ("memory", "kafka", "none"):
+                raise StatekitError(f"unknown sink {sink!r}; use 'memory', 'kafka' or 'none'")
+            app._deploy.boot_spark()
+            app._set_plan(app._compile())
+            _ = app.bootstrap
+            app_topics.ensure_topics(app, sink)
+            if max_records_per_trigger is None:
+                max_records_per_trigger = DEFAULT_MAX_RECORDS_PER_TRIGGER
+            self.run_opts = dict(trigger=trigger, max_records_per_trigger=max_records_per_trigger
+                                 or None, sink=sink, starting_offsets=starting_offsets)
+            app.layout.control.ensure()
+            app_topics.check_partitions(app)
+            app._crashes.clear_directives()  # a directive left over from another session
+            spec = self.worker_spec(sink)
+            app._bus.start()
+            app._error = None
+            app._transition(AppState.RESTORING, "start")
+            placement = app._deploy.choose_placement(layout=app.layout, bootstrap=app.bootstrap,
+                                                     sink=sink)
+            app._coordinator = placement.coordinator(app, spec)
+            try:
+                app._coordinator.start(app.initial_instances,
+                                       options={"restore_rate": app.restore_rate})
+                self.started_at = time.time()
+                self.stopping = False
+                self.launch()
+            except StatekitError as exc:
+                self.abort_all()
+                app._fail(exc)
+                raise
+            self.start_monitor()
+
+    def worker_spec(self, sink: str):
+        from statekit.worker.task import WorkerSpec
+
+        app = self.app
+        return WorkerSpec(application=app.name, bootstrap=app.bootstrap, plans=dict(app.subplans),
+                          partitions=app.partitions, control_dir=app.layout.control_dir,
+                          cache_bytes=app.cache_bytes, sink=sink, exactly_once=app.exactly_once,
+                          repartition_topics=tuple(app_topics.repartition_topics(app.plan)))
+
+    def launch(self) -> None:
+        """One engine query per sub-topology that has none running."""
+        from statekit.engine.spec import RunSpec
+
+        app, opts = self.app, self.run_opts
+        trigger = opts.get("trigger") if opts.get("trigger") is not None else app.commit_interval
+        engine = app._deploy.engine()
+        for sub, plan in sorted(app.subplans.items()):
+            q = self.queries.get(sub)
+            if q is not None and active(q):
+                continue
+            run = RunSpec(app=app.name, bootstrap=app.bootstrap, plan=plan,
+                          partitions=app.partitions,
+                          checkpoint_dir=app._deploy.checkpoint_dir(app.layout, sub),
+                          control_dir=app.layout.control_dir, subtopology=sub, trigger=trigger,
+                          max_records_per_trigger=opts.get("max_records_per_trigger"),
+                          starting_offsets=opts.get("starting_offsets") or "earliest",
+                          query_name=app.name if sub == 0 else f"{app.name}_{sub}",
+                          extra=app._deploy.placement.run_extra(app._coordinator))
+            app.runs[sub] = run
+            try:
+                self.queries[sub] = engine.start(run)
+            except StatekitError:
+                raise
+            except Exception as exc:
+                raise self.one_line(exc) from None
+
+    def abort_all(self) -> None:
+        self.abort_queries()
+        if self.app._coordinator is not None:
+            self.app._coordinator.abort()
+
+    def abort_queries(self) -> None:
+        qs, self.queries = dict(self.queries), {}
+        for q in qs.values():
+            _abort_query(q)
+
+    def stop(self) -> None:
+        """The queries first (the batch in flight commits), then the instances."""
+        app = self.app
+        with app._lock:
+            if app.state == AppState.CREATED:
+                app._transition(AppState.NOT_RUNNING, "stopped before start")
+                app._close_helpers()
+                return
+            if app.state == AppState.NOT_RUNNING:
+                app._close_router()
+                app._close_helpers()
+                return
+            self.stopping = True
+            app._crashes.cancel()
+            app._transition(AppState.PENDING_SHUTDOWN, "stop()")
+            self.stop_monitor()
+            for q in list(self.queries.values()):
+                try:
+                    q.stop()
+                except Exception as exc:  # noqa: BLE001
+                    log.info("stopping the query: %s", exc)
+            self.queries = {}
+            if app._coordinator is not None:
+                app._coordinator.stop()
+            app._close_router()
+            app._transition(AppState.NOT_RUNNING, "stopped")
+            app._close_helpers()
+
+    def restart(self, timeout: float = 120, wait: bool = False, crash_during: Optional[dict] = None,
+                restore_rate: Optional[float] = None) -> dict:
+        """Bring the application back after a crash: every dead instance is revived (with its disk;
+        a disk-loss instance comes back empty), a failed engine query is started again from its
+        checkpoint, and tasks restore (checkpoint, standby, or the whole changelog). On an app with
+        nothing dead, every instance is restarted (a process crash of all of them). Returns the
+        restart record.
+
+        ``restore_rate`` (records/s) throttles the restores for teaching; ``crash_during={"mode":
+        ..., "instance": ..., "point": "mid_restore"}`` arms a crash directive first (a crash during
+        the restore itself). With ``wait``, block until RUNNING (or ERROR)."""
+        app = self.app
+        if restore_rate is not None and float(restore_rate) <= 0:
+            raise StatekitError(f"restore_rate must be > 0 records/s, got {restore_rate}")
+        app._crashes.check_during(crash_during)
+        with app._lock:
+            if app.state == AppState.CREATED or app._coordinator is None:
+                raise AppStateError(f"app '{app.name}' was never started; use start()")
+            if app.state in (AppState.NOT_RUNNING, AppState.PENDING_SHUTDOWN):
+                raise AppStateError(f"app '{app.name}' is stopped; use start()")
+            co = app._coordinator
+            crash = app._crashes.cancel()
+            if crash is not None:
+                crash["status"] = "withdrawn"
+            co.options["restore_rate"] = float(restore_rate) if restore_rate else app.restore_rate
+            if crash_during:
+                app._crashes.arm_during_restart(crash_during)
+            gen0 = app.generation
+            revived = co.restart_instances()
+            app._error = None
+            app._bus.forget_task_errors()
+            app._transition(AppState.RESTORING, "restart")
+            self.launch()
+            if self._monitor is None:
+                self.start_monitor()
+            rec = {"at": time.time(), "generation": app.generation, "from_generation": gen0,
+                   "revived": revived, "restore_rate": restore_rate,
+                   "moves": [m for r in co.rebalances if r["generation"] > gen0 for m in r["moves"]]}
+            app.restarts.append(rec)
+        if wait:
+            app._life.wait_for([AppState.RUNNING, AppState.ERROR], timeout)
+        return rec
+
+    # ------------------------------------------------------------------ the monitor
+    def start_monitor(self) -> None:
+        self.stop_monitor()
+        self._monitor_stop = threading.Event()
+        t = threading.Thread(target=self._monitor_loop, args=(self._monitor_stop,),
+                             name=f"statekit-monitor-{self.app.name}", daemon=True)
+        self._monitor = t
+        t.start()
+
+    def stop_monitor(self) -> None:
+        if self._monitor is not None:
+            self._monitor_stop.set()
+            if self._monitor is not threading.current_thread():
+                self._monitor.join(timeout=10)
+            self._monitor = None
+
+    def _monitor_loop(self, stop: threading.Event) -> None:
+        """Engine progress, engine failures, and the state the instances report (RUNNING once every
+        task is open with nothing spooled; ERROR when a task failed)."""
+        while not stop.wait(0.1):
+            try:
+                self.monitor_once()
+            except Exception as exc:  # noqa: BLE001 - the monitor must not die silently
+                log.info("monitor: %s", exc)
+
+    def monitor_once(self) -> None:
+        app = self.app
+        if self.stopping:
+            return
+        # the engines' progress once a second (a Spark query answers through the JVM); a query
+        # that ended is noticed at the same pace
+        now = time.monotonic()
+        if now - self._progress_at >= 1.0:
+            self._progress_at = now
+            for sub, q in list(self.queries.items()):
+                self.poll_progress(sub, q)
+                if not active(q) and not self.stopping:
+                    self.on_query_ended(sub, q)
+                    return
+        co = app._coordinator
+        if co is None or co.stopped or app.state in (AppState.ERROR, AppState.PENDING_SHUTDOWN,
+                                                     AppState.NOT_RUNNING):
+            return
+        failed = co.failed_tasks()
+        if failed:
+            t, i, err = failed[0]
+            self.abort_queries()
+            app._fail(ProcessorError(err or f"task {t} failed on instance {i}"))
+            return
+        if app.state in (AppState.RESTORING, AppState.REBALANCING) and co.tasks_ready():
+            app._transition(AppState.RUNNING, "every task is open")
+
+    def on_membership(self, what: str) -> None:
+        """The coordinator's news: a rebalance (REBALANCING until the moved tasks are open), or no
+        live instance left (ERROR: nothing can process)."""
+        app = self.app
+        if what == "no-live-instance":
+            app._fail(NoLiveInstance(f"every instance of '{app.name}' is dead: restart() or "
+                                     f"revive() one"))
+        elif what == "rebalance" and app.state == AppState.RUNNING:
+            app._transition(AppState.REBALANCING, f"generation {app.generation}")
+
+    def on_query_ended(self, sub: int, q) -> None:
+        app = self.app
+        exc = None
+        try:
+            exc = q.exception()
+        except Exception as e:  # noqa: BLE001 - the engine could not even tell
+            exc = e
+        self.queries.pop(sub, None)
+        if exc is None and self.finite_trigger():
+            if not self.queries:
+                self.wait_drained(60)
+                self.stopping = True
+                app._transition(AppState.PENDING_SHUTDOWN, "the query finished")
+                if app._coordinator is not None:
+                    app._coordinator.stop()
+                app._transition(AppState.NOT_RUNNING, "the query finished")
+            return
+        err = StatekitError("the query stopped on its own; restart() to run it again") if exc is None \
+            else self.one_line(exc)
+        self.abort_queries()
+        app._fail(err)
+
+    def finite_trigger(self) -> bool:
+        t = (self.run_opts or {}).get("trigger")
+        return isinstance(t, str) and t.replace("_", "").lower() in ("availablenow", "available",
+                                                                     "once")
+
+    def poll_progress(self, sub: int, query) -> None:
+        try:
+            recent = list(query.recent_progress or [])
+        except Exception:  # noqa: BLE001
+            return
+        for p in recent:
+            d = _progress_dict(p)
+            bid = d.get("batch_id")
+            if bid is None or bid < 0:
+                continue
+            key = (sub, bid, d.get("timestamp"))
+            if key not in self.progress:
+                self.progress[key] = dict(d, subtopology=sub, seen_at=time.time())
+                self.records_processed += self._input_records(d)
+
+    def poll_all(self) -> list:
+        """Every micro-batch's progress seen so far, oldest first (the queries asked now)."""
+        for sub, q in list(self.queries.items()):
+            self.poll_progress(sub, q)
+        return list(self.progress.values())
+
+    def _input_records(self, progress: dict) -> int:
+        """Records of the application's input topics in a micro-batch (a repartition topic's are
+        the same records again, counted once where they came in)."""
+        by_topic = progress.get("records_by_topic")
+        if not by_topic:
+            return int(progress.get("num_input_rows") or 0)
+        repart = set(app_topics.repartition_topics(self.app.plan))
+        return sum(n for t, n in by_topic.items() if t not in repart)
+
+    def one_line(self, exc) -> StatekitError:
+        """Any failure of a query as one ``StatekitError`` line; a task that failed becomes the
+        ``ProcessorError`` its instance reported."""
+        if isinstance(exc, StatekitError):
+            err = exc
+        elif isinstance(exc, str):
+            err = StatekitError(exc)
+        else:
+            try:
+                from statekit.engine.spark.session import one_line
+
+                err = one_line(exc)
+            except Exception:  # noqa: BLE001
+                err = StatekitError(f"{type(exc).__name__}: {exc}")
+        if isinstance(err, (ProcessorError, UnknownTopic, BrokerUnreachable, TopologyError)):
+            return err
+        for e in reversed(self.app._bus.task_errors):
+            if e.error:
+                return ProcessorError(e.error)
+        if "failed on key=" in str(err):
+            return ProcessorError(str(err))
+        return err
+
+    # ------------------------------------------------------------------ caught up
+    def settled_false(self) -> bool:
+        """False, once the app's state tells why: the coordinator marks the last member dead a
+        moment before it tells the app, and whoever hears False should find ERROR already."""
+        co = self.app._coordinator
+        if co is not None and not co.stopped and not co.live():
+            self.app._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 10)
+        return False
+
+    def wait_drained(self, timeout: Optional[float]) -> bool:
+        """Until every task is open with nothing spooled; False when no instance can do it."""
+        app = self.app
+        co = app._coordinator
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if co is None or co.stopped:
+                return True
+            if not co.live():
+                return self.settled_false()
+            if app.state == AppState.ERROR:
+                return False
+            if co.tasks_ready(fresh=True):
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def process_all_available(self, timeout: Optional[float] = None) -> bool:
+        """Block until every record available now is processed and committed by its task — through
+        every sub-topology: a round over the queries repeats until no repartition topic grew during
+        it. Returns True; False when no live instance can process (every instance is dead) or the
+        time ran out while tasks were still catching up. A failure raises its one-line error."""
+        app = self.app
+        if not self.queries:
+            if app.state == AppState.ERROR and app._error is not None:
+                raise app._error
+            raise AppStateError(f"app '{app.name}' is {app.state}: nothing is running")
+        t0 = time.monotonic()
+
+        def left():
+            return None if timeout is None else max(1.0, timeout - (time.monotonic() - t0))
+
+        repart = app_topics.repartition_topics(app.plan)
+        while True:
+            before = self._topic_ends(repart)
+            for sub in sorted(self.queries):
+                q = self.queries.get(sub)
+                if q is None:
+                    continue
+                try:
+                    if timeout is None:
+                        q.process_all_available()
+                    else:
+                        q.process_all_available(timeout=left())
+                except Exception as exc:  # noqa: BLE001
+                    if not active(q):
+                        app._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
+                        if app.state == AppState.NOT_RUNNING:
+                            return True
+                        raise app._error or self.one_line(exc) from None
+                    return self.settled_false()
+            if not self.wait_drained(left()):
+                if app.state == AppState.ERROR and isinstance(app._error, ProcessorError):
+                    raise app._error
+                return False
+            if self._topic_ends(repart) == before:
+                break
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                return False
+        if app.state in (AppState.RESTORING, AppState.REBALANCING):
+            app._transition(AppState.RUNNING, "caught up")
+        return True
+
+    def _topic_ends(self, topics: list) -> dict:
+        return {t: self.app.kafka.end_offsets(t) for t in topics}
