@@ -16,8 +16,9 @@ from typing import Any
 from kernel_ext.lines import Notice, Voice, current_cell, one_line, say
 from kernel_ext.parser import Command
 from kernel_ext.producing import ProducerJob
+from statekit.contracts import CHANGELOG_SUFFIX, EVENTS_SUFFIX
 
-INTERNAL_SUFFIXES = ("-events",)
+INTERNAL_SUFFIXES = (EVENTS_SUFFIX,)
 
 
 def _e(x) -> str:
@@ -839,7 +840,7 @@ class Session:
 
         prefix = f"{app.name}-"
         return [s for s in broker_mod.log_stats(self.broker.dir)
-                if s["topic"].startswith(prefix) and s["topic"].endswith("-changelog")]
+                if s["topic"].startswith(prefix) and s["topic"].endswith(CHANGELOG_SUFFIX)]
 
     def cmd_history(self, cmd: Command):
         from kernel_ext.dashboard.view import HistoryPanel

@@ -44,6 +44,14 @@ def active(q) -> bool:
         return False
 
 
+def failed(q) -> bool:
+    """The query has failed (Spark sets its exception a moment before it stops being active)."""
+    try:
+        return q.exception() is not None
+    except Exception:  # noqa: BLE001 - the JVM went away
+        return True
+
+
 def _abort_query(q) -> None:
     fn = getattr(q, "abort", None) or getattr(q, "stop")
     try:
@@ -422,7 +430,7 @@ class Runner:
                     else:
                         q.process_all_available(timeout=left())
                 except Exception as exc:  # noqa: BLE001
-                    if not active(q):
+                    if not active(q) or failed(q):
                         app._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
                         if app.state == AppState.NOT_RUNNING:
                             return True

@@ -18,6 +18,7 @@ def _topics(kafka):
     kafka.ensure_topic("clicks", 2)
 
 
+@pytest.mark.slow   # 64 s: `make test-native` runs it; notebook 09 runs both engines in `make test`
 def test_both_engines_equal_reference_with_and_without_crash(native_broker, native_spark, tmp_path):
     import statekit
     from statekit.engine.spark_native import NativeApp

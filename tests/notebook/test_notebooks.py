@@ -18,10 +18,11 @@ from statekit.demo import notebook_paths, run_notebook
 PATHS = notebook_paths()
 
 
-# 09 runs Spark's own state store engine too: also part of `make test-native`
-_NATIVE = ("09_",)
+# 09 runs Spark's own state store engine too: also part of `make test-native`; 13 starts a
+# standalone cluster: `make test-cluster`
+_MARKS = {"09_": [pytest.mark.native], "13_": [pytest.mark.cluster]}
 CASES = [pytest.param(p, id=os.path.basename(p).split(".")[0],
-                      marks=[pytest.mark.native] if os.path.basename(p).startswith(_NATIVE) else [])
+                      marks=_MARKS.get(os.path.basename(p)[:3], []))
          for p in PATHS]
 
 
