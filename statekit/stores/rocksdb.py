@@ -217,16 +217,15 @@ class RocksDBStore(OverlayStore):
             else:
                 wb.delete_range(lo, hi, h)
             n += 1
-        keys = list(self._ov)
-        values = list(self._ov.values())
-        if None not in values:            # the common case: puts only, no Python loop
-            if len(keys) > 64:
-                # in key order: RocksDB inserts a sorted run into its memtable about three
-                # times faster than the same keys in the batch's order
-                keys = sorted(keys)
-                values = list(map(self._ov.__getitem__, keys))
-            _drain(map(wb.put, keys, values, _repeat(h)), 0)
+        ov = self._ov
+        if None not in ov.values():       # the common case: puts only, no Python loop
+            # in key order: RocksDB inserts a sorted run into its memtable about three times
+            # faster than the same keys in the batch's order
+            keys = sorted(ov) if len(ov) > 64 else list(ov)
+            _drain(map(wb.put, keys, map(ov.__getitem__, keys), _repeat(h)), 0)
             return n + len(keys)
+        keys = list(ov)
+        values = list(ov.values())
         put = wb.put
         delete = wb.delete
         get = self._cf_get
