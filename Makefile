@@ -32,7 +32,7 @@ demo: $(STAMP) java
 # `make test`: two pytest processes side by side, as the machine has two cores and most tests wait
 # on brokers, kernels and JVMs: the notebooks and the broker in one, the rest in
 # the other; the first one's report follows the second's. Slower suites have targets of their own.
-FAST = not slow and not cluster and not browser
+FAST = not slow and not cluster and not browser and not native
 PART_A = tests/notebook tests/broker
 test: $(STAMP) java
 	@log=$$(mktemp); \
@@ -42,7 +42,7 @@ test: $(STAMP) java
 	[ $$ra -eq 0 ] && [ $$b -eq 0 ]
 
 test-native: $(STAMP) java
-	$(PY) -m pytest -m "native" -q
+	$(PY) -m pytest -m "native and not cluster" -q
 
 test-cluster: $(STAMP) java
 	$(PY) -m pytest -m "cluster" -q -s

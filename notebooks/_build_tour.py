@@ -170,11 +170,12 @@ except StaleRead as refusal:
     print(refusal)
 """),
     md("""
-The freshest copy there is, read anyway: its value, and how far behind it is. The magic reads the
-same way and says the same.
+The freshest copy there is, read anyway: its value, and how far behind it is (`wait=10`: if the
+restarted instance has not yet opened an empty store to restore into, give it up to 10 s). The magic
+reads the same way and says the same.
 """),
     code("""
-answer = app.query("counts", "record", stale=True, with_lag=True)
+answer = app.query("counts", "record", stale=True, wait=10, with_lag=True)
 print(answer.value, "from", answer.copy)
 %statekit query iq counts record
 """),

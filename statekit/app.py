@@ -560,7 +560,8 @@ class App:
         or any copy at the changelog's end; while none is (a restore, a move, a dead owner) it waits
         up to ``wait`` seconds (default 5), then raises ``StaleRead``, one line naming the task, its
         state and its lag. ``stale=True``: at once, from the freshest copy there is (a standby, a
-        warmup, the restoring store). ``with_lag=True`` returns an ``Answer``: ``.value`` and
+        warmup, the restoring store); with no copy at all (a lost disk) it waits up to ``wait``
+        seconds (default 0) for one, then raises ``StaleRead``. ``with_lag=True`` returns an ``Answer``: ``.value`` and
         ``.copy`` (role, state, ``lag`` records, ``lag_s`` seconds behind)."""
         return self._get_router().get(store, key, stale=stale, wait=wait, with_lag=with_lag)
 

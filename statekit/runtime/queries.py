@@ -19,8 +19,8 @@ snapshot read).
   with the highest offset: a standby, a warmup, the restoring store), and says which with
   ``with_lag=True`` (an ``Answer``: the value and the copies read, with their role, state and lag)
   and in ``query_all``'s ``role``/``state``/``lag``/``lag_s`` columns. With no copy at all to read
-  (a lost disk, no other copy) it raises ``StaleRead`` too: an empty answer would say the keys do
-  not exist.
+  (a lost disk, no other copy) it waits up to ``wait`` seconds (default none) for one to appear,
+  then raises ``StaleRead`` too: an empty answer would say the keys do not exist.
 
 RocksDB only ever holds whole commits, so a current copy reads like a Kafka Streams query against a
 store whose cache has been flushed.
@@ -290,8 +290,9 @@ class QueryRouter:
             self._timelag.close()
 
     # -- picking a copy
-    def _deadline(self, wait: Optional[float]) -> float:
-        w = self.default_wait if wait is None else float(wait)
+    def _deadline(self, wait: Optional[float], stale: bool) -> float:
+        # a stale read answers at once unless told to wait for a copy to exist (a lost disk)
+        w = (0.0 if stale else self.default_wait) if wait is None else float(wait)
         if w < 0:
             raise StatekitError(f"wait must be >= 0 seconds, got {wait}")
         return time.monotonic() + w
@@ -323,7 +324,7 @@ class QueryRouter:
                         return fn(h), c
             copies = [c for c, _h in seen]
             now = time.monotonic()
-            if not landing and (stale or now >= deadline or self._hopeless(copies)):
+            if not landing and (now >= deadline or self._hopeless(copies)):
                 raise self._refuse(store, task, copies, now - t0, deadline - t0, stale)
             time.sleep(0.02 if landing else 0.05)
 
@@ -372,7 +373,7 @@ class QueryRouter:
                                 f"t_from, t_to)")
         kb = self._serde(spec, "key_serde").to_bytes(key)
         t = self._task(store, partition_for(kb, self.app.partitions))
-        deadline = self._deadline(wait)
+        deadline = self._deadline(wait, stale)
         raw, c = self._read(t, store, lambda h: None if h is None else h.get(store, kb), stale,
                             deadline, self._end(self._ends(store), t))
         value = None if raw is None else self._serde(spec, "value_serde").from_bytes(raw)
@@ -386,7 +387,7 @@ class QueryRouter:
         ks, vs = self._serde(spec, "key_serde"), self._serde(spec, "value_serde")
         lo_b = None if lo is None else ks.to_bytes(lo)
         hi_b = None if hi is None else ks.to_bytes(hi) + b"\x00"  # inclusive
-        deadline = self._deadline(wait)
+        deadline = self._deadline(wait, stale)
         ends = self._ends(store)
         rows, copies = [], []
         for p in range(self.app.partitions):
@@ -409,7 +410,7 @@ class QueryRouter:
 
         spec = self._spec(store)
         a = self._assignment()
-        deadline = self._deadline(wait)
+        deadline = self._deadline(wait, stale)
         ends = self._ends(store)
         kser, vser = getattr(spec, "key_serde", None), getattr(spec, "value_serde", None)
         frames, copies = [], {}
@@ -460,7 +461,7 @@ class QueryRouter:
         seg_ms = getattr(spec, "segment_ms", None) or \
             default_segment_ms(getattr(spec, "retention_ms", None))
         t_from, t_to = max(0, int(t_from)), int(t_to)
-        deadline = self._deadline(wait)
+        deadline = self._deadline(wait, stale)
         raw, c = self._read(t, store, lambda h: [] if h is None else
                             _window_rows(h, store, kb, t_from, t_to, seg_ms),
                             stale, deadline, self._end(self._ends(store), t))

@@ -69,7 +69,11 @@ class Worker:
     def _run(self):
         try:
             while not self._stop.is_set():
-                batch = self.consumer.poll(timeout_ms=50)
+                # a poll long enough for a JoinGroup/SyncGroup round to finish inside it:
+                # kafka-python 3.0 can lose a join that completes while no poll awaits it (the
+                # member keeps its old generation and never heartbeats again, so the coordinator
+                # rightly expires it), which a loaded machine made a matter of chance
+                batch = self.consumer.poll(timeout_ms=500)
                 for tp, recs in batch.items():
                     for r in recs:
                         key = (tp.partition, r.offset)

@@ -18,7 +18,7 @@ from statekit.demo import notebook_paths, run_notebook
 PATHS = notebook_paths()
 
 
-# 09 runs Spark's own state store engine too: also part of `make test-native`; 13 starts a
+# 09 runs Spark's own state store engine beside ours (90 s): `make test-native`; 13 starts a
 # standalone cluster: `make test-cluster`
 _MARKS = {"09_": [pytest.mark.native], "13_": [pytest.mark.cluster]}
 CASES = [pytest.param(p, id=os.path.basename(p).split(".")[0],

@@ -19,3 +19,16 @@ def spark_session():
         yield session
     finally:
         stop_session()
+
+
+@pytest.fixture
+def own_kafka(broker):
+    """A statekit Kafka client on this test's own broker (``broker``), closed after the test; the
+    shared ``kafka`` fixture talks to the session's shared broker instead."""
+    from statekit.kafka import Kafka
+
+    k = Kafka(broker.bootstrap)
+    try:
+        yield k
+    finally:
+        k.close()

@@ -19,17 +19,6 @@ WORDS = ["the", "state", "kafka", "stream", "store", "task", "log", "commit", "c
          "standby", "window", "alpha", "beta", "gamma", "delta"]
 
 
-@pytest.fixture
-def kafka(broker):
-    from statekit.kafka import Kafka
-
-    k = Kafka(broker.bootstrap)
-    try:
-        yield k
-    finally:
-        k.close()
-
-
 def wordcount(broker, tmp_path, name, **kw):
     app = statekit.App(name, bootstrap=broker.bootstrap, state_dir=str(tmp_path / "st"), engine="local",
                        **kw)
@@ -92,14 +81,14 @@ def check_output(app, want):
 
 
 @pytest.mark.parametrize("mode", ["process", "disk-loss"])
-def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, kafka, tmp_path, mode):
-    kafka.ensure_topic("lines", 6)
+def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, own_kafka, tmp_path, mode):
+    own_kafka.ensure_topic("lines", 6)
     app = wordcount(broker, tmp_path, f"k3{mode[0]}", partitions=6, instances=3, restore_rate=400)
     states = []
     app.on_event(lambda e: states.append(e.state) if e.type == "state" else None)
     try:
         app.start()
-        with Feeder(kafka) as feed:
+        with Feeder(own_kafka) as feed:
             wait_until(lambda: app.state == AppState.RUNNING and len(feed.sent) > 150, 60, "warm-up")
             victim = 1
             moved = {str(t) for t in app.assignment.active_tasks(victim)}
@@ -112,9 +101,9 @@ def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, kafk
                 p = TaskId.parse(t).partition
                 # up to the last stable offset: the dead instance's open transaction is aborted
                 # when the new owner fences it, and its records are never restored
-                b = kafka.begin_offsets(topic)[p]
-                e = kafka.end_offsets(topic, isolation="read_committed")[p]
-                sizes[t] = kafka.count_records(topic, p, b, e)
+                b = own_kafka.begin_offsets(topic)[p]
+                e = own_kafka.end_offsets(topic, isolation="read_committed")[p]
+                sizes[t] = own_kafka.count_records(topic, p, b, e)
             opened = {}
             for t in moved:
                 e = app.wait_for_event(lambda e, t=t: e.type == "task_opened" and e.task == t
@@ -149,14 +138,14 @@ def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, kafk
         app.stop()
 
 
-def test_a_new_instance_warms_up_before_a_task_moves_to_it(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 4)
+def test_a_new_instance_warms_up_before_a_task_moves_to_it(broker, own_kafka, tmp_path):
+    own_kafka.ensure_topic("lines", 4)
     app = wordcount(broker, tmp_path, "warm", partitions=4, instances=2, acceptable_recovery_lag=5,
                     probing_rebalance_interval=0.5, max_warmup_replicas=1)
     seen = []
     app.on_event(seen.append)
     try:
-        with Feeder(kafka, every=0.005) as backlog:
+        with Feeder(own_kafka, every=0.005) as backlog:
             wait_until(lambda: len(backlog.sent) >= 150, 30, "a backlog of 150 lines")
         app.start()
         assert app.process_all_available()
@@ -187,7 +176,7 @@ def test_a_new_instance_warms_up_before_a_task_moves_to_it(broker, kafka, tmp_pa
         assert mv["reason"] == "warmup-caught-up" and mv["from"] == before[task]
         # before the move, no rebalance moved any task at all
         assert all(not e.moves for e in evs[:i_move] if e.type == "rebalance")
-        assert counts(app) == reference_from(kafka)
+        assert counts(app) == reference_from(own_kafka)
     finally:
         app.stop()
 
@@ -200,15 +189,15 @@ def reference_from(kafka):
     return reference(lines)
 
 
-def test_remove_instance_is_graceful_and_scale_goes_both_ways(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 4)
+def test_remove_instance_is_graceful_and_scale_goes_both_ways(broker, own_kafka, tmp_path):
+    own_kafka.ensure_topic("lines", 4)
     app = wordcount(broker, tmp_path, "rm", partitions=4, instances=3, acceptable_recovery_lag=10,
                     probing_rebalance_interval=0.3)
     states = []
     app.on_event(lambda e: states.append(e.state) if e.type == "state" else None)
     try:
         app.start()
-        with Feeder(kafka):
+        with Feeder(own_kafka):
             wait_until(lambda: app.state == AppState.RUNNING, 60, "running")
             app.remove_instance(2)
             assert app.instances == 2 and not app.assignment.active_tasks(2)
@@ -222,15 +211,15 @@ def test_remove_instance_is_graceful_and_scale_goes_both_ways(broker, kafka, tmp
         assert app.process_all_available()
         assert app.instances_frame().set_index("instance")["status"].to_dict() == {
             0: "alive", 1: "alive", 2: "stopped", 3: "stopped"}
-        assert counts(app) == reference_from(kafka)
+        assert counts(app) == reference_from(own_kafka)
         assert "ERROR" not in states
         assert not any(e.type == "instance_died" for e in app.events())
     finally:
         app.stop()
 
 
-def test_bad_membership_calls_are_refused_and_change_nothing(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 2)
+def test_bad_membership_calls_are_refused_and_change_nothing(broker, own_kafka, tmp_path):
+    own_kafka.ensure_topic("lines", 2)
     app = wordcount(broker, tmp_path, "bad", partitions=2, instances=2)
     with pytest.raises(StatekitError, match="not started"):
         app.kill(0)

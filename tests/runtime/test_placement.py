@@ -79,6 +79,7 @@ def test_a_session_cannot_go_with_the_local_engine(tmp_path):
 
 # -- the executors placement on a local session -------------------------------------------------------
 
+@pytest.mark.slow     # 40 s: `make test-slow`; `make test-cluster` runs this placement on a cluster
 @pytest.mark.spark
 def test_executors_placement_is_exact_across_a_disk_loss_and_queries_read_replicas(
         shared_broker, kafka, tmp_path, spark_session):

@@ -32,17 +32,6 @@ WORDS = [f"w{i:02d}" for i in range(24)]
 MARKER = b"__statekit.commit__"
 
 
-@pytest.fixture
-def kafka(broker):
-    from statekit.kafka import Kafka
-
-    k = Kafka(broker.bootstrap)
-    try:
-        yield k
-    finally:
-        k.close()
-
-
 class Feeder(threading.Thread):
     """Sends words keyed by themselves, each to its own partition, until stopped."""
 
@@ -187,10 +176,10 @@ def membership_step(app, rnd) -> str:
 
 @pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow),
                                   pytest.param(3, marks=pytest.mark.slow)])
-def test_every_stale_false_answer_holds_every_commit_before_the_call(broker, kafka, tmp_path, seed):
+def test_every_stale_false_answer_holds_every_commit_before_the_call(broker, own_kafka, tmp_path, seed):
     rnd = random.Random(seed)
     parts = 3
-    kafka.ensure_topic("lines", parts)
+    own_kafka.ensure_topic("lines", parts)
     app = statekit.App(f"qp{seed}", bootstrap=broker.bootstrap, state_dir=str(tmp_path / "st"),
                        engine="local", partitions=parts, instances=3,
                        standby_replicas=rnd.choice([0, 1]), cache_bytes=rnd.choice([0, 10 << 20]),
@@ -222,7 +211,7 @@ def test_every_stale_false_answer_holds_every_commit_before_the_call(broker, kaf
             if m.status == "dead":
                 app.revive(i)
         assert app.process_all_available(timeout=120), done
-        count = input_counts_upto(kafka, app.runs[0].checkpoint_dir, parts)
+        count = input_counts_upto(own_kafka, app.runs[0].checkpoint_dir, parts)
         answers = refused = 0
         for w, p, stale, lo, hi, (kind, value, current, lag) in asker.seen:
             if kind != "answer":
@@ -238,7 +227,7 @@ def test_every_stale_false_answer_holds_every_commit_before_the_call(broker, kaf
         assert answers >= 10, (answers, refused, done)
         # and in the end every word exactly
         final = app.query_all("counts")
-        want = collections.Counter(key.decode() for p in range(parts) for chunk in kafka.read(
+        want = collections.Counter(key.decode() for p in range(parts) for chunk in own_kafka.read(
             "lines", p, None, None) for _o, _t, key, _v, _h in chunk.records)
         assert dict(zip(final.key, final.value)) == dict(want)
     finally:

@@ -19,17 +19,6 @@ from statekit.runtime.lifecycle import AppState
 KEYS_PER_ROUND = 1200
 
 
-@pytest.fixture
-def kafka(broker):
-    from statekit.kafka import Kafka
-
-    k = Kafka(broker.bootstrap)
-    try:
-        yield k
-    finally:
-        k.close()
-
-
 def wordcount(broker, tmp_path, name, **kw):
     app = statekit.App(name, bootstrap=broker.bootstrap, state_dir=str(tmp_path / "st"),
                        engine="local", **kw)
@@ -110,12 +99,12 @@ def poll_until_current(app, key, want, states, timeout=90, extra=None) -> dict:
         time.sleep(0.05)
 
 
-def test_disk_loss_restore_from_scratch(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 2)
+def test_disk_loss_restore_from_scratch(broker, own_kafka, tmp_path):
+    own_kafka.ensure_topic("lines", 2)
     app = wordcount(broker, tmp_path, "qdl", partitions=2, instances=2, restore_rate=1500)
     try:
         app.start()
-        rounds(app, kafka, 4, 2)
+        rounds(app, own_kafka, 4, 2)
         key = "k7"
         owner = app.key_owner("counts", key)
         assert (owner.role, owner.state, owner.lag, owner.lag_s) == ("active", "running", 0, 0.0)
@@ -167,18 +156,18 @@ def test_disk_loss_restore_from_scratch(broker, kafka, tmp_path):
         app.stop()
 
 
-def test_promoted_standby_with_lag(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 2)
+def test_promoted_standby_with_lag(broker, own_kafka, tmp_path):
+    own_kafka.ensure_topic("lines", 2)
     app = wordcount(broker, tmp_path, "qsb", partitions=2, instances=2, standby_replicas=1,
                     restore_rate=1000)
     try:
         app.start()
-        rounds(app, kafka, 2, 2)
+        rounds(app, own_kafka, 2, 2)
         key = "k3"
         wait_for(lambda: all(o.lag == 0 for o in app.key_owners("counts", key)), 30,
                  "the standby to catch up")
         app.pause_standbys()
-        rounds(app, kafka, 3, 2)
+        rounds(app, own_kafka, 3, 2)
         active, standby = app.key_owners("counts", key)
         assert (active.role, active.state, active.lag) == ("active", "running", 0)
         assert (standby.role, standby.state) == ("standby", "paused") and standby.lag > 0
@@ -201,12 +190,12 @@ def test_promoted_standby_with_lag(broker, kafka, tmp_path):
         app.stop()
 
 
-def test_dead_owner_with_and_without_a_copy(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 2)
+def test_dead_owner_with_and_without_a_copy(broker, own_kafka, tmp_path):
+    own_kafka.ensure_topic("lines", 2)
     app = wordcount(broker, tmp_path, "qdo", partitions=2, instances=1)
     try:
         app.start()
-        rounds(app, kafka, 3, 2)
+        rounds(app, own_kafka, 3, 2)
         key = "k5"
         task = app.key_owner("counts", key).task
         # the only instance dies, its disk kept: that copy still holds every commit, and says so
@@ -228,6 +217,10 @@ def test_dead_owner_with_and_without_a_copy(broker, kafka, tmp_path):
         with pytest.raises(StaleRead) as ei:
             app.query("counts", key, stale=True)
         assert "no copy to read yet" in str(ei.value) and ei.value.state == "owner dead"
+        t0 = time.monotonic()
+        with pytest.raises(StaleRead):       # waiting for a copy to appear cannot help either
+            app.query("counts", key, stale=True, wait=30)
+        assert time.monotonic() - t0 < 2.0
         owner = app.key_owner("counts", key)
         assert (owner.state, owner.offset) == ("dead", None) and owner.lag == owner.end > 0
         app.restart(restore_rate=1000)
@@ -238,8 +231,8 @@ def test_dead_owner_with_and_without_a_copy(broker, kafka, tmp_path):
         app.stop()
 
 
-def test_a_move_through_a_warmup(broker, kafka, tmp_path):
-    kafka.ensure_topic("lines", 2)
+def test_a_move_through_a_warmup(broker, own_kafka, tmp_path):
+    own_kafka.ensure_topic("lines", 2)
     # the probe that moves the task comes 4 s after the warmup starts: time to pause it and make
     # it lag; any lag is acceptable, so the move then replays that lag at restore_rate
     app = wordcount(broker, tmp_path, "qwm", partitions=2, instances=1, restore_rate=1000,
@@ -247,14 +240,14 @@ def test_a_move_through_a_warmup(broker, kafka, tmp_path):
                     max_warmup_replicas=1)
     try:
         app.start()
-        rounds(app, kafka, 2, 2)
+        rounds(app, own_kafka, 2, 2)
         new = app.add_instance()
         (task, (dest,)), = app.assignment.warmups.items()
         assert dest == new and app.assignment.active[task] == 0
         key = next(f"k{i}" for i in range(100)
                    if TaskId(0, partition_for(f"k{i}".encode(), 2)) == task)
         app.pause_standbys(new)
-        rounds(app, kafka, 3, 2)
+        rounds(app, own_kafka, 3, 2)
         assert new not in app.assignment.active.values(), "the probe came too early"
         active, warm = app.key_owners("counts", key)
         assert (active.role, active.instance, active.lag) == ("active", 0, 0)

@@ -289,6 +289,7 @@ def test_topology_crash_invariant_local_slow(seed, broker, tmp_path):
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("seed,sink", [(301, "memory"), (302, "kafka")])
+@pytest.mark.parametrize("seed,sink", [pytest.param(301, "memory", marks=pytest.mark.slow),
+                                       (302, "kafka")])
 def test_topology_crash_invariant_spark(seed, sink, broker, tmp_path, spark_session):
     run(seed, broker, tmp_path, engine="changelog", steps=4, sink=sink)

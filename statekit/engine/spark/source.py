@@ -33,6 +33,7 @@ Batch reads (`spark.read.format("statekit-kafka")`) take `startingOffsets` (defa
 from __future__ import annotations
 
 import json
+import time
 from typing import Iterator
 
 from pyspark.sql.datasource import (
@@ -432,16 +433,30 @@ class KafkaStreamReader(_OffsetsMixin, DataSourceStreamReader, SupportsTriggerAv
 
     # An idle query asks for new data through Kafka's long poll: the broker holds the request
     # until a record arrives (answered at once) or this long has passed. Spark would otherwise
-    # ask again every 10 ms, a Python call and a broker round trip each time.
+    # ask again every 10 ms, a Python call and a broker round trip each time. A query idle for
+    # LONG_IDLE_S waits longer per ask: an idle notebook costs less CPU, and a record still
+    # starts its batch at once. The price: stopping the query waits out the ask in flight.
     IDLE_WAIT_MS = 500
+    LONG_IDLE_WAIT_MS = 2000
+    LONG_IDLE_S = 30.0
+
+    def _idle_wait_ms(self) -> int:
+        now = time.monotonic()
+        since = getattr(self, "_idle_since", None)
+        if since is None:
+            self._idle_since = since = now
+        return self.LONG_IDLE_WAIT_MS if now - since >= self.LONG_IDLE_S else self.IDLE_WAIT_MS
 
     def latestOffset(self, start: dict, limit: ReadLimit = None) -> dict:
         s = from_json(start)
         ends = self._ends() if self._target is None else dict(self._target)
         if self._target is None and s and all(ends.get(tp, 0) <= off for tp, off in s.items()) \
                 and set(ends) <= set(s):
-            if self._call(lambda k: k.wait_for_data(s, self.IDLE_WAIT_MS, self.opts.isolation)):
+            wait_ms = self._idle_wait_ms()
+            if self._call(lambda k: k.wait_for_data(s, wait_ms, self.opts.isolation)):
                 ends = self._ends()
+        if any(ends.get(tp, 0) > off for tp, off in s.items()) or set(ends) - set(s):
+            self._idle_since = None   # new data: the next idle spell starts from short asks
         begins = None
         for tp in ends:
             if tp not in s:  # a partition (or topic) that appeared after the query started
