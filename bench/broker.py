@@ -4,9 +4,8 @@
                                      [--compact-records N]
 
 Starts its own broker (temp dir, port 0), stops it at the end, prints its figures and one line per
-measurement:
-
-    RESULT name=... value=... unit=... baseline=... ratio=...
+measurement (``FIGURE name=... value=... unit=... baseline=... ratio=...``), the last of them, the
+compaction, as the summary line ``RESULT name=compact_1m ...``.
 
 * broker_in / broker_out: a raw-socket load generator. One ~1 MB record batch of 100-byte records is
   encoded once (kafka.record); every Produce request re-sends those bytes with only the correlation
@@ -725,7 +724,8 @@ def main() -> int:
             handle.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"load average at the end {os.getloadavg()[0]:.2f} (2 shared cores: figures may be noisy)")
-    print("\n".join(RESULTS))
+    # one summary line ends the output; the other figures go just above it
+    print("\n".join([r.replace("RESULT ", "FIGURE ", 1) for r in RESULTS[:-1]] + RESULTS[-1:]))
     return 0
 
 

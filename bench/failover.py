@@ -18,10 +18,10 @@ Starts its own embedded broker (temp dir, port 0) and a local Spark session, sto
   `restart()` to that record committed (the restore from scratch of the changelog included), against
   the same after a process crash (its disk kept: a restore from its checkpoint).
 
-Ends with three lines:
+Ends with three lines, the summary last:
 
-    RESULT name=failover_recovery value=<s, with a standby> unit=s baseline=<s, without> ratio=<with/without>
-    RESULT name=failover_survivors value=<records/s after> unit=records/s baseline=<records/s before> ratio=<after/before>
+    FIGURE name=failover_recovery value=<s, with a standby> unit=s baseline=<s, without> ratio=<with/without>
+    FIGURE name=failover_survivors value=<records/s after> unit=records/s baseline=<records/s before> ratio=<after/before>
     RESULT name=restart_first_record value=<s, disk lost> unit=s baseline=<s, disk kept> ratio=<lost/kept>
 """
 from __future__ import annotations
@@ -172,13 +172,13 @@ def main(argv=None) -> int:
                                          args.window, args.partitions, say)
         rec_none, _b, _a = scenario(handle.bootstrap, work, "fo-scratch", 0, args.rate, args.window,
                                     args.partitions, say)
-        print(f"RESULT name=failover_recovery value={rec_sb:.3f} unit=s baseline={rec_none:.3f} "
+        print(f"FIGURE name=failover_recovery value={rec_sb:.3f} unit=s baseline={rec_none:.3f} "
               f"ratio={rec_sb / rec_none:.3f}", flush=True)
         lost = restart_to_first_record(handle.bootstrap, work, "rs-lost", "disk-loss",
                                        args.restart_words, say)
         kept = restart_to_first_record(handle.bootstrap, work, "rs-kept", "process",
                                        args.restart_words, say)
-        print(f"RESULT name=failover_survivors value={after:.0f} unit=records/s baseline={before:.0f} "
+        print(f"FIGURE name=failover_survivors value={after:.0f} unit=records/s baseline={before:.0f} "
               f"ratio={after / before if before else 0:.3f}", flush=True)
         print(f"RESULT name=restart_first_record value={lost:.3f} unit=s baseline={kept:.3f} "
               f"ratio={lost / kept:.3f}", flush=True)

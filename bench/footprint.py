@@ -16,7 +16,7 @@ queryable is printed.
 Last line:
 
     RESULT name=footprint_idle_cpu value=<cores> unit=cores baseline=<spark query cores> ratio=...
-(after `RESULT name=footprint_rss value=<MB> unit=MB baseline=<spark query MB> ratio=...`)
+(after `FIGURE name=footprint_rss value=<MB> unit=MB baseline=<spark query MB> ratio=...`)
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
               f"process); a new record counted {app['wake'] * 1000:.0f} ms after its send", flush=True)
         print(f"a plain Spark query on the same source, idle: {plain['cpu']:.3f} cores, "
               f"{plain['rss']:.0f} MB", flush=True)
-        print(f"RESULT name=footprint_rss value={app['rss']:.0f} unit=MB baseline={plain['rss']:.0f} "
+        print(f"FIGURE name=footprint_rss value={app['rss']:.0f} unit=MB baseline={plain['rss']:.0f} "
               f"ratio={app['rss'] / plain['rss']:.3f}", flush=True)
         print(f"RESULT name=footprint_idle_cpu value={app['cpu']:.3f} unit=cores "
               f"baseline={plain['cpu']:.3f} ratio={app['cpu'] / max(plain['cpu'], 1e-6):.3f}",

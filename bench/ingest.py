@@ -8,7 +8,7 @@ Starts its own embedded broker (temp dir, port 0) and one local Spark session, a
 end, also on failure. The input is the `accounts` generator (`statekit.datagen`): keys are account
 ids (UTF-8), values JSON `{"account", "amount"}`; `--records` records over as many distinct keys.
 
-0. warm-up: a count over 100,000 other records first (not reported in a RESULT line), so the JVM's
+0. warm-up: a count over 100,000 other records first (not reported), so the JVM's
    JIT and Spark's Python workers are as warm as in a notebook that has run a cell.
 1. rocksdict alone: the store's keys and 8-byte counts written through WriteBatches of 50,000
    (fsync'd, as a commit is) into a fresh RocksDB: the floor any store pays.
@@ -32,12 +32,12 @@ ids (UTF-8), values JSON `{"account", "amount"}`; `--records` records over as ma
 
 Last lines:
 
+    FIGURE name=ingest_count_vs_rocksdb value=<records/s> unit=records/s baseline=<rocksdict puts/s> ratio=...
+    FIGURE name=ingest_aggregate value=<records/s> unit=records/s baseline=<count records/s> ratio=...
+    FIGURE name=ingest_keyed_count value=<records/s> unit=records/s baseline=<Spark groupBy records/s> ratio=...
+    FIGURE name=ingest_start value=<s> unit=s baseline=<cold s> ratio=...
+    FIGURE name=ingest_latency_p50 value=<ms> unit=ms baseline=<p95 ms> ratio=...
     RESULT name=ingest_count value=<records/s> unit=records/s baseline=<restore records/s> ratio=<build/restore>
-    RESULT name=ingest_count_vs_rocksdb value=<records/s> unit=records/s baseline=<rocksdict puts/s> ratio=...
-    RESULT name=ingest_aggregate value=<records/s> unit=records/s baseline=<count records/s> ratio=...
-    RESULT name=ingest_keyed_count value=<records/s> unit=records/s baseline=<Spark groupBy records/s> ratio=...
-    RESULT name=ingest_start value=<s> unit=s baseline=<cold s> ratio=...
-    RESULT name=ingest_latency_p50 value=<ms> unit=ms baseline=<p95 ms> ratio=...
 """
 from __future__ import annotations
 
@@ -437,15 +437,15 @@ def main(argv=None) -> int:
                 f"p50 {p50:.0f} ms, p95 {p95:.0f} ms ({seen:.1%} of the records seen)")
         stop_session()
 
-        say(f"RESULT name=ingest_count_vs_rocksdb value={build:.0f} unit=records/s "
+        say(f"FIGURE name=ingest_count_vs_rocksdb value={build:.0f} unit=records/s "
             f"baseline={rocks:.0f} ratio={build / rocks:.3f}")
-        say(f"RESULT name=ingest_aggregate value={arate:.0f} unit=records/s baseline={build:.0f} "
+        say(f"FIGURE name=ingest_aggregate value={arate:.0f} unit=records/s baseline={build:.0f} "
             f"ratio={arate / build:.3f}")
-        say(f"RESULT name=ingest_keyed_count value={krate:.0f} unit=records/s baseline={gb:.0f} "
+        say(f"FIGURE name=ingest_keyed_count value={krate:.0f} unit=records/s baseline={gb:.0f} "
             f"ratio={krate / gb:.3f}")
-        say(f"RESULT name=ingest_start value={start_s:.2f} unit=s baseline={cold:.2f} "
+        say(f"FIGURE name=ingest_start value={start_s:.2f} unit=s baseline={cold:.2f} "
             f"ratio={start_s / cold:.3f}")
-        say(f"RESULT name=ingest_latency_p50 value={p50:.0f} unit=ms baseline={p95:.0f} "
+        say(f"FIGURE name=ingest_latency_p50 value={p50:.0f} unit=ms baseline={p95:.0f} "
             f"ratio={p50 / p95:.3f}")
         say(f"RESULT name=ingest_count value={build:.0f} unit=records/s baseline={restore:.0f} "
             f"ratio={build / restore:.3f}")

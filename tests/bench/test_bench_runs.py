@@ -1,5 +1,6 @@
-"""Every bench/*.py still runs on its own and ends with its RESULT line (tiny sizes: this checks
-that the benches work, not how fast anything is; speed is only ever read from `make bench`)."""
+"""Every bench/*.py still runs on its own, prints its figures (``FIGURE`` lines) and ends with one
+summary line (``RESULT``), at tiny sizes: this checks that the benches work, not how fast anything
+is; speed is only ever read from `make bench`."""
 from __future__ import annotations
 
 import glob
@@ -13,13 +14,14 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# small arguments per bench, and the RESULT names it must print (in order)
+# small arguments per bench, and the names it must print (in order; the last one is the RESULT)
 SMALL = {
     "aggregate_bulk": (["--batches", "2", "--batch", "2000", "--keys", "200", "--rounds", "1"], {},
                        ["aggregate_bulk_count"]),
     "broker": (["--records-in", "40000", "--client-records", "20000", "--txn-records", "20000",
                 "--compact-records", "20000"],
-               {}, ["broker_in", "broker_out", "client_produce", "client_consume", "txn_produce", "compact_1m"]),
+               {}, ["broker_in", "broker_out", "client_produce", "client_consume", "txn_produce",
+                    "compact_1m"]),
     "stores": ([], {"STATEKIT_BENCH_RECORDS": "20000"}, ["stores_cached_ops"]),
     "restore": (["--records", "20000", "--keys", "2000"], {}, ["restore"]),
     "datagen": (["--records", "30000", "--baseline-records", "3000", "--keys", "20000"], {},
@@ -28,11 +30,14 @@ SMALL = {
     "pipeline": (["--words", "20000", "--batch-words", "5000", "--warmup-words", "5000",
                   "--rounds", "1", "--skip-tws", "--latency-rate", "200", "--latency-seconds", "3",
                   "--events", "4000", "--event-batch", "1000", "--warmup-events", "1000"],
-                 {}, ["pipeline_wordcount", "pipeline_exactly_once", "pipeline_latency_p50",
-                      "pipeline_latency_p95", "pipeline_first_batch", "pipeline_join",
-                      "pipeline_session"]),
-    "dashboard": (["--records", "4000", "--per-batch", "1000", "--rounds", "1",
-                   "--warmup-phases", "1"], {}, ["dashboard_overhead"]),
+                 {}, ["pipeline_exactly_once", "pipeline_latency_p50", "pipeline_latency_p95",
+                      "pipeline_first_batch", "pipeline_join", "pipeline_session",
+                      "pipeline_wordcount"]),
+    "dashboard": (["--keys", "20000", "--rounds", "1", "--idle-s", "1"], {},
+                  [f"dashboard_refresh_p{p}_{phase}_{cond}" for cond in ("quiet", "loaded")
+                   for phase in ("idle", "restoring") for p in (50, 95)
+                   if (p, phase, cond) != (95, "restoring", "loaded")]
+                  + ["dashboard_refresh_p95_restoring_loaded"]),
     "failover": (["--rate", "1000", "--window", "2", "--partitions", "3", "--restart-words",
                   "5000"], {}, ["failover_recovery", "failover_survivors", "restart_first_record"]),
     "engines": (["--chunks", "2", "--lines", "20", "--clicks", "10", "--per-trigger", "100"], {},
@@ -44,12 +49,14 @@ SMALL = {
                   ["footprint_rss", "footprint_idle_cpu"]),
     "cluster": (["--batches", "3", "--keys", "2000", "--per-batch", "500", "--kill-keys", "5000",
                  "--settle", "2"], {},
-                ["cluster_task_moves", "cluster_restored_after_first", "cluster_batch_ms",
+                ["cluster_restored_after_first", "cluster_batch_ms",
                  "cluster_batch_ms_locality_off", "cluster_kill_recovery", "cluster_kill_restored",
-                 "cluster_kill_recovery_one_standby", "cluster_kill_restored_one_standby"]),
+                 "cluster_kill_recovery_one_standby", "cluster_kill_restored_one_standby",
+                 "cluster_task_moves"]),
 }
 NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-LINE = re.compile(rf"^RESULT name=(\w+) value=({NUM}) unit=(\S+) baseline=({NUM}) ratio=({NUM})$")
+LINE = re.compile(rf"^(?:FIGURE|RESULT) name=(\w+) value=({NUM}) unit=(\S+) baseline=({NUM}) "
+                  rf"ratio=({NUM})$")
 
 
 def test_every_bench_has_small_arguments_here():
@@ -65,9 +72,11 @@ def test_bench_runs_and_ends_with_its_result_lines(name, tmp_path):
                           cwd=str(tmp_path), env={**os.environ, **env, "TMPDIR": str(tmp_path)},
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FIGURE ", "RESULT "))]
     assert lines, proc.stdout[-2000:]
-    assert proc.stdout.rstrip().splitlines()[-1] == lines[-1]  # the summary ends the output
+    summary = [ln for ln in lines if ln.startswith("RESULT ")]
+    assert len(summary) == 1, summary                               # one summary line ...
+    assert proc.stdout.rstrip().splitlines()[-1] == summary[0]     # ... and it ends the output
     got = [LINE.match(ln) for ln in lines]
     assert all(got), lines
     assert [m.group(1) for m in got] == expected
