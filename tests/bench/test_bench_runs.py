@@ -33,7 +33,7 @@ SMALL = {
                  {}, ["pipeline_exactly_once", "pipeline_latency_p50", "pipeline_latency_p95",
                       "pipeline_first_batch", "pipeline_join", "pipeline_session",
                       "pipeline_wordcount"]),
-    "dashboard": (["--keys", "20000", "--rounds", "1", "--idle-s", "1"], {},
+    "dashboard": (["--keys", "20000", "--rounds", "1", "--idle-s", "5"], {},
                   [f"dashboard_refresh_p{p}_{phase}_{cond}" for cond in ("quiet", "loaded")
                    for phase in ("idle", "restoring") for p in (50, 95)
                    if (p, phase, cond) != (95, "restoring", "loaded")]
@@ -42,7 +42,7 @@ SMALL = {
                   "5000"], {}, ["failover_recovery", "failover_survivors", "restart_first_record"]),
     "engines": (["--chunks", "2", "--lines", "20", "--clicks", "10", "--per-trigger", "100"], {},
                 ["engines_restore"]),
-    "ingest": (["--records", "20000", "--latency-seconds", "3", "--skip", "cold"], {},
+    "ingest": (["--records", "20000", "--latency-seconds", "3"], {},
                ["ingest_count_vs_rocksdb", "ingest_aggregate", "ingest_keyed_count", "ingest_start",
                 "ingest_latency_p50", "ingest_count"]),
     "footprint": (["--seconds", "2", "--idle-wait", "2"], {},
