@@ -26,6 +26,9 @@ from statekit.events import Event, from_dict
 log = logging.getLogger("statekit.events")
 
 EVENTS_RETENTION_MS = 3_600_000
+# a reader whose app has published nothing for QUIET_S long-polls QUIET_POLL_MS at a time
+QUIET_S = 10.0
+QUIET_POLL_MS = 1000
 
 
 def topic_configs() -> dict:
@@ -231,17 +234,22 @@ class EventReader:
     def _run(self) -> None:
         from statekit.kafka import Kafka
 
+        last = time.monotonic()
         while not self._stop.is_set():
             try:
                 if self._kafka is None:
                     self._kafka = Kafka(self.bootstrap, timeout=10.0, client_id="statekit-events-reader")
                 t0 = time.monotonic()
-                chunk = self._kafka.fetch(self.topic, 0, self.position, max_wait_ms=self.poll_ms)
+                # an event ends the long poll at once, whatever its length; a quiet app is asked
+                # less often (the price: stop() waits out the poll in flight)
+                wait_ms = self.poll_ms if t0 - last < QUIET_S else max(self.poll_ms, QUIET_POLL_MS)
+                chunk = self._kafka.fetch(self.topic, 0, self.position, max_wait_ms=wait_ms)
                 self.position = max(self.position, chunk.next_offset)
                 if chunk.records:
+                    last = time.monotonic()
                     self._deliver(chunk.records)
-                elif time.monotonic() - t0 < self.poll_ms / 2000.0:
-                    self._stop.wait(self.poll_ms / 1000.0)  # the broker did not long-poll
+                elif time.monotonic() - t0 < wait_ms / 2000.0:
+                    self._stop.wait(wait_ms / 1000.0)  # the broker did not long-poll
             except Exception as exc:  # noqa: BLE001 - keep tailing through broker restarts
                 self.errors += 1
                 self.last_error = " ".join(str(exc).split())[:200]

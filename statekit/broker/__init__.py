@@ -40,7 +40,7 @@ def _read_stats(data_dir: str) -> dict | None:
 def log_stats(dir: str | None = None, topic: str | None = None) -> list[dict]:
     """One dict per partition (topic, partition, log_start_offset, high_watermark, segments, bytes,
     records, dirty_ratio, cleaner_runs, records_removed, last_cleaned_at), from DIR/stats.json,
-    which the broker refreshes every second and after each cleaner pass."""
+    which the broker rewrites within a second of a change and after each cleaner pass."""
     data_dir = os.path.abspath(dir or default_dir())
     doc = _read_stats(data_dir)
     if doc is None:

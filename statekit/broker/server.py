@@ -308,13 +308,15 @@ class Broker:
                          plog.topic, plog.partition, plog.log_start_offset)
 
     def _write_stats(self) -> None:
-        doc = {
-            "pid": os.getpid(),
-            "updated_at": time.time(),
-            "clean_token": self.cleaner.done_token if self.cleaner else None,
-            "partitions": [p.stats() for p in self.topics.all_partitions()],
-        }
+        """DIR/stats.json, rewritten when a figure in it changed (an idle broker writes nothing)."""
+        token = self.cleaner.done_token if self.cleaner else None
+        parts = [p.stats() for p in self.topics.all_partitions()]
+        if (token, parts) == getattr(self, "_stats_written", None):
+            return
+        doc = {"pid": os.getpid(), "updated_at": time.time(), "clean_token": token,
+               "partitions": parts}
         write_json_atomic(os.path.join(self.dir, "stats.json"), doc, durable=False)
+        self._stats_written = (token, parts)
 
     # -- services to handlers ----------------------------------------------------------------
     def supported_versions(self) -> dict[int, tuple[int, int]]:
