@@ -351,7 +351,13 @@ def main(argv=None) -> int:
         print("no notebooks found", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    results = run_all(paths, a.out, a.timeout, a.keep, max(1, a.jobs))
+    try:
+        results = run_all(paths, a.out, a.timeout, a.keep, max(1, a.jobs))
+    except KeyboardInterrupt:
+        # each notebook's process got the Ctrl-C too: its kernel and broker are stopped
+        print("\nstatekit demo: interrupted; the notebooks' kernels and brokers are stopped",
+              file=sys.stderr)
+        return 130
     report = format_report(results, wall=time.monotonic() - t0)
     print()
     print(report)
