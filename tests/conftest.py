@@ -6,8 +6,15 @@ import os
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# `make test` runs two pytest processes on two cores beside brokers and JVMs: Hypothesis' timing
+# checks (a slow draw, a slow example) would fail a property on how busy the machine is, not on
+# what it asserts. Each property keeps its own example count.
+settings.register_profile("statekit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("statekit")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 

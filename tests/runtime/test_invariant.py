@@ -48,7 +48,7 @@ def test_membership_schedule_local_slow(seed, broker, tmp_path):
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("seed", [101, 202])
+@pytest.mark.parametrize("seed", [101, pytest.param(202, marks=pytest.mark.slow)])
 def test_membership_schedule_spark(seed, broker, tmp_path, spark_session):
     _run(seed, broker, tmp_path, engine="changelog", steps=4)
 

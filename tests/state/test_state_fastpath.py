@@ -102,7 +102,7 @@ def batches(draw):
     return recs, base, codec, log_append, recs[cut][0] if cut < n else off
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(b=batches())
 def test_columnar_decoder_equals_the_loop_and_kafka_python(b):
     recs, base, codec, log_append, min_offset = b
