@@ -29,16 +29,17 @@ lab: $(STAMP) java
 demo: $(STAMP) java
 	$(PY) -m statekit.demo
 
-# `make test`: two pytest processes side by side, as the machine has two cores and most tests wait
-# on brokers, kernels and JVMs: the notebooks and the broker in one, the rest in
-# the other; the first one's report follows the second's. Slower suites have targets of their own.
+# `make test`: two pytest processes side by side, one per core: the broker and the notebooks in
+# one (but for two notebook-side files, which even out the two halves), the rest in the other; the
+# first one's report follows the second's. Slower suites have targets of their own.
 FAST = not slow and not cluster and not browser and not native
-PART_A = tests/notebook tests/broker
+TO_B = tests/notebook/test_session_mistakes.py tests/notebook/test_dashboard_busy.py
+PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py))
 test: $(STAMP) java
 	@log=$$(mktemp); \
 	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider $(PART_A) >$$log 2>&1 & a=$$!; trap "kill $$a 2>/dev/null" INT TERM; \
 	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider tests $(addprefix --ignore=,$(PART_A)); b=$$?; \
-	wait $$a; ra=$$?; echo "== $(PART_A)"; cat $$log; rm -f $$log; \
+	wait $$a; ra=$$?; echo "== tests/broker and tests/notebook (but $(notdir $(TO_B)))"; cat $$log; rm -f $$log; \
 	[ $$ra -eq 0 ] && [ $$b -eq 0 ]
 
 test-native: $(STAMP) java

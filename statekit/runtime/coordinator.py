@@ -85,6 +85,7 @@ class Coordinator:
         self.members: dict[int, Member] = {}
         self.assignment: Optional[Assignment] = None
         self.options: dict = {}
+        self._starting: list = []
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -148,18 +149,31 @@ class Coordinator:
 
     def start(self, instances: int, options: Optional[dict] = None) -> Assignment:
         """Start instances 0..n-1 (a previous run's disks are kept) and the first assignment."""
+        self.begin(instances, options)
+        return self.finish()
+
+    def begin(self, instances: int, options: Optional[dict] = None) -> None:
+        """The first half of ``start``: the processes are launched, not waited for, and the
+        assignment file says "starting" (the exchange holds a batch that comes now until its
+        owner is ready), so the engine's queries can start meanwhile."""
         with self._lock:
             self.options = dict(options or {})
             self.stopped = False
             self._write_runspec()
-            saved = self._saved_assignment()
-            procs = []
+            self.assignment = self._saved_assignment()
+            self._starting = []
             for i in range(int(instances)):
                 m = self.members.get(i) or Member(i)
                 self.members[i] = m
                 m.incarnation += 1
-                procs.append((m, supervisor.launch(self.control, i, m.incarnation,
-                                                   self.layout.instance_dir(i))))
+                self._starting.append((m, supervisor.launch(self.control, i, m.incarnation,
+                                                            self.layout.instance_dir(i))))
+            self._write_assignment(state="starting")
+
+    def finish(self) -> Assignment:
+        """The second half of ``start``: every instance listens, the first rebalance is made."""
+        with self._lock:
+            procs, self._starting = self._starting, []
             for m, ip in procs:
                 m.process = supervisor.wait_ready(self.control, ip)
                 m.status, m.conn = "alive", None
@@ -167,7 +181,6 @@ class Coordinator:
                                                 instance_pid=ip.pid, reason="start",
                                                 disk="kept" if self.layout.tasks_on_disk(m.instance)
                                                 else "new"))
-            self.assignment = saved
             self._rebalance("start")
         self._thread = threading.Thread(target=self._loop, name=f"statekit-coordinator-"
                                         f"{self.application}", daemon=True)

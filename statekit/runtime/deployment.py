@@ -37,6 +37,13 @@ class InstancesPlacement:
     def run_extra(self, co) -> dict:
         return {}
 
+    def start(self, co, instances: int, options: dict, launch) -> None:
+        """The instances start while Spark starts the queries (a second or more each): a batch
+        that comes first waits in the exchange for its owner."""
+        co.begin(instances, options)
+        launch()
+        co.finish()
+
     def lag_rows(self, app, co) -> list:
         from statekit.runtime.lag import lag_rows
 
@@ -98,6 +105,10 @@ class ExecutorsPlacement(InstancesPlacement):
 
     def run_extra(self, co) -> dict:
         return co.run_extra() if co is not None else {}
+
+    def start(self, co, instances: int, options: dict, launch) -> None:
+        co.start(instances, options)   # the queries take its generation and run id
+        launch()
 
     def lag_rows(self, app, co) -> list:
         return co.lag_rows()

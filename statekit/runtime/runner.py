@@ -104,12 +104,11 @@ class Runner:
             placement = app._deploy.choose_placement(layout=app.layout, bootstrap=app.bootstrap,
                                                      sink=sink)
             app._coordinator = placement.coordinator(app, spec)
+            self.started_at = time.time()
+            self.stopping = False
             try:
-                app._coordinator.start(app.initial_instances,
-                                       options={"restore_rate": app.restore_rate})
-                self.started_at = time.time()
-                self.stopping = False
-                self.launch()
+                placement.start(app._coordinator, app.initial_instances,
+                                {"restore_rate": app.restore_rate}, self.launch)
             except StatekitError as exc:
                 self.abort_all()
                 app._fail(exc)

@@ -60,13 +60,18 @@ def _env() -> dict:
     return env
 
 
+REPLACE_AFTER_S = 1.0
+
+
 class _Spares:
     """Warm processes waiting for an identity (per App process, shared by every app): as many as
-    the largest app asked for, so that all its instances start at once."""
+    the largest app asked for, so that all its instances start at once (each costs the memory of
+    an idle instance, ~57 MB)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._spares: list = []
+        self._timer: Optional[threading.Timer] = None
         self.size = 1
         atexit.register(self.close)
 
@@ -83,20 +88,30 @@ class _Spares:
                 self._spares.append(self._start())
 
     def take(self) -> Optional[subprocess.Popen]:
-        """A spare, or None when there is none alive. One spare stays ready for the next revive
-        or added instance (a new one starts when the last is taken): each costs the memory of an
-        idle instance, and a workshop server runs an app per participant."""
+        """A spare, or None when there is none alive. The spares taken are replaced a moment
+        later (REPLACE_AFTER_S), so that the next app's instances start at once too without the
+        replacements' imports competing with the instances that are starting now."""
         with self._lock:
             live = [sp for sp in self._spares if sp.poll() is None]
             sp = live.pop(0) if live else None
-            if not live:
-                live.append(self._start())
             self._spares = live
+            if self._timer is None:
+                self._timer = threading.Timer(REPLACE_AFTER_S, self._replace)
+                self._timer.daemon = True
+                self._timer.start()
         return sp
+
+    def _replace(self) -> None:
+        with self._lock:
+            self._timer = None
+        self.warm(self.size)
 
     def close(self) -> None:
         with self._lock:
             spares, self._spares = self._spares, []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
         for sp in spares:
             if sp.poll() is None:
                 try:

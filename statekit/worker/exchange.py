@@ -188,21 +188,28 @@ def _spool(routes: _Routes, task: str, batch: int, ranges, publish) -> tuple:
 
 
 def deliver(control_dir: str, task, batch: int, ranges, publish=None,
-            not_owner_wait: float = 5.0) -> tuple:
+            not_owner_wait: float = 5.0, starting_wait: float = 60.0) -> tuple:
     """Hand one task's part of a micro-batch to its owner; returns ``("done", outputs)`` or
     ``("spooled", backlog)``. Raises ``ProcessorError`` when the task's processing failed (the
     engine fails the batch, as Spark fails a task) and ``EngineStopping`` when the application
-    stops."""
+    stops. While the application starts (the queries start beside the instances), a batch waits
+    for the first assignment, up to ``starting_wait`` seconds, then goes to the spool."""
     routes = _routes(control_dir)
     task = str(task)
     ranges = [tuple(r) for r in ranges]
-    deadline = time.monotonic() + not_owner_wait
+    now = time.monotonic()
+    deadline, starting_deadline = now + not_owner_wait, now + starting_wait
     while True:
         a = routes.current()
         if a is None:
             raise StatekitError(f"no assignment in {control_dir}: the application is not running")
         if a.get("state") == "stopped":
             raise EngineStopping(f"{a.get('application', 'the application')} is stopping")
+        if a.get("state") == "starting":
+            if time.monotonic() > starting_deadline:
+                return _spool(routes, task, batch, ranges, publish)
+            time.sleep(0.01)
+            continue
         owner = a.get("active", {}).get(task)
         info = a.get("instances", {}).get(str(owner)) if owner is not None else None
         if info is None or info.get("status") != "alive":
