@@ -11,13 +11,14 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock pyproject.toml scripts/spark_workers_pth.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "statekit needs Python >= 3.10"' \
 	  || { echo "statekit needs Python 3.10 or newer (found $$($(PYTHON) --version))."; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) scripts/spark_workers_pth.py
 	@touch $(STAMP)
 
 java:

@@ -60,7 +60,7 @@ def _env() -> dict:
     return env
 
 
-REPLACE_AFTER_S = 1.0
+REPLACE_AFTER_S = 3.0
 
 
 class _Spares:

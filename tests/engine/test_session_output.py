@@ -33,3 +33,24 @@ def test_the_jvm_writes_to_its_log_file_not_to_our_stderr(tmp_path):
     with open(path) as f:
         jvm_said = f.read()
     assert "Setting default log level" in jvm_said  # the banner went there
+
+
+def test_spark_python_workers_import_the_installed_pyspark_not_its_zip(spark):
+    """Spark puts pyspark.zip first on its Python workers' path; a module imported from a zip is
+    compiled from source in every new process (scripts/spark_workers_pth.py). The venv's .pth
+    makes them import the compiled copy in site-packages: a worker's pyspark and py4j are the
+    driver's files."""
+    import py4j
+    import pyspark
+
+    def where(batches):
+        import pandas as pd
+        import py4j as p4
+        import pyspark as ps
+
+        for _ in batches:
+            yield pd.DataFrame({"pyspark": [ps.__file__], "py4j": [p4.__file__]})
+
+    row = spark.range(1).mapInPandas(where, "pyspark string, py4j string").collect()[0]
+    assert (row.pyspark, row.py4j) == (pyspark.__file__, py4j.__file__)
+    assert ".zip" not in row.pyspark
