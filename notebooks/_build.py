@@ -262,8 +262,9 @@ app.task_opens()[["task", "source", "restored", "last_batch"]]
 def check(expected):
     store = app.query_all("movements")
     actual = dict(zip(store["key"], store["value"]))
-    bad = {k for k in set(actual) | set(expected) if actual.get(k) != expected.get(k)}
-    assert not bad, f"{len(bad)} keys differ, e.g. {sorted(bad)[:5]}"
+    if actual != expected:
+        bad = {k for k in actual.keys() | expected.keys() if actual.get(k) != expected.get(k)}
+        raise AssertionError(f"{len(bad)} keys differ, e.g. {sorted(bad)[:5]}")
     return actual
 
 expected.update(accounts_reference(seed=2, limit=20000, keys=KEYS)[0])

@@ -206,3 +206,28 @@ def test_approximate_count_with_a_pending_segment_drop(make_task):
     assert w.approximate_count() == 1
     db.commit()
     assert w.approximate_count() == 1
+
+
+def test_a_store_frame_decodes_whole_columns_as_one_item_at_a_time_would():
+    """The kv frame decodes a column at once (int64 as one view, JSON as one array parse) and
+    falls back to one item at a time when an item does not decode so: the same frame."""
+    from statekit.stores.inspect import frame
+    from statekit.stores.serdes import get_serde
+
+    js, i64 = get_serde("json"), get_serde("int64")
+    keys = [js.to_bytes(k) for k in ["a", "b\u00e9", 7, "q\"x"]]
+    rows = list(zip(keys, [i64.to_bytes(v) for v in [1, -2, 3, 2 ** 40]]))
+    df = frame(iter(rows), {"key_serde": "json", "value_serde": "int64"})
+    assert df["key"].tolist() == ["a", "b\u00e9", 7, "q\"x"]
+    assert df["value"].tolist() == [1, -2, 3, 2 ** 40]
+    vals = [js.to_bytes(v) for v in [{"n": 1}, [1, 2], None, 2.5]]
+    df = frame(iter(zip(keys, vals)), {"key_serde": "json", "value_serde": "json"}, limit=3)
+    assert df["value"].tolist() == [{"n": 1}, [1, 2], None]
+    # an item that is not one JSON document is shown as its bytes, the others decoded
+    odd = [b"1,2", b"[3", b"4]"]
+    df = frame(iter(zip(keys, odd)), {"key_serde": "json", "value_serde": "json"})
+    assert df["value"].tolist() == [b"1,2", b"[3", b"4]"]
+    # an int64 column with a short item: that item as bytes
+    df = frame(iter(zip(keys[:2], [i64.to_bytes(5), b"\x01"])),
+               {"key_serde": "json", "value_serde": "int64"})
+    assert df["value"].tolist() == [5, b"\x01"]
