@@ -5,13 +5,10 @@ bytes that do not decode are shown as they are rather than failing the whole tab
 """
 from __future__ import annotations
 
-import json
 from itertools import islice
 from typing import Any, Iterable, Optional
 
-import numpy as np
-
-from statekit.stores.serdes import get_serde
+from statekit.stores.serdes import decode_column, get_serde
 
 
 def _serde(spec):
@@ -21,9 +18,6 @@ def _serde(spec):
         return get_serde(spec)
     except (TypeError, ValueError):
         return get_serde("bytes")
-
-
-_JSON_DECODE = json.JSONDecoder().decode
 
 
 def _decoder(serde):
@@ -38,18 +32,9 @@ def _decoder(serde):
 
 def _column(blobs: list, dec) -> list:
     """Decode a column of a store's bytes at once where the serde allows (a million-key store is
-    read in a notebook cell): int64 as one numpy view, JSON through the C decoder; anything else,
-    or a column in which one item does not decode so, one item at a time (as ``dec``)."""
-    name = getattr(dec.serde, "name", None)
-    if blobs and name in ("int64", "long") and len(set(map(len, blobs))) == 1 \
-            and len(blobs[0]) == 8:
-        return np.frombuffer(b"".join(blobs), ">i8").astype(np.int64)
-    if blobs and name == "json":
-        try:   # the C decoder over the column, no Python frame per item
-            return list(map(_JSON_DECODE, map(bytes.decode, blobs)))
-        except ValueError:   # UnicodeDecodeError included
-            pass
-    return [dec(b) for b in blobs]
+    read in a notebook cell); else, or when one item does not decode so, one item at a time."""
+    out = decode_column(dec.serde, blobs)
+    return out if out is not None else [dec(b) for b in blobs]
 
 
 def frame(items: Iterable[tuple], spec: dict, key_serde: Any = None, value_serde: Any = None,

@@ -27,6 +27,7 @@ import struct
 from collections import Counter
 
 from statekit.errors import StatekitError
+from statekit.stores.serdes import decode_column
 from statekit.topology import graph as g
 from statekit.topology.graph import same_serde, serde_label
 from statekit.topology.steps import _fail
@@ -95,6 +96,7 @@ class BulkAggregate:
         self.bytes_store = top.inner                # the bytes stack under the metered layer
         self.src_kdec = resolve_serde(src.key_serde).from_bytes
         self.vdec = tp._decoder(source_index, 1)
+        self.src_vserde = tp.plan.source_serdes(source_index)[1]
         self.kser, self.vser = top.key_serde, top.value_serde
         self.kenc, self.kdec = top.key_serde.to_bytes, top.key_serde.from_bytes
         self.venc, self.vdec_store = top.value_serde.to_bytes, top.value_serde.from_bytes
@@ -261,24 +263,31 @@ class BulkAggregate:
         store = self.bytes_store
         olds = store.get_many(uniq)
         vdec, kdec = self.vdec, self.kdec
+        # the batch's values and keys decoded column-wise where the serde can (None: one at a
+        # time, below, which also names a record that does not decode)
+        vals = decode_column(self.src_vserde, values)
+        kobjs = decode_column(self.kser, uniq)
         sdec, senc = self.vdec_store, self.venc
         reduce = self.op == "reduce"
         news, keep_uniq, keep_olds, last, objs, firsts = [], [], [], {}, [], []
         saved = (rec.topic, rec.partition, rec.offset, rec.timestamp)
         rec.topic = self.topic
         try:
-            for sk, ob in zip(uniq, olds):
+            for j, (sk, ob) in enumerate(zip(uniq, olds)):
                 pos = groups[sk]
-                k = kdec(sk)
+                k = kdec(sk) if kobjs is None else kobjs[j]
                 acc = None if ob is None else sdec(ob)
                 first = True
                 for i in pos:
                     rec.partition, rec.offset, rec.timestamp = parts[i], offs[i], stamps[i]
-                    try:
-                        v = vdec(values[i])
-                    except Exception as e:
-                        raise tp._undecodable(self.source_index, parts[i], offs[i], keys[i],
-                                              values[i], e) from e
+                    if vals is not None:
+                        v = vals[i]
+                    else:
+                        try:
+                            v = vdec(values[i])
+                        except Exception as e:
+                            raise tp._undecodable(self.source_index, parts[i], offs[i], keys[i],
+                                                  values[i], e) from e
                     if v is None:
                         tp.skipped_null += 1
                         continue

@@ -259,6 +259,23 @@ def test_undecodable_key_is_the_same_one_line_error_on_both_paths(tmp_path, bulk
     assert "key_serde=" in msg
 
 
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "per-record"])
+def test_undecodable_value_of_an_aggregate_is_the_same_one_line_error_on_both_paths(tmp_path, bulk):
+    """The bulk path decodes a batch's values as one column; one that does not decode sends it
+    back to one record at a time, which names that record."""
+    b = TopologyBuilder()
+    b.stream("nums", key_serde="json", value_serde="json").group_by_key().aggregate(
+        lambda: 0, lambda k, v, a: a + v, store="s")
+    plan = b.compile()
+    rows = [("nums", b'"a"', b"1", 1), ("nums", b'"b"', b"2", 2), ("nums", b'"a"', b"[3", 3)]
+    with pytest.raises(ProcessorError) as ei:
+        run(plan, [batch_of(plan, rows, {})], tmp_path, bulk, "v")
+    assert run.engaged == [bulk]
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("cannot decode a record of nums partition 0 offset 2")
+    assert "value_serde=" in msg
+
+
 def test_no_bulk_without_a_cache_and_a_cut_batch_stays_bulk(tmp_path, monkeypatch):
     plan = plan_three_sources()
     stores, db = build_stores(plan.stores, str(tmp_path / "x"), RecordingSink(), sync=False)
