@@ -31,10 +31,10 @@ demo: $(STAMP) java
 	$(PY) -m statekit.demo
 
 # `make test`: two pytest processes side by side, one per core: the broker and the notebooks in
-# one (but for two notebook-side files, which even out the two halves), the rest in the other; the
+# one (but for one notebook-side file, which evens out the two halves), the rest in the other; the
 # first one's report follows the second's. Slower suites have targets of their own.
 FAST = not slow and not cluster and not browser and not native
-TO_B = tests/notebook/test_session_mistakes.py tests/notebook/test_dashboard_busy.py
+TO_B = tests/notebook/test_session_mistakes.py
 PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py))
 test: $(STAMP) java
 	@log=$$(mktemp); \
