@@ -11,7 +11,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml scripts/spark_workers_pth.py
+$(STAMP): requirements.lock pyproject.toml scripts/spark_workers_pth.py scripts/spark_cds.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "statekit needs Python >= 3.10"' \
 	  || { echo "statekit needs Python 3.10 or newer (found $$($(PYTHON) --version))."; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,7 @@ $(STAMP): requirements.lock pyproject.toml scripts/spark_workers_pth.py
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) scripts/spark_workers_pth.py
+	$(PY) scripts/spark_cds.py
 	@touch $(STAMP)
 
 java:

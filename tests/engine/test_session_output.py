@@ -54,3 +54,24 @@ def test_spark_python_workers_import_the_installed_pyspark_not_its_zip(spark):
     row = spark.range(1).mapInPandas(where, "pyspark string, py4j string").collect()[0]
     assert (row.pyspark, row.py4j) == (pyspark.__file__, py4j.__file__)
     assert ".zip" not in row.pyspark
+
+
+def test_a_damaged_class_archive_is_set_aside_and_spark_starts_without_it(tmp_path):
+    """The JVM maps the venv's class archive (scripts/spark_cds.py) when it is there; a truncated
+    one stops that JVM at its start (SIGBUS here): the session sets it aside, says so in one
+    line, and starts without it."""
+    from statekit.engine.spark.session import class_archive
+
+    good = class_archive()
+    if not os.path.isfile(good):
+        pytest.skip(f"no class archive at {good} (make writes it)")
+    bad = tmp_path / "spark.jsa"
+    with open(good, "rb") as src:
+        bad.write_bytes(src.read(1 << 20))
+    env = dict(os.environ, STATEKIT_SPARK_CDS=str(bad))
+    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not bad.exists() and (tmp_path / "spark.jsa.bad").exists()
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "spark.jsa.bad" in lines[0] and "started without it" in lines[0], lines
