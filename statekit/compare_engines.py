@@ -179,13 +179,17 @@ def compare_engines(bootstrap: str, broker_dir: str, work_dir: str, chunks: int 
         _ = lag
         # 3. restart both
         t = time.time()
+        say("restarting the native engine (a new JVM, its state from Spark's checkpoint) ...")
         native.restart()
         native.process_all_available(timeout)
         res["native"]["restart_to_caught_up_s"] = time.time() - t
+        say(f"native engine restarted and caught up in {res['native']['restart_to_caught_up_s']:.1f}s")
         t = restarted = time.time()
         cl.restart()
         cl.process_all_available(timeout)
         res["changelog"]["restart_to_caught_up_s"] = time.time() - t
+        say(f"changelog engine restarted and caught up in "
+            f"{res['changelog']['restart_to_caught_up_s']:.1f}s")
         deadline = time.monotonic() + 10   # restore_end events trail the batch a little
         while time.monotonic() < deadline and len(cl.restore_summary()) == 0:
             time.sleep(0.2)
