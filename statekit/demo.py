@@ -128,6 +128,11 @@ def hidden_cells_print_nothing(nb) -> list[str]:
             and cell.get("outputs")]
 
 
+def _error_line(ename, evalue) -> str:
+    """A cell's error as one line: its name and its value with the whitespace folded."""
+    return f"{ename}: {' '.join(str(evalue).split())[:300]}"
+
+
 def _outputs(nb):
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -141,7 +146,7 @@ def analyze(nb, result: NotebookResult, charts_dir: str | None) -> None:
     for i, cell, out in _outputs(nb):
         ot = out.get("output_type")
         if ot == "error":
-            result.errors.append(f"cell {i}: {out.get('ename')}: {' '.join(str(out.get('evalue')).split())[:300]}")
+            result.errors.append(f"cell {i}: {_error_line(out.get('ename'), out.get('evalue'))}")
         elif ot == "stream":
             text = out.get("text", "")
             if out.get("name") == "stdout":
@@ -213,7 +218,7 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
     except CellExecutionError as err:
         # the exception's own name and value: a statekit error hides its traceback, and the
         # message nbclient builds then ends in the cell's stream output, not in the error
-        result.errors.append(f"{err.ename}: {' '.join(str(err.evalue).split())[:300]}")
+        result.errors.append(_error_line(err.ename, err.evalue))
     except (CellTimeoutError, DeadKernelError, TimeoutError) as err:
         result.errors.append(f"{type(err).__name__}: {_first_line(err)}")
     except Exception as err:  # the kernel did not start, ...

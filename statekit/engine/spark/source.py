@@ -419,6 +419,7 @@ class KafkaStreamReader(_OffsetsMixin, DataSourceStreamReader, SupportsTriggerAv
         self.opts = opts
         self.schema = schema
         self._target: dict | None = None
+        self._idle_since: float | None = None   # monotonic time the current idle spell began
 
     def initialOffset(self) -> dict:
         return to_json(self._resolve(self.opts.starting, default_latest=False))
@@ -442,7 +443,7 @@ class KafkaStreamReader(_OffsetsMixin, DataSourceStreamReader, SupportsTriggerAv
 
     def _idle_wait_ms(self) -> int:
         now = time.monotonic()
-        since = getattr(self, "_idle_since", None)
+        since = self._idle_since
         if since is None:
             self._idle_since = since = now
         return self.LONG_IDLE_WAIT_MS if now - since >= self.LONG_IDLE_S else self.IDLE_WAIT_MS
