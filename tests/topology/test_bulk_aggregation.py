@@ -245,17 +245,24 @@ def test_bulk_error_names_the_failing_record(tmp_path):
     assert "ZeroDivisionError" in msg and "offset 2" in msg and "key='a'" in msg and "\n" not in msg
 
 
+def undecodable_error(plan, rows, tmp_path, bulk, name) -> str:
+    """The one-line error of a batch holding a record that does not decode."""
+    with pytest.raises(ProcessorError) as ei:
+        run(plan, [batch_of(plan, rows, {})], tmp_path, bulk, name)
+    assert run.engaged == [bulk]
+    msg = str(ei.value)
+    assert "\n" not in msg
+    return msg
+
+
 @pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "per-record"])
 def test_undecodable_key_is_the_same_one_line_error_on_both_paths(tmp_path, bulk):
     b = TopologyBuilder()
     b.stream("nums", key_serde="json", value_serde="json").group_by_key().count(store="n")
     plan = b.compile()
     rows = [("nums", b'"a"', b"1", 1), ("nums", b'"a', b"1", 2)]
-    with pytest.raises(ProcessorError) as ei:
-        run(plan, [batch_of(plan, rows, {})], tmp_path, bulk, "u")
-    assert run.engaged == [bulk]
-    msg = str(ei.value)
-    assert "\n" not in msg and msg.startswith("cannot decode a record of nums partition 0 offset 1")
+    msg = undecodable_error(plan, rows, tmp_path, bulk, "u")
+    assert msg.startswith("cannot decode a record of nums partition 0 offset 1")
     assert "key_serde=" in msg
 
 
@@ -268,11 +275,8 @@ def test_undecodable_value_of_an_aggregate_is_the_same_one_line_error_on_both_pa
         lambda: 0, lambda k, v, a: a + v, store="s")
     plan = b.compile()
     rows = [("nums", b'"a"', b"1", 1), ("nums", b'"b"', b"2", 2), ("nums", b'"a"', b"[3", 3)]
-    with pytest.raises(ProcessorError) as ei:
-        run(plan, [batch_of(plan, rows, {})], tmp_path, bulk, "v")
-    assert run.engaged == [bulk]
-    msg = str(ei.value)
-    assert "\n" not in msg and msg.startswith("cannot decode a record of nums partition 0 offset 2")
+    msg = undecodable_error(plan, rows, tmp_path, bulk, "v")
+    assert msg.startswith("cannot decode a record of nums partition 0 offset 2")
     assert "value_serde=" in msg
 
 

@@ -180,7 +180,7 @@ def class_archive() -> str:
 def _java_opts(archive: str | None) -> str:
     opts = os.environ.get("STATEKIT_SPARK_JAVA_OPTS", JAVA_OPTS)
     opts += f" -XX:ErrorFile={os.path.join(log_dir(), 'hs_err_%p.log')}"
-    if archive and "Archive" not in opts:
+    if archive and "-XX:SharedArchiveFile" not in opts and "-XX:ArchiveClassesAtExit" not in opts:
         opts += f" -XX:SharedArchiveFile={archive} -Xshare:auto"
     return opts
 
