@@ -40,7 +40,9 @@ def test_kafka_python_produce_consume_exact(shared_broker):
 
 
 def test_list_offsets_by_timestamp_and_max(shared_broker):
-    create_topic(shared_broker.bootstrap, "cl-ts")
+    # the timestamps are years old: with the default retention.ms (7 days) the broker's retention
+    # check would roll and delete them while the test runs, as Kafka does
+    create_topic(shared_broker.bootstrap, "cl-ts", configs={"retention.ms": "-1"})
     producer = KafkaProducer(bootstrap_servers=shared_broker.bootstrap, linger_ms=0)
     base = 1_700_000_000_000
     for i in range(10):

@@ -54,7 +54,8 @@ def test_columns_and_tuples_write_the_same_records(kafka, seed):
 
 
 def test_columns_with_a_timestamp_and_one_header_for_all(kafka):
-    kafka.ensure_topic("sc-ts", 1)
+    # a 1970 timestamp: without retention.ms=-1 the retention check could delete it mid-test
+    kafka.ensure_topic("sc-ts", 1, configs={"retention.ms": "-1"})
     cols = Columns.of([b"a", b"b", None], [b"1", None, b"3"], headers=[("h", b"x")], timestamp=12345)
     assert kafka.send_many([("sc-ts", 0, cols)]) == [2]
     assert kafka.send("sc-ts", 0, Columns.of([b"c"], [b"4"])) == 3
