@@ -145,7 +145,8 @@ def check_exactly_once(app, read_invoices, orders: str = "orders", invoices: str
     if str(app.state) in ("CREATED", "NOT_RUNNING"):
         app.start(sink="kafka", max_records_per_trigger=max(10, n // 6))
     app.process_all_available(timeout=120)
-    app.crash("process", instance=0, point="before_commit")   # armed: the next commit of instance 0
+    # armed: the next commit of instance 0 that wrote invoices (a task with no new orders commits too)
+    app.crash("process", instance=0, point="before_commit", after_records=1)
     keys = _produce_orders(orders, n, first=before, bootstrap=app.bootstrap, partitions=app.partitions)
     if not app.process_all_available(timeout=120):
         app.restart()

@@ -44,7 +44,9 @@ class Crashes:
         records are written, its transaction not committed), "after_ack", "after_rocksdb",
         "mid_restore"), write a crash directive: the first task of that instance that has processed
         ``n`` records of one batch (or reaches the commit or restore point) SIGKILLs its own
-        instance. With ``after_records=None`` and ``point="records"`` the instance is killed now.
+        instance; at a commit point, ``after_records=n`` waits for a batch in which the task
+        processed at least n records. With ``after_records=None`` and ``point="records"`` the
+        instance is killed now.
         ``subtopology`` limits a directive to that sub-topology's tasks.
         ``mode="disk-loss"`` also deletes the instance's state directories once it is dead. The
         other instances take over its tasks; a one-instance app goes to ERROR until ``restart()``.

@@ -8,8 +8,9 @@ The App (``App.crash``) writes ``<control_dir>/crash.json``::
 ``before_send`` (commit step 2, before the changelog records go out), ``before_commit`` (they are
 acknowledged, the batch's transaction not committed), ``after_ack`` (acknowledged and committed,
 RocksDB not yet written), ``after_rocksdb`` (RocksDB written, checkpoint file not yet),
-``mid_restore`` (while restoring). ``instance`` None matches any instance; ``subtopology`` (optional)
-limits the directive to the tasks of one sub-topology.
+``mid_restore`` (while restoring). At a commit point, ``after_records`` n > 0 means the commit of a
+batch in which the task processed at least n records (not an empty one). ``instance`` None matches
+any instance; ``subtopology`` (optional) limits the directive to the tasks of one sub-topology.
 
 The worker side (``claim``, called by a task at each point): the first task on a matching instance
 that reaches the point claims the directive with an atomic rename to ``crash.claimed.<id>.json`` —
@@ -120,10 +121,9 @@ def _matches(d: dict, instance: Optional[int], point: str, records: Optional[int
     want = d.get("instance")
     if want is not None and instance is not None and int(want) != int(instance):
         return False
-    if point == "records":
-        n = d.get("after_records") or 0
-        if records is None or records < n:
-            return False
+    n = d.get("after_records") or 0
+    if point != "mid_restore" and (point == "records" or n > 0) and (records is None or records < n):
+        return False   # a commit point with after_records=n: a batch of at least n records
     return True
 
 

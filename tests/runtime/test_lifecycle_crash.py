@@ -107,6 +107,18 @@ def test_maybe_crash_really_kills_the_process(tmp_path):
     assert "survived" not in p.stdout
 
 
+def test_a_commit_point_with_after_records_skips_an_empty_batch(tmp_path):
+    ctl = str(tmp_path)
+    d = crash_mod.write_directive(ctl, instance=0, point="before_commit", after_records=1)
+    assert crash_mod.claim(ctl, 0, "before_commit", records=0, task="0_0", batch=3) is None
+    assert crash_mod.claim(ctl, 0, "before_send", records=5, task="0_1", batch=3) is None
+    got = crash_mod.claim(ctl, 0, "before_commit", records=2, task="0_1", batch=3)
+    assert (got["id"], got["task"], got["records"]) == (d["id"], "0_1", 2)
+    # without after_records any commit matches, an empty batch's too
+    crash_mod.write_directive(ctl, instance=0, point="before_commit")
+    assert crash_mod.claim(ctl, 0, "before_commit", records=0, task="0_0", batch=4)["batch"] == 4
+
+
 def test_find_claim_matches_the_dead_process_once(tmp_path):
     ctl = str(tmp_path)
     d = crash_mod.write_directive(ctl, instance=1, point="after_ack", mode="disk-loss")
