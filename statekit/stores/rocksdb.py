@@ -18,7 +18,9 @@ import tempfile
 import time
 import weakref
 from collections import deque
+from itertools import islice as _islice
 from itertools import repeat as _repeat
+from operator import lt as _lt
 from typing import Any, Iterable, Iterator, Optional
 
 import rocksdict as rd
@@ -122,6 +124,8 @@ class RocksDBStore(OverlayStore):
         # (`_seen`, kept until the commit), else asked in one MultiGet at the commit.
         self._seen: dict = {}
         self._next_count: Optional[int] = None   # what the count is once this commit is written
+        # the keys of the batch's last MultiGet, sorted: usually the keys the commit writes
+        self._sorted_read: Optional[list] = None
 
     def _bind(self) -> None:
         self._cf = self._taskdb._cf_dict(self.name)
@@ -158,6 +162,7 @@ class RocksDBStore(OverlayStore):
             srt = sorted(keys)
             found = dict(zip(srt, self._cf_get(srt)))
             out = list(map(found.__getitem__, keys))
+            self._sorted_read = srt
         if self.count is not None:
             self._seen.update(zip(keys, [v is not None for v in out]))
         return out
@@ -202,6 +207,7 @@ class RocksDBStore(OverlayStore):
     def discard(self) -> None:
         super().discard()
         self._seen = {}
+        self._sorted_read = None
 
     def _fill(self, wb: rd.WriteBatch) -> int:
         """Write the pending operations into the task's commit batch; returns how many."""
@@ -221,7 +227,7 @@ class RocksDBStore(OverlayStore):
         if None not in ov.values():       # the common case: puts only, no Python loop
             # in key order: RocksDB inserts a sorted run into its memtable about three times
             # faster than the same keys in the batch's order
-            keys = sorted(ov) if len(ov) > 64 else list(ov)
+            keys = self._write_order(ov)
             _drain(map(wb.put, keys, map(ov.__getitem__, keys), _repeat(h)), 0)
             return n + len(keys)
         keys = list(ov)
@@ -237,6 +243,18 @@ class RocksDBStore(OverlayStore):
                 put(k, v, h)
             n += 1
         return n
+
+    def _write_order(self, ov: dict) -> list:
+        """The overlay's keys in key order. An aggregation reads a batch's keys in one MultiGet
+        before it writes them: when the overlay holds exactly those keys, their sorted list is
+        reused (two linear checks instead of a second sort)."""
+        srt, self._sorted_read = self._sorted_read, None
+        if len(ov) <= 64:
+            return list(ov)
+        if (srt is not None and len(srt) == len(ov) and all(map(ov.__contains__, srt))
+                and all(map(_lt, srt, _islice(srt, 1, None)))):   # no duplicate: the same set
+            return srt
+        return sorted(ov)
 
     def _restore_into(self, wb: rd.WriteBatch, items: Iterable[tuple]) -> int:
         h = self._handle

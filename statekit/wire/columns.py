@@ -177,6 +177,20 @@ def _header_runs(a, buf: bytes, ve, rend, hs: list, he: list, n: int) -> list:
     return runs
 
 
+def _blobs(a, buf, starts, ends, lens) -> list:
+    """``buf[s:e]`` for each pair. Items of one length (ids, account numbers, 8-byte counts) are
+    gathered with numpy as fixed-width strings, three times faster than slicing one at a time;
+    numpy drops the trailing NUL bytes of such a string, so the few that end in one are sliced."""
+    n = len(lens)
+    L = int(lens[0]) if n else 0
+    if n > 64 and 0 < L <= 64 and (lens == L).all():
+        out = np.ascontiguousarray(_rows(a, L)[starts]).view(f"S{L}").ravel().tolist()
+        for i in np.flatnonzero(a[ends - 1] == 0).tolist():
+            out[i] = buf[int(starts[i]):int(ends[i])]
+        return out
+    return [buf[i:j] for i, j in zip(starts.tolist(), ends.tolist())]
+
+
 def _rows(a, L: int):
     """Every window of ``L`` bytes of ``a`` as a read-only (len(a) - L + 1, L) view."""
     return as_strided(a, shape=(len(a) - L + 1, L), strides=(a.strides[0], a.strides[0]),
@@ -295,11 +309,11 @@ def _columns(buf: bytes, pos: int, count: int, base_offset: int, first_ts: int, 
         n -= first
     if n == 0:
         return Columns()
-    keys = [buf[i:j] for i, j in zip(ks.tolist(), ke.tolist())]
+    keys = _blobs(a, buf, ks, ke, klen)
     if klen.min() < 0:
         for i in np.flatnonzero(klen < 0).tolist():
             keys[i] = None
-    values = [buf[i:j] for i, j in zip(vs.tolist(), ve.tolist())]
+    values = _blobs(a, buf, vs, ve, vlen)
     if vlen.min() < 0:
         for i in np.flatnonzero(vlen < 0).tolist():
             values[i] = None

@@ -100,3 +100,44 @@ def test_multiget_in_key_order_answers_in_the_asked_order(tmp_path):
         assert inner.get_many(ask) == want
     finally:
         db.close()
+
+
+# -- the commit writes a batch's keys in key order, reusing the sorted list of its MultiGet ------
+
+def _rocks(tmp_path, tag):
+    from statekit.stores.rocksdb import RocksDBStore
+
+    top, db, _sink = _stack(tmp_path, tag, cache_bytes=0)
+    s = top
+    while not isinstance(s, RocksDBStore):
+        s = s.inner
+    return s, db
+
+
+@pytest.mark.parametrize("case", ["same keys", "duplicates read", "other keys"])
+def test_a_commit_after_a_multiget_writes_exactly_the_pending_keys(tmp_path, case):
+    store, db = _rocks(tmp_path, case.replace(" ", "-"))
+    rnd = random.Random(7)
+    committed = {b"k%04d" % i: b"c%d" % i for i in range(0, 400, 2)}
+    store.put_many(list(committed), list(committed.values()))
+    db.commit({"batch": 0})
+    written = [b"k%04d" % i for i in rnd.sample(range(400), 150)]
+    read = {"same keys": written,
+            "duplicates read": written[:100] + written[:50],     # 150 keys, 100 distinct
+            "other keys": [b"k%04d" % i for i in rnd.sample(range(400, 800), 150)]}[case]
+    olds = store.get_many(read)
+    assert olds == [committed.get(k) for k in read]
+    hint, order, reused = store._sorted_read, store._write_order, []
+
+    def spy(ov):   # was the MultiGet's sorted list written as it is?
+        out = order(ov)
+        reused.append(out is hint)
+        assert out == sorted(ov)
+        return out
+    store._write_order = spy
+    store.put_many(written, [b"n" + k for k in written])
+    db.commit({"batch": 1})
+    want = dict(committed)
+    want.update({k: b"n" + k for k in written})
+    assert dict(store.scan()) == want
+    assert reused == [case == "same keys"]

@@ -161,6 +161,23 @@ def test_encode_batches_flat_is_the_column_encoder_without_headers():
     assert [r[1:] for r in decoded] == [r[1:] for raw, _ in ref for r in kp_records(raw)]
 
 
+@pytest.mark.parametrize("width", [1, 8, 13, 64, 65])
+def test_items_of_one_length_decode_as_written_trailing_zero_bytes_too(width):
+    """Keys and values of one length are gathered as fixed-width strings (numpy drops their
+    trailing zero bytes): every item must come back as it was written."""
+    rng = random.Random(width)
+    n = 700
+    keys = [bytes(rng.choice([0, 0, 1, 97, 255]) for _ in range(width)) for _ in range(n)]
+    values = [struct.pack(">q", rng.choice([0, 1, 256, 65536, rng.randrange(1 << 62)]))
+              for _ in range(n)]
+    keys[5] = b"\0" * width
+    got = Columns()
+    for raw, _count in W.encode_columns(Columns.of(keys, values, timestamp=NOW)):
+        got.extend(W.decode_batch_columns(raw))
+    assert got.keys == keys and got.values == values
+    assert all(type(k) is bytes for k in got.keys + got.values)
+
+
 def test_compressed_batches_decode_and_validate():
     cols = Columns.of([b"a", None, b"c" * 100] * 30, [b"1", b"2", None] * 30, headers=[("h", b"x")],
                       timestamps=[0, NOW, NOW - 1] * 30)
