@@ -31,17 +31,19 @@ lab: $(STAMP) java
 demo: $(STAMP) java
 	$(PY) -m statekit.demo
 
-# `make test`: two pytest processes side by side, one per core: the broker and the notebooks in
-# one (but for one notebook-side file, which evens out the two halves), the rest in the other; the
-# first one's report follows the second's. Slower suites have targets of their own.
+# `make test`: two pytest processes side by side, one per core: the broker, the notebooks (but for
+# one notebook-side file) and the state layer's crash property in one, the rest in the other (the
+# moved files even out the two halves); the first one's report follows the second's. Slower suites
+# have targets of their own.
 FAST = not slow and not cluster and not browser and not native
 TO_B = tests/notebook/test_session_mistakes.py
-PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py))
+TO_A = tests/state/test_state_property.py
+PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py)) $(TO_A)
 test: $(STAMP) java
 	@log=$$(mktemp); \
 	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider $(PART_A) >$$log 2>&1 & a=$$!; trap "kill $$a 2>/dev/null" INT TERM; \
 	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider tests $(addprefix --ignore=,$(PART_A)); b=$$?; \
-	wait $$a; ra=$$?; echo "== tests/broker and tests/notebook (but $(notdir $(TO_B)))"; cat $$log; rm -f $$log; \
+	wait $$a; ra=$$?; echo "== tests/broker, tests/notebook (but $(notdir $(TO_B))) and $(TO_A)"; cat $$log; rm -f $$log; \
 	[ $$ra -eq 0 ] && [ $$b -eq 0 ]
 
 test-native: $(STAMP) java
