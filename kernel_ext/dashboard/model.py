@@ -639,7 +639,9 @@ class DashboardModel:
             "rows": sum(rows) if rows else None,
             "lag": sum(r["lag"] or 0 for r in active),
             "instances": (alive, len(instances)) if instances else None,
-            "generation": pick("generation") if pick("generation") is not None else self.board.generation,
+            # the newest of the metrics' (polled) and the events' (a rebalance the poll has not seen)
+            "generation": max((g for g in (pick("generation"), self.board.generation) if g is not None),
+                              default=None),
             # Spark's state operator figures (the native engine reports them; the changelog engine not)
             "state_rows": pick("state_rows"), "state_memory_bytes": pick("state_memory_bytes"),
             "commit_ms": pick("commit_ms"), "error": self.panel_error,

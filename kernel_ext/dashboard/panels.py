@@ -325,7 +325,10 @@ def render_restore(m) -> str:
         return _dash(f"{head}</div>{hint}{fc}")
     when = time.strftime("%H:%M:%S", time.localtime(rnd.started))
     throttle = max((r.throttle or 0 for r in rnd.rows.values()), default=0)
-    note = f"round began {when}" + (f" · generation {rnd.generation}" if rnd.generation else "")
+    # the rebalance that queued the round's restores (the "latest moves" line says the same); a
+    # crash's round carries the generation it ended until then
+    gen = max(rnd.generations) if rnd.generations else rnd.generation
+    note = f"round began {when}" + (f" · generation {gen}" if gen else "")
     if throttle:
         note += f" · throttled to {throttle:,.0f} records/s (restart --restore-rate)"
     fc_before = m.round_forecast

@@ -246,6 +246,29 @@ def test_a_crash_opens_a_round_with_the_dead_instances_tasks_queued():
     assert disagreements(p) == []
 
 
+def test_one_generation_in_one_picture_after_a_crash():
+    """The header, the Restoration panel and the moves line name the rebalance that moved the
+    dead instance's tasks, though the metrics' poll has not seen it yet and the crash carries the
+    generation it ended (a browser picture of notebook 05 showed 1, 1 and 2)."""
+    from kernel_ext.dashboard import panels
+
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=0.0, state="RUNNING", metrics={"generation": 1, "batches": 3}, events=[
+        E(ev.RestoreQueued, 1.0, task="0_0", instance=0, generation=1),
+        E(ev.RestoreQueued, 1.0, task="0_1", instance=1, generation=1),
+        E(ev.Rebalance, 1.3, active={"0_0": 0, "0_1": 1}, generation=1)]))
+    assert m.header()["generation"] == 1
+    m.update(Snapshot(t=6.0, state="RUNNING", metrics={"generation": 1, "batches": 4}, events=[
+        E(ev.InstanceDied, 5.0, instance=0, tasks=["0_0"], generation=1),
+        E(ev.RestoreQueued, 5.1, task="0_0", instance=1, source="standby", generation=2),
+        E(ev.Rebalance, 5.2, active={"0_0": 1, "0_1": 1}, moves=[{"task": "0_0", "from": 0, "to": 1}],
+          generation=2)]))
+    assert m.header()["generation"] == 2
+    assert "round began" in panels.render_restore(m) and "· generation 2" in panels.render_restore(m)
+    assert "(generation 2," in panels.render_moves(m)
+
+
 def test_ownership_timeline_counts_only_real_moves():
     E = Events()
     m = DashboardModel()
