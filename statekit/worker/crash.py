@@ -121,9 +121,11 @@ def _matches(d: dict, instance: Optional[int], point: str, records: Optional[int
     want = d.get("instance")
     if want is not None and instance is not None and int(want) != int(instance):
         return False
+    if point == "mid_restore":
+        return True
     n = d.get("after_records") or 0
-    if point != "mid_restore" and (point == "records" or n > 0) and (records is None or records < n):
-        return False   # a commit point with after_records=n: a batch of at least n records
+    if point == "records" or n > 0:   # at a commit point: a batch of at least n records
+        return records is not None and records >= n
     return True
 
 
