@@ -15,6 +15,7 @@ Reads hit the cache first; a miss reads below and caches the value as a clean en
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import repeat as _repeat
 from typing import Iterator, Optional
 
 from statekit.stores.api import KV, SortedKeys, StoreBase, merge_overlay
@@ -83,14 +84,14 @@ class CachingStore(StoreBase):
         entries, LRU order and byte count as one get after the other (evictions once all are
         in, as `put_many`)."""
         e = self._entries
-        if not e:
+        out = list(map(e.get, keys, _repeat(_MISS, len(keys)))) if e else None
+        if out is None or out.count(_MISS) == len(out):   # none cached (a build's new keys)
             out = self.inner.get_many(keys)
             self.misses += len(keys)
             if out.count(None) == len(out):
-                return out                   # nothing cached, nothing found: nothing to keep
+                return out                   # nor found below: nothing to keep, nothing to move
             miss = range(len(keys))
         else:
-            out = [e.get(k, _MISS) for k in keys]
             miss = [i for i, v in enumerate(out) if v is _MISS]
             self.misses += len(miss)
             self.hits += len(keys) - len(miss)

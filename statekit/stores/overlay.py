@@ -51,7 +51,7 @@ class OverlayStore(StoreBase):
         return self._committed_get(key)
 
     def get_many(self, keys: list) -> list:
-        """Pending values first; the rest from the committed data in one multi-get."""
+        """Pending values first; the rest from the committed data in one bulk read."""
         ov = self._ov
         if not ov and not self._ranges:
             return self._committed_get_many(keys)

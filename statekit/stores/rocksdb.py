@@ -18,9 +18,7 @@ import tempfile
 import time
 import weakref
 from collections import deque
-from itertools import islice as _islice
 from itertools import repeat as _repeat
-from operator import lt as _lt
 from typing import Any, Iterable, Iterator, Optional
 
 import rocksdict as rd
@@ -121,11 +119,14 @@ class RocksDBStore(OverlayStore):
         # The exact number of keys committed (None: unknown, RocksDB's estimate stands in: it
         # counts an overwritten key twice until compaction). A commit moves it by the keys it
         # creates and deletes: whether a key existed is known from the reads of the batch
-        # (`_seen`, kept until the commit), else asked in one MultiGet at the commit.
+        # (`_seen`, kept until the commit), else asked in one bulk read at the commit.
         self._seen: dict = {}
         self._next_count: Optional[int] = None   # what the count is once this commit is written
-        # the keys of the batch's last MultiGet, sorted: usually the keys the commit writes
-        self._sorted_read: Optional[list] = None
+        # the batch's last bulk read: (its keys, them sorted, how many RocksDB did not have); when
+        # a bulk write into the empty overlay puts exactly those keys, `_write_hint` is that read:
+        # the commit writes the sorted keys as they are and counts the absent ones as new
+        self._read: Optional[tuple] = None
+        self._write_hint: Optional[tuple] = None
 
     def _bind(self) -> None:
         self._cf = self._taskdb._cf_dict(self.name)
@@ -152,17 +153,26 @@ class RocksDBStore(OverlayStore):
     def _committed_get_many(self, keys: list) -> list:
         if self.count == 0:            # an empty store (a build's first batch): nothing to read
             self._seen.update(dict.fromkeys(keys, False))
+            if len(keys) >= 16:         # sorted here rather than at the commit, as below
+                self._read = (list(keys), sorted(keys), len(keys))
             return [None] * len(keys)
+        get = self._cf_get
         if len(keys) < 16:
-            get = self._cf_get
-            out = [get(k) for k in keys]
+            out = list(map(get, keys))
         else:
-            # one MultiGet (rocksdict takes a list), in key order: RocksDB then walks each
-            # memtable and file once, two to three times faster than in the batch's order
+            # point reads in key order: neighbouring keys share index and data blocks (a third
+            # faster than the batch's order for keys that exist), and the commit writes the same
+            # sorted list. One get at a time: rocksdict's MultiGet costs about twice as much per
+            # key in its Python conversions, most for keys that are not there (a build's)
             srt = sorted(keys)
-            found = dict(zip(srt, self._cf_get(srt)))
-            out = list(map(found.__getitem__, keys))
-            self._sorted_read = srt
+            vals = list(map(get, srt))
+            absent = vals.count(None)
+            self._read = (list(keys), srt, absent)
+            if absent == len(vals):          # none exists (a build): no reordering to do
+                if self.count is not None:
+                    self._seen.update(dict.fromkeys(keys, False))
+                return vals
+            out = list(map(dict(zip(srt, vals)).__getitem__, keys))
         if self.count is not None:
             self._seen.update(zip(keys, [v is not None for v in out]))
         return out
@@ -207,15 +217,25 @@ class RocksDBStore(OverlayStore):
     def discard(self) -> None:
         super().discard()
         self._seen = {}
-        self._sorted_read = None
+        self._read = self._write_hint = None
 
     def _fill(self, wb: rd.WriteBatch) -> int:
         """Write the pending operations into the task's commit batch; returns how many."""
         h = self._handle
         ranges, items = self._pending_ops()
         n = 0
-        self._next_count = None if ranges else self._count_after(list(self._ov),
-                                                                 list(self._ov.values()))
+        ov = self._ov
+        puts_only = None not in ov.values()
+        hint, self._write_hint, self._read = self._write_hint, None, None
+        if hint is not None and (ranges or not puts_only or len(hint[1]) != len(ov)):
+            hint = None
+        if ranges:
+            self._next_count = None
+        elif hint is not None:
+            # exactly the keys of the batch's read: the ones it found absent are the new ones
+            self._next_count = None if self.count is None else self.count + hint[2]
+        else:
+            self._next_count = self._count_after(list(ov), list(ov.values()))
         for lo, hi in ranges:
             if hi is None:
                 for k, _ in self._committed_scan(lo, None):
@@ -223,11 +243,8 @@ class RocksDBStore(OverlayStore):
             else:
                 wb.delete_range(lo, hi, h)
             n += 1
-        ov = self._ov
-        if None not in ov.values():       # the common case: puts only, no Python loop
-            # in key order: RocksDB inserts a sorted run into its memtable about three times
-            # faster than the same keys in the batch's order
-            keys = self._write_order(ov)
+        if puts_only:                     # the common case: puts only, no Python loop
+            keys = self._write_keys(ov, hint)
             _drain(map(wb.put, keys, map(ov.__getitem__, keys), _repeat(h)), 0)
             return n + len(keys)
         keys = list(ov)
@@ -244,17 +261,31 @@ class RocksDBStore(OverlayStore):
             n += 1
         return n
 
-    def _write_order(self, ov: dict) -> list:
-        """The overlay's keys in key order. An aggregation reads a batch's keys in one MultiGet
-        before it writes them: when the overlay holds exactly those keys, their sorted list is
-        reused (two linear checks instead of a second sort)."""
-        srt, self._sorted_read = self._sorted_read, None
-        if len(ov) <= 64:
-            return list(ov)
-        if (srt is not None and len(srt) == len(ov) and all(map(ov.__contains__, srt))
-                and all(map(_lt, srt, _islice(srt, 1, None)))):   # no duplicate: the same set
-            return srt
-        return sorted(ov)
+    @staticmethod
+    def _write_keys(ov: dict, hint: Optional[tuple]) -> list:
+        """The overlay's keys in key order: RocksDB inserts a sorted run into its memtable about
+        three times faster than the same keys in the batch's order. The keys of a hint (the
+        batch's read, see `put_many`) are sorted already."""
+        if hint is not None:
+            return hint[1]
+        return sorted(ov) if len(ov) > 64 else list(ov)
+
+    def put_many(self, keys: list, values: list) -> None:
+        fresh = not self._ov and not self._ranges
+        super().put_many(keys, values)
+        r = self._read
+        # the same keys as the read (a list compares item by item, the same objects at once)
+        # and no duplicate among them: the overlay holds exactly the sorted read's keys
+        self._write_hint = r if (fresh and r is not None and len(self._ov) == len(keys)
+                                 and keys == r[0]) else None
+
+    def put(self, key: bytes, value: Optional[bytes]) -> None:
+        self._write_hint = None
+        super().put(key, value)
+
+    def delete_range(self, lo: bytes, hi: Optional[bytes]) -> None:
+        self._write_hint = None
+        super().delete_range(lo, hi)
 
     def _restore_into(self, wb: rd.WriteBatch, items: Iterable[tuple]) -> int:
         h = self._handle

@@ -114,30 +114,51 @@ def _rocks(tmp_path, tag):
     return s, db
 
 
-@pytest.mark.parametrize("case", ["same keys", "duplicates read", "other keys"])
+def test_a_first_commit_into_an_empty_store_counts_and_orders_its_keys(tmp_path):
+    """A build's first batch reads nothing from an empty store; its keys are sorted there once
+    and written in that order, and the count is the number of keys."""
+    store, db = _rocks(tmp_path, "empty")
+    keys = [b"k%04d" % i for i in random.Random(3).sample(range(5000), 300)]
+    assert store.recount() == 0 and store.get_many(keys) == [None] * 300
+    order, written = store._write_keys, []
+    store._write_keys = lambda ov, hint: written.append((order(ov, hint), hint)) or written[-1][0]
+    store.put_many(keys, [k[::-1] for k in keys])
+    db.commit({"batch": 0})
+    (out, hint), = written
+    assert out == sorted(keys) and hint is not None and out is hint[1]   # sorted once, at the read
+    assert dict(store.scan()) == {k: k[::-1] for k in keys} and store.count == 300
+
+
+@pytest.mark.parametrize("case", ["same keys", "an equal list", "changed after the read",
+                                  "duplicates read", "other keys"])
 def test_a_commit_after_a_multiget_writes_exactly_the_pending_keys(tmp_path, case):
     store, db = _rocks(tmp_path, case.replace(" ", "-"))
+    store.recount()                            # the count is kept exact from here on
     rnd = random.Random(7)
     committed = {b"k%04d" % i: b"c%d" % i for i in range(0, 400, 2)}
     store.put_many(list(committed), list(committed.values()))
     db.commit({"batch": 0})
     written = [b"k%04d" % i for i in rnd.sample(range(400), 150)]
-    read = {"same keys": written,
+    read = {"same keys": written, "an equal list": list(written),
+            "changed after the read": written,                     # the caller's list changes
             "duplicates read": written[:100] + written[:50],     # 150 keys, 100 distinct
             "other keys": [b"k%04d" % i for i in rnd.sample(range(400, 800), 150)]}[case]
     olds = store.get_many(read)
     assert olds == [committed.get(k) for k in read]
-    hint, order, reused = store._sorted_read, store._write_order, []
+    if case == "changed after the read":
+        written[7] = b"k0999"
+    order, reused = store._write_keys, []
 
-    def spy(ov):   # was the MultiGet's sorted list written as it is?
-        out = order(ov)
-        reused.append(out is hint)
+    def spy(ov, hint):   # was the read's sorted list written as it is?
+        out = order(ov, hint)
+        reused.append(hint is not None and out is hint[1])
         assert out == sorted(ov)
         return out
-    store._write_order = spy
+    store._write_keys = spy
     store.put_many(written, [b"n" + k for k in written])
     db.commit({"batch": 1})
     want = dict(committed)
     want.update({k: b"n" + k for k in written})
     assert dict(store.scan()) == want
-    assert reused == [case == "same keys"]
+    assert store.count == len(want)            # the exact count, whichever way it was found
+    assert reused == [case in ("same keys", "an equal list")]
