@@ -661,7 +661,8 @@ class Kafka:
 
     def read(self, topic: str, partition: int, start: int | None = None, end: int | None = None,
              *, max_bytes: int | None = None, pipeline: bool = True,
-             isolation: str = READ_UNCOMMITTED, columns: bool = False) -> Iterator[Chunk]:
+             isolation: str = READ_UNCOMMITTED, columns: bool = False,
+             values_kept: bytes | None = None) -> Iterator[Chunk]:
         """Read ``[start, end)`` of one partition as an iterator of :class:`Chunk` (one per Fetch
         response). ``start`` None = the log start; ``end`` None = the end offset when called (the
         last stable offset for read_committed). Offsets may have gaps (compaction, control
@@ -669,7 +670,9 @@ class Kafka:
         there. Ends early if the log ends before ``end`` (e.g. it was truncated), or, reading
         committed, where an open transaction begins. ``isolation="read_committed"`` drops the
         records of aborted transactions (Kafka's read_committed consumer). ``columns``:
-        :class:`ColumnChunk` s instead (no tuple per record; the restore path)."""
+        :class:`ColumnChunk` s instead (no tuple per record; the restore path); with
+        ``values_kept`` their values are not cut out (see ``statekit.wire.decode_batch_columns``:
+        a count needs only which values are null)."""
         max_bytes = max_bytes or self.fetch_max_bytes
         level = _isolation(isolation)
         with self._lock:
@@ -683,7 +686,7 @@ class Kafka:
         state = {"conn": None, "inflight": None}
         try:
             yield from self._read_loop(topic, partition, pos, end, max_bytes, pipeline, state,
-                                       level, columns)
+                                       level, columns, values_kept)
         finally:
             if state["inflight"] is not None:  # abandoned mid-read: drain the answer nobody wants
                 with self._lock:
@@ -693,7 +696,7 @@ class Kafka:
                         pass
 
     def _read_loop(self, topic, partition, pos, end, max_bytes, pipeline, state, level=0,
-                   columns=False):
+                   columns=False, values_kept=None):
         empty_rounds = 0
         conn = None
         while pos < end:
@@ -747,8 +750,8 @@ class Kafka:
                     state["inflight"] = conn.send(self._fetch_request(conn, topic, partition,
                                                                       pos, 0, max_bytes, level))
             if columns:
-                yield ColumnChunk(decode_columns(batches, start_pos, end), pos, hwm, lso,
-                                  p.last_stable_offset)
+                yield ColumnChunk(decode_columns(batches, start_pos, end, values_kept), pos, hwm,
+                                  lso, p.last_stable_offset)
                 continue
             out: list = []
             for raw in batches:

@@ -5,10 +5,11 @@ flush, in first-update order, with the metadata of the key's last record). Nothi
 records of a batch can see the aggregation's intermediate values when its store is its own (no other
 step reads it, no join looks it up, no processor declares it) and a source feeds it directly: its
 results wait until flush. So the task hands that source's records to the aggregation as columns and
-it touches each key's store entry once — one multi-get for the batch's keys, one bulk write — and
+it touches each key's store entry once — one bulk read of the batch's keys, one bulk write — and
 the results, the outputs and their order are those of one record at a time:
 
-* count: counted per key bytes at C speed; values are never decoded (a null check on the bytes);
+* count: counted per key bytes at C speed; values are never decoded (a null check on the bytes),
+  and its task does not even cut them out of the fetched batches (`TaskProcessor.values_kept`);
 * reduce / aggregate: the user's function still gets every record of a key, in offset order, on
   decoded values; between two calls the aggregate goes through the store's value serde, as it would
   through the store;
@@ -34,6 +35,8 @@ from statekit.topology.steps import _fail
 
 _Q = struct.Struct(">q")
 _BYTES = object()    # a held new value to decode from its bytes at flush
+_JSON_WS = b" \t\n\r"
+JSON_NULL_FIRST = _JSON_WS + b"n"   # the bytes a JSON null document can begin with
 _CANONICAL_JSON_KEY = re.compile(rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*"|0|-?[1-9][0-9]*').fullmatch
 
 
@@ -142,6 +145,19 @@ class BulkAggregate:
             out.append(sk)
         return out
 
+    def _null_values(self, values) -> set:
+        """The values of the batch a count skips: None, and for a JSON source every value whose
+        bytes are the document ``null`` (whitespace around it too, as the decoder reads it).
+        Values read with ``values_kept`` are mostly NOT_READ: one object, looked at once."""
+        out = set()
+        for vb in set(values):
+            if vb is None:
+                out.add(vb)
+            elif (self.null_value is not None and isinstance(vb, bytes)
+                  and vb[:1] in JSON_NULL_FIRST and vb.strip(_JSON_WS) == b"null"):
+                out.add(vb)
+        return out
+
     # -- applying --------------------------------------------------------------------------------
     def apply(self, records, idx) -> None:
         """Apply the records at positions `idx` of `records` (None: all of them)."""
@@ -159,10 +175,9 @@ class BulkAggregate:
         keep = None
         if None in keys:
             keep = [kb is not None for kb in keys]
-        if self.op == "count" and (None in values or (self.null_value is not None
-                                                      and self.null_value in values)):
-            nv = self.null_value
-            vk = [vb is not None and vb != nv for vb in values]
+        nulls = self._null_values(values) if self.op == "count" else None
+        if nulls:
+            vk = [vb not in nulls for vb in values]
             keep = vk if keep is None else [a and b for a, b in zip(keep, vk)]
         if keep is not None:
             self.tp.skipped_null += keep.count(False)

@@ -339,6 +339,18 @@ class TaskProcessor:
             return v
         return decode
 
+    def values_kept(self) -> dict:
+        """``{source index: first bytes}``: the sources whose values only a bulk count sees. It
+        needs to know which are null, so of a JSON source's values it needs those that can be the
+        document ``null`` (they begin with whitespace or ``n``), of any other source's none."""
+        from statekit.topology.bulk import JSON_NULL_FIRST
+
+        out = {}
+        for si, b in (self._bulk or {}).items():
+            if b.op == "count":
+                out[si] = b"" if b.null_value is None else JSON_NULL_FIRST
+        return out
+
     def process_batch(self, records) -> int:
         """Run a `Records` batch (see `statekit.topology.records`) through the task's steps.
 

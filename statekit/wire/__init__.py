@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from .batch import (BatchHeader, build as build_batch, control_batch, control_type, header_at,
                     scan, split_batches)
-from .columns import (Columns, decode_batch_columns, decode_columns, encode_batches_flat,
-                      encode_columns, encode_flat)
+from .columns import (NOT_READ, Columns, decode_batch_columns, decode_columns,
+                      encode_batches_flat, encode_columns, encode_flat)
 from .compression import MAX_DECOMPRESSED, compress, decompress
 from .errors import CodecUnavailable, InvalidBatch, WireError
 from .records import (committed_only, decode_headers, decode_rows, encode_batches, encode_headers,
@@ -37,7 +37,8 @@ def decode_batch(raw, out: list, min_offset: int = 0) -> None:
 
 
 __all__ = [
-    "BatchHeader", "CodecUnavailable", "Columns", "InvalidBatch", "MAX_DECOMPRESSED", "WireError",
+    "BatchHeader", "CodecUnavailable", "Columns", "InvalidBatch", "MAX_DECOMPRESSED", "NOT_READ",
+    "WireError",
     "build_batch", "check_records", "committed_only", "compress", "control_batch", "control_type",
     "decode_batch", "decode_batch_columns", "decode_columns", "decode_headers", "decode_rows",
     "decompress", "encode_batches", "encode_batches_flat", "encode_columns", "encode_flat",

@@ -29,6 +29,20 @@ COLUMNAR_MIN = 48  # below this many records per batch the plain loop is cheaper
 _RUN_CACHE: dict = {}  # raw header section (count varint included) -> decoded headers tuple
 
 
+class _NotRead:
+    """The value of a record decoded with ``values_kept`` (a count needs to know only which values
+    are null): not bytes, so a step that did try to read it fails loudly instead of seeing bytes
+    that are not the record's."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<value not read>"
+
+
+NOT_READ = _NotRead()
+
+
 class Columns:
     """Records column-wise: ``keys``, ``values`` (parallel lists of bytes or None), ``offsets``
     and ``timestamps`` (parallel lists of ints; on the produce side ``offsets`` is unused and
@@ -208,9 +222,12 @@ def _odd_sections(a, buf, ve, rend, hs, he, n, ref) -> list:
     return [i for i in range(n) if buf[hs[i]:he[i]] != ref]
 
 
-def decode_batch_columns(raw, min_offset: int = 0):
+def decode_batch_columns(raw, min_offset: int = 0, values_kept: bytes | None = None):
     """Decode one v2 record batch into :class:`Columns` (records below ``min_offset`` skipped);
-    None for a control batch. The same records as ``decode_rows``."""
+    None for a control batch. The same records as ``decode_rows``, except with ``values_kept``
+    (first bytes, e.g. those a JSON ``null`` can begin with): then only the values that begin
+    with one of them are cut out; a null value stays None, every other value is
+    :data:`NOT_READ` (a count needs to know only which values are null)."""
     (base_offset, _length, _epoch, _magic, _crc, attrs, _lod, first_ts, max_ts, _pid, _pe, _bs,
      count) = B.HEADER.unpack_from(raw, 0)
     if attrs & B.ATTR_CONTROL:
@@ -222,7 +239,7 @@ def decode_batch_columns(raw, min_offset: int = 0):
     buf, pos = records_bytes(raw, attrs)
     try:
         cols = _columns(buf, pos, count, base_offset, first_ts, max_ts,
-                        attrs & B.ATTR_TIMESTAMP_TYPE, min_offset)
+                        attrs & B.ATTR_TIMESTAMP_TYPE, min_offset, values_kept)
     except (IndexError, ValueError):
         cols = None
     if cols is None:  # malformed or unusual (offsets not increasing): the loop says what it finds
@@ -281,8 +298,21 @@ def record_fields(a, S, varint_bytes: int = 10) -> Fields:
     return f
 
 
+def _kept(a, buf, vs, ve, vlen, values_kept: bytes) -> list:
+    """The value column without most values: None (null), the bytes of a value that begins with
+    one of ``values_kept``, else NOT_READ; found in numpy, only those few are sliced."""
+    out = np.full(len(vlen), NOT_READ, dtype=object)
+    out[vlen < 0] = None
+    if values_kept:
+        first = a[np.minimum(vs, len(a) - 1)]
+        cut = (vlen > 0) & np.isin(first, np.frombuffer(values_kept, np.uint8))
+        for i in np.flatnonzero(cut).tolist():
+            out[i] = buf[int(vs[i]):int(ve[i])]
+    return out.tolist()
+
+
 def _columns(buf: bytes, pos: int, count: int, base_offset: int, first_ts: int, max_ts: int,
-             log_append: int, min_offset: int):
+             log_append: int, min_offset: int, values_kept: bytes | None = None):
     starts = record_starts(buf, pos, count)
     if starts is None:
         return None
@@ -313,10 +343,13 @@ def _columns(buf: bytes, pos: int, count: int, base_offset: int, first_ts: int, 
     if klen.min() < 0:
         for i in np.flatnonzero(klen < 0).tolist():
             keys[i] = None
-    values = _blobs(a, buf, vs, ve, vlen)
-    if vlen.min() < 0:
-        for i in np.flatnonzero(vlen < 0).tolist():
-            values[i] = None
+    if values_kept is not None:
+        values = _kept(a, buf, vs, ve, vlen, values_kept)
+    else:
+        values = _blobs(a, buf, vs, ve, vlen)
+        if vlen.min() < 0:
+            for i in np.flatnonzero(vlen < 0).tolist():
+                values[i] = None
     # header runs: records whose header sections are byte-identical share one decoded tuple
     he = rend.tolist()
     hs = ve.tolist()
@@ -331,11 +364,13 @@ def _columns(buf: bytes, pos: int, count: int, base_offset: int, first_ts: int, 
     return Columns(offs.tolist(), timestamps, keys, values, runs)
 
 
-def decode_columns(batches, min_offset: int, end: int | None = None) -> Columns:
-    """The records of several batches (``[offset, end)``) as one :class:`Columns`."""
+def decode_columns(batches, min_offset: int, end: int | None = None,
+                   values_kept: bytes | None = None) -> Columns:
+    """The records of several batches (``[offset, end)``) as one :class:`Columns`
+    (``values_kept``: as for :func:`decode_batch_columns`)."""
     cols = Columns()
     for raw in batches:
-        c = decode_batch_columns(raw, min_offset)
+        c = decode_batch_columns(raw, min_offset, values_kept)
         if c is not None and c.offsets:
             cols.extend(c)
     if end is not None and cols.offsets and cols.offsets[-1] >= end:

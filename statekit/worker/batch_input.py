@@ -17,9 +17,15 @@ from statekit.topology.records import Records
 ISOLATION = "read_committed"
 
 
-def read_ranges(kafka, plan, ranges, isolation: str = ISOLATION) -> Records:
+def read_ranges(kafka, plan, ranges, isolation: str = ISOLATION, values_kept=None) -> Records:
     """`ranges`: ``[(topic, partition, start, end)]`` of one task; every source index reading a
-    topic gets its records. Returns the batch in Kafka Streams' processing order."""
+    topic gets its records. Returns the batch in Kafka Streams' processing order.
+
+    ``values_kept``: ``{source index: first bytes}`` for the sources whose steps need to know
+    only which values are null (a count: ``TaskProcessor.values_kept``); a topic read by no other
+    source is decoded cutting out only the values that begin so
+    (``statekit.wire.decode_batch_columns``)."""
+    values_kept = values_kept or {}
     by_topic: dict = {}
     for s in plan.sources:
         by_topic.setdefault(s.topic, []).append(s.index)
@@ -30,8 +36,12 @@ def read_ranges(kafka, plan, ranges, isolation: str = ISOLATION) -> Records:
         indexes = by_topic.get(topic)
         if not indexes:
             raise StatekitError(f"{topic} is not a source of sub-topology {plan.subtopology_index}")
+        kept = None
+        if all(si in values_kept for si in indexes):
+            kept = bytes(sorted(set(b"".join(values_kept[si] for si in indexes))))
         cols = None
-        for chunk in kafka.read(topic, partition, start, end, isolation=isolation, columns=True):
+        for chunk in kafka.read(topic, partition, start, end, isolation=isolation, columns=True,
+                                values_kept=kept):
             if cols is None:
                 cols = chunk.columns
             else:

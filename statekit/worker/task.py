@@ -474,11 +474,12 @@ class StreamTask:
         return items, memory
 
     # -- a micro-batch ---------------------------------------------------------------------
-    def read_input(self, ranges) -> "Records":
-        """The batch's records from its offset ranges ``[(topic, partition, start, end)]``."""
+    def read_input(self, ranges, values_kept=None) -> "Records":
+        """The batch's records from its offset ranges ``[(topic, partition, start, end)]``
+        (``values_kept``: see ``read_ranges``)."""
         from statekit.worker.batch_input import read_ranges
 
-        return read_ranges(self.state.kafka, self.plan, ranges)
+        return read_ranges(self.state.kafka, self.plan, ranges, values_kept=values_kept)
 
     def process(self, batch_id: int, batch, from_spool: bool = False) -> int:
         """Run and commit one micro-batch: ``batch`` is its offset ranges (read here) or its
@@ -499,8 +500,6 @@ class StreamTask:
         crash.records = None
         t_proc = time.perf_counter()
         try:
-            records = batch if isinstance(batch, Records) else self.read_input(batch)
-            read_ms = (time.perf_counter() - t_proc) * 1000.0
             tstore = state.stores.get(self.tstore_name)
             stream_time, meta = -1, {}
             if tstore is not None:
@@ -512,6 +511,11 @@ class StreamTask:
                     meta = json.loads(raw)
             ctx = _TaskContext(self.task, batch_id, state, stream_time, self.spec.cache_bytes, meta)
             proc = self.plan.new_processor(ctx)
+            t_read = time.perf_counter()
+            kept = getattr(proc, "values_kept", None)
+            records = batch if isinstance(batch, Records) else \
+                self.read_input(batch, kept() if kept is not None else None)
+            read_ms = (time.perf_counter() - t_read) * 1000.0
             threshold = _records_threshold(crash.pending(), self.instance)
             if threshold is not None and threshold <= 0:
                 crash.check("records", 0)

@@ -30,7 +30,7 @@ _spec.loader.exec_module(M)
 KEYS = [None, b'"a"', b' "a"', b'"\\u0061"', b'"b"', b'"\xc3\xa9"', b'"\\u00e9"', b'"\x7f"',
         b"1", b" 1", b"01", b"1.0", b"true", b"-0", b"0", b"null", b" null",
         b'{"b": 1, "a": 2}', b'{"a":2,"b":1}', b"[1, 2]", b"[1,2]"]
-VALUES = [None, b"null", b"0", b"3", b" 4", b"-2", b"17"]
+VALUES = [None, b"null", b" null", b"null\n", b"\tnull ", b"0", b"3", b" 4", b"-2", b"17"]
 
 
 class Ctx:

@@ -161,6 +161,28 @@ def test_encode_batches_flat_is_the_column_encoder_without_headers():
     assert [r[1:] for r in decoded] == [r[1:] for raw, _ in ref for r in kp_records(raw)]
 
 
+@pytest.mark.parametrize("kept", [b" \t\n\rn", b"", b"{"])
+def test_values_kept_cuts_out_only_the_values_that_begin_so(kept):
+    """A count reads a batch with ``values_kept`` (first bytes): a null value is None, a value
+    that begins with one of them is its bytes, every other is NOT_READ; keys, offsets,
+    timestamps and headers are the full decode's."""
+    rng = random.Random(len(kept))
+    pool = [None, b"null", b" null", b"null\n", b"nul", b"NULL", b"", b'{"a": 1}', b"1", b"n" * 300]
+    n = 400
+    values = [rng.choice(pool) for _ in range(n)]
+    keys = [b"k%d" % rng.randrange(50) for _ in range(n)]
+    stamps = [NOW + rng.randrange(-5000, 5000) for _ in range(n)]
+    (raw, _c), = W.encode_columns(Columns.of(keys, values, [("h", b"1")], timestamps=stamps))
+    full = W.decode_batch_columns(raw)
+    got = W.decode_batch_columns(raw, 0, kept)
+    assert full.values == values
+    assert (got.keys, got.offsets, got.timestamps, got.runs) == \
+        (full.keys, full.offsets, full.timestamps, full.runs)
+    want = [None if v is None else v if v[:1] and v[0] in kept else W.NOT_READ for v in values]
+    assert got.values == want
+    assert W.NOT_READ in got.values and not isinstance(W.NOT_READ, bytes)
+
+
 @pytest.mark.parametrize("width", [1, 8, 13, 64, 65])
 def test_items_of_one_length_decode_as_written_trailing_zero_bytes_too(width):
     """Keys and values of one length are gathered as fixed-width strings (numpy drops their
