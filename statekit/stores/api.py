@@ -214,7 +214,14 @@ class SortedKeys:
         self._new.append(key)
 
     def added_many(self, keys) -> None:
-        self._new.extend(keys)
+        new = self._new
+        if len(new) > 2 * len(self._d) + 4096:
+            # keys that left the dict before any scan (a cache evicting a build's keys batch
+            # after batch) would otherwise pile up here, holding their bytes, until one. Only
+            # the keys told before: a writer may tell these before it puts them in the dict
+            d = self._d
+            new = self._new = [k for k in new if k in d]
+        new.extend(keys)
 
     def removed(self, n: int = 1) -> None:
         self._stale += n

@@ -34,6 +34,7 @@ from statekit.topology.graph import same_serde, serde_label
 from statekit.topology.steps import _fail
 
 _Q = struct.Struct(">q")
+_ONE = _Q.pack(1)
 _BYTES = object()    # a held new value to decode from its bytes at flush
 _JSON_WS = b" \t\n\r"
 JSON_NULL_FIRST = _JSON_WS + b"n"   # the bytes a JSON null document can begin with
@@ -108,7 +109,7 @@ class BulkAggregate:
         self.null_value = b"null" if _kind(src.value_serde) == "json" else None
         self.int64 = _kind(n.stores[0].value_serde) in ("int64", "long")
         # what flush forwards, in first-update order: per store key bytes, its position
-        self._pos: dict = {}
+        self._pos = None            # key -> position in the held lists (made on demand)
         self._keys: list = []      # store key bytes
         self._new: list = []       # new value bytes (None: deleted)
         self._old: list = []       # value bytes before the batch
@@ -204,28 +205,39 @@ class BulkAggregate:
         else:
             self._fold(skeys, keys, values, stamps, offs, parts)
 
-    def _hold(self, uniq: list, news: list, olds: list, last: dict, stamps, offs, parts,
+    def _hold(self, uniq: list, news: list, olds: list, last, stamps, offs, parts,
               objs=None) -> None:
         """Remember what flush forwards; `objs`: the new values as the user's function returned
-        them (one record at a time forwards those, not the store's copy), None for a count. An
+        them (one record at a time forwards those, not the store's copy), None for a count;
+        `last`: each key's last record, None when `uniq` are the records' keys, each once. An
         aggregation nothing follows forwards nothing: it holds nothing either."""
         if not self.n.children:
             return
-        pos, keys_, new_, old_ = self._pos, self._keys, self._new, self._old
+        keys_, new_, old_ = self._keys, self._new, self._old
         obj_, ts_, off_, part_ = self._obj, self._ts, self._off, self._part
         if objs is None:
             objs = [_BYTES] * len(uniq)
-        if not pos:   # the first (usually only) apply of the batch: columns as they are
-            pos.update(zip(uniq, range(len(uniq))))
+        if not keys_:   # the first (usually only) apply of the batch: columns as they are
             keys_.extend(uniq)
             new_.extend(news)
             old_.extend(olds)
             obj_.extend(objs)
-            at = list(map(last.__getitem__, uniq))
-            ts_.extend(map(stamps.__getitem__, at))
-            off_.extend(map(offs.__getitem__, at))
-            part_.extend(map(parts.__getitem__, at))
+            if last is None:
+                ts_.extend(stamps)
+                off_.extend(offs)
+                part_.extend(parts)
+            else:
+                at = list(map(last.__getitem__, uniq))
+                ts_.extend(map(stamps.__getitem__, at))
+                off_.extend(map(offs.__getitem__, at))
+                part_.extend(map(parts.__getitem__, at))
+            self._pos = None         # made when a second apply comes (a batch cut in two)
             return
+        if last is None:
+            last = dict(zip(uniq, range(len(uniq))))
+        pos = self._pos
+        if pos is None:
+            pos = self._pos = dict(zip(keys_, range(len(keys_))))
         for kb, nb, ob, o in zip(uniq, news, olds, objs):
             i = last[kb]
             p = pos.get(kb)
@@ -245,14 +257,17 @@ class BulkAggregate:
 
     def _count(self, skeys: list, stamps, offs, parts) -> None:
         counts = Counter(skeys)                      # first-appearance order
-        uniq = list(counts)
-        last = dict(zip(skeys, range(len(skeys))))   # each key's last record
+        if len(counts) == len(skeys):                # every key once (a build): the records' order
+            uniq, last = skeys, None
+        else:
+            uniq = list(counts)
+            last = dict(zip(skeys, range(len(skeys))))   # each key's last record
         store = self.bytes_store
         olds = store.get_many(uniq)
         if self.int64:
             unpack, pack = _Q.unpack, _Q.pack
             if olds.count(None) == len(olds):
-                news = [pack(c) for c in counts.values()]
+                news = [_ONE] * len(uniq) if last is None else [pack(c) for c in counts.values()]
             else:
                 news = [pack(c if o is None else unpack(o)[0] + c)
                         for o, c in zip(olds, counts.values())]
@@ -362,7 +377,7 @@ class BulkAggregate:
         """Forward the held results (flush): columns to the sink, or one key at a time."""
         keys, news, olds, objs = self._keys, self._new, self._old, self._obj
         stamps, offs, parts = self._ts, self._off, self._part
-        self._pos, self._keys, self._new, self._old, self._obj = {}, [], [], [], []
+        self._pos, self._keys, self._new, self._old, self._obj = None, [], [], [], []
         self._ts, self._off, self._part = [], [], []
         if not keys:
             return 0

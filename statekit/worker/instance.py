@@ -151,16 +151,25 @@ class InstanceServer:
 
 
 def warm_imports() -> None:
-    """What the first micro-batch of a task would otherwise pay for."""
-    import numpy  # noqa: F401
+    """What the first micro-batch of a task would otherwise pay for (py-spy found the operators,
+    the bulk aggregation and numpy.ma, which `np.unique` imports on its first call, still being
+    imported inside a build's first batch)."""
+    import numpy
+    import numpy.ma  # noqa: F401
 
     import statekit.kafka  # noqa: F401
+    import statekit.partition  # noqa: F401
     import statekit.state  # noqa: F401
     import statekit.stores.rocksdb  # noqa: F401
+    import statekit.topology.bulk  # noqa: F401
+    import statekit.topology.ops  # noqa: F401
     import statekit.topology.plan  # noqa: F401
+    import statekit.topology.task  # noqa: F401
     import statekit.worker.batch_input  # noqa: F401
     import statekit.worker.host  # noqa: F401
     import statekit.worker.output  # noqa: F401
+    from statekit.topology.ops import (aggregate, fk_join, session, sliding,  # noqa: F401
+                                       stream_join, suppress, table_join)
 
 
 def _become(line: str) -> argparse.Namespace:

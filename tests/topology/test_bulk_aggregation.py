@@ -164,6 +164,31 @@ def random_batches(plan, seed, n_batches=5, size=80):
     return out
 
 
+@pytest.mark.parametrize("seed", [5, 6])
+def test_bulk_equals_per_record_when_every_key_comes_once(tmp_path, seed):
+    """A build: every key once per batch (the count keeps the records' own order and metadata,
+    no per-key lookups), keys coming back in later batches, batches cut in two or three."""
+    plan = plan_three_sources()
+    rng = random.Random(seed)
+    offsets, batches, ts = {}, [], 0
+    for _ in range(4):
+        keys = rng.sample(range(300), 120)
+        rows = []
+        for i in keys:
+            ts += rng.randint(-2, 3)
+            rows.append(("n1", b'"k%d"' % i, rng.choice(VALUES), max(ts, 0)))
+        batches.append(batch_of(plan, rows, offsets))
+    cuts = {i: sorted(rng.sample(range(1, len(b)), rng.randint(1, 2)))
+            for i, b in enumerate(batches)}
+    one = run(plan, batches, tmp_path, False, "one")
+    assert run(plan, batches, tmp_path, True, "bulk") == one
+    assert run(plan, batches, tmp_path, True, "cut", cuts) == one
+    cols = run(plan, batches, tmp_path, True, "columns", cuts, ColumnCtx)
+    assert cols[1:] == one[1:] and cols[0] == [[o[:4] for o in batch] for batch in one[0]]
+    outs, contents, _log, skipped = one
+    assert skipped > 0 and len(contents["n"]) > 120 and all(len(o) > 30 for o in outs)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_bulk_equals_per_record(tmp_path, seed):
     plan = plan_three_sources()
