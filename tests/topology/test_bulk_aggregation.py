@@ -166,17 +166,17 @@ def random_batches(plan, seed, n_batches=5, size=80):
 
 @pytest.mark.parametrize("seed", [5, 6])
 def test_bulk_equals_per_record_when_every_key_comes_once(tmp_path, seed):
-    """A build: every key once per batch (the count keeps the records' own order and metadata,
-    no per-key lookups), keys coming back in later batches, batches cut in two or three."""
+    """A build: every key once per batch in each source (the count keeps the records' own order and
+    metadata), keys coming back in later batches, batches cut in two or three."""
     plan = plan_three_sources()
     rng = random.Random(seed)
     offsets, batches, ts = {}, [], 0
     for _ in range(4):
-        keys = rng.sample(range(300), 120)
         rows = []
-        for i in keys:
-            ts += rng.randint(-2, 3)
-            rows.append(("n1", b'"k%d"' % i, rng.choice(VALUES), max(ts, 0)))
+        for topic in ("n1", "n2", "n3"):
+            for i in rng.sample(range(300), 120):
+                ts += rng.randint(-2, 3)
+                rows.append((topic, b'"k%d"' % i, rng.choice(VALUES), max(ts, 0)))
         batches.append(batch_of(plan, rows, offsets))
     cuts = {i: sorted(rng.sample(range(1, len(b)), rng.randint(1, 2)))
             for i, b in enumerate(batches)}
@@ -186,7 +186,8 @@ def test_bulk_equals_per_record_when_every_key_comes_once(tmp_path, seed):
     cols = run(plan, batches, tmp_path, True, "columns", cuts, ColumnCtx)
     assert cols[1:] == one[1:] and cols[0] == [[o[:4] for o in batch] for batch in one[0]]
     outs, contents, _log, skipped = one
-    assert skipped > 0 and len(contents["n"]) > 120 and all(len(o) > 30 for o in outs)
+    assert skipped > 0 and all(len(contents[s]) > 120 for s in ("n", "r", "seq"))
+    assert all(len(o) > 90 for o in outs)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
@@ -268,6 +269,21 @@ def test_bulk_error_names_the_failing_record(tmp_path):
     assert run.engaged == [True]
     msg = str(ei.value)
     assert "ZeroDivisionError" in msg and "offset 2" in msg and "key='a'" in msg and "\n" not in msg
+
+
+def test_bulk_error_names_the_failing_record_when_every_key_comes_once(tmp_path):
+    """A build's batch (no key twice): a failure still names its record."""
+    b = TopologyBuilder()
+    b.stream("nums", value_serde="json").group_by_key().aggregate(
+        lambda: 100, lambda k, v, a: a // v, store="r", value_serde="json")
+    plan = b.compile()
+    rows = [("nums", b"a", b"10", 1), ("nums", b"b", b"3", 2), ("nums", b"c", b"0", 3),
+            ("nums", b"d", b"1", 4)]
+    with pytest.raises(ProcessorError) as ei:
+        run(plan, [batch_of(plan, rows, {})], tmp_path, True, "e1")
+    assert run.engaged == [True]
+    msg = str(ei.value)
+    assert "ZeroDivisionError" in msg and "offset 2" in msg and "key='c'" in msg and "\n" not in msg
 
 
 def undecodable_error(plan, rows, tmp_path, bulk, name) -> str:
