@@ -36,8 +36,7 @@ from statekit.topology.steps import _fail
 _Q = struct.Struct(">q")
 _ONE = _Q.pack(1)
 _BYTES = object()    # a held new value to decode from its bytes at flush
-_JSON_WS = b" \t\n\r"
-JSON_NULL_FIRST = _JSON_WS + b"n"   # the bytes a JSON null document can begin with
+JSON_NULL_FIRST = b" \t\n\rn"   # the bytes a JSON null document can begin with
 _CANONICAL_JSON_KEY = re.compile(rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*"|0|-?[1-9][0-9]*').fullmatch
 
 
@@ -147,17 +146,24 @@ class BulkAggregate:
         return out
 
     def _null_values(self, values) -> set:
-        """The values of the batch a count skips: None, and for a JSON source every value whose
-        bytes are the document ``null`` (whitespace around it too, as the decoder reads it).
-        Values read with ``values_kept`` are mostly NOT_READ: one object, looked at once."""
+        """The values of the batch a count skips: None, and for a JSON source every value the
+        source's decoder reads as None (``null``, whitespace around it too); only the distinct
+        values that can begin such a document are decoded. Values read with ``values_kept`` are
+        mostly NOT_READ: one object, looked at once."""
         out = set()
         for vb in set(values):
             if vb is None:
                 out.add(vb)
             elif (self.null_value is not None and isinstance(vb, bytes)
-                  and vb[:1] in JSON_NULL_FIRST and vb.strip(_JSON_WS) == b"null"):
+                  and vb[:1] in JSON_NULL_FIRST and self._decodes_to_none(vb)):
                 out.add(vb)
         return out
+
+    def _decodes_to_none(self, vb: bytes) -> bool:
+        try:
+            return self.vdec(vb) is None
+        except Exception:  # noqa: BLE001 - a count never decodes its values: not JSON is counted
+            return False
 
     # -- applying --------------------------------------------------------------------------------
     def apply(self, records, idx) -> None:
