@@ -19,7 +19,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOAD = r"""
 import sys, time
 sys.path.insert(0, {root!r})
-from pyspark import SparkContext
 from statekit.engine.spark.session import get_session, stop_session
 spark = get_session("statekit-cds")
 spark.range(100).selectExpr("id % 3 as k").groupBy("k").count().collect()
@@ -31,9 +30,7 @@ q = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
 deadline = time.time() + 60
 while time.time() < deadline and len(q.recentProgress) < 3:
     time.sleep(0.2)
-proc = SparkContext._gateway.proc
-stop_session()
-proc.wait(timeout=300)   # the JVM writes the archive as it exits
+stop_session(jvm_exit_timeout=540)   # the JVM writes the archive as it exits: 15 s here, idle
 """
 
 
@@ -54,7 +51,8 @@ def main() -> int:
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                            timeout=600)
         if r.returncode != 0 or not os.path.isfile(tmp) or os.path.getsize(tmp) == 0:
-            last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            last = (r.stderr.strip().splitlines() or [
+                f"exit code {r.returncode}, no output: the JVM ended before it wrote the archive"])[-1]
             print(f"the class archive for Spark was not written ({last}); Spark starts without it",
                   file=sys.stderr)
             return 0

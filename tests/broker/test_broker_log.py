@@ -251,8 +251,12 @@ def test_kill9_during_produce_keeps_every_acked_record(tmp_path):
         stop.set()
         t.join(10)
         # the broker is dead: fail the unsent records now (KafkaProducer.close() would first flush
-        # them, time out and raise, and try again from __del__ at garbage collection)
-        producer._accumulator.abort_incomplete_batches()
+        # them, time out and raise, and try again from __del__ at garbage collection). The sender
+        # thread fails them itself on a forced close; failing them from this thread would race it
+        # (it may be failing the same batch on the reset connection at that moment).
+        producer._sender.force_close()
+        producer._sender.join(10)
+        assert not producer._sender.is_alive()
         producer.close(timeout=0)
     finally:
         h.stop()

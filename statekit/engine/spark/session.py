@@ -316,8 +316,10 @@ def warm_workers(spark) -> None:
         pass
 
 
-def stop_session() -> None:
-    """Stop the active session (and its JVM gateway) if there is one."""
+def stop_session(jvm_exit_timeout: float = 20) -> None:
+    """Stop the active session (and its JVM gateway) if there is one; a JVM that has not exited
+    ``jvm_exit_timeout`` seconds after its stdin closed is killed (one writing a class archive at
+    exit takes 15 s here, more on a loaded machine: scripts/spark_cds.py waits longer)."""
     with _LOCK:
         from pyspark.sql import SparkSession
 
@@ -345,7 +347,7 @@ def stop_session() -> None:
                 except Exception:
                     pass
                 try:
-                    proc.wait(timeout=20)
+                    proc.wait(timeout=jvm_exit_timeout)
                 except Exception:
                     proc.kill()
                     try:
