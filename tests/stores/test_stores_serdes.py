@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from statekit.stores import get_serde, register_serde
-from statekit.stores.serdes import JsonSerde
+from statekit.stores.serdes import JsonSerde, decode_column
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -108,3 +108,40 @@ def test_json_number_decoding_matches_json():
         want = __import__("json").loads(raw)
         assert got == want or (got != got and want != want)
         assert type(got) is type(want)
+
+
+_json_docs = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(-(2 ** 70), 2 ** 70)
+    | st.floats() | st.text() | st.sampled_from([1e400, -1e400, 1e16, 1e-7, -0.0, 2 ** 64, -(2 ** 63) - 1]),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children,
+                                                                      max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_docs, st.sampled_from(["", " ", "\n", "\t "]), st.booleans(), st.booleans())
+def test_json_decoding_is_what_json_decodes(v, pad, ascii_only, compact):
+    """Any JSON document another producer may write (spaces or not, escaped or raw UTF-8, big
+    integers, NaN, infinities, padding) decodes to exactly what json.loads gives (type and value),
+    one value at a time and column-wise, and what json refuses is refused with json's error."""
+    import json
+
+    text = json.dumps(v, ensure_ascii=ascii_only, separators=(",", ":") if compact else None)
+    raw = (pad + text + pad).encode("utf-8", "surrogatepass")
+    try:
+        want = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        with pytest.raises(type(exc)):
+            get_serde("json").from_bytes(raw)
+        return
+    got = get_serde("json").from_bytes(raw)
+    assert repr(got) == repr(want)
+    col = decode_column(get_serde("json"), [raw, raw])   # the bulk path's: all, or None
+    assert col is None or repr(col) == repr([want, want])
+
+
+def test_json_decoding_refuses_what_json_refuses():
+    s = get_serde("json")
+    for raw in [b"", b"{", b'{"a":1}x', b"[1,]", b"\xff", b"nul"]:
+        with pytest.raises(ValueError):
+            s.from_bytes(raw)
