@@ -140,6 +140,7 @@ def test_snapshot_interval_changes_replay(native_broker, native_spark, tmp_path)
     assert st1 == want and st2 == want
     # on disk, 6 versions: minDeltasForSnapshot=1 snapshots every version (the maintenance thread
     # uploads it within a second), =50 leaves every version after the first snapshot as changelog
+    assert len(lag_rarely) == 1 == len(lag_often)      # one state partition: partitions=1
     assert int(lag_rarely.latest_version.iloc[0]) == 6 == int(lag_often.latest_version.iloc[0])
     assert int(lag_often.changelog_lag.iloc[0]) <= 1
     assert int(lag_rarely.changelog_lag.iloc[0]) >= 4

@@ -338,7 +338,9 @@ class SparkNativeEngine(SparkEngine):
 
     def start(self, run: RunSpec, on_progress=None) -> NativeQuery:
         self._check_topics(run)
-        self.session(run)
+        # Spark's state partitions: one per app partition (a query restarted from its checkpoint
+        # keeps the number it began with, whatever is set here)
+        self.session(run).conf.set("spark.sql.shuffle.partitions", str(run.partitions))
         if self._opts(run)["mode"] == "groupby":
             rq = self._start_update(run, on_progress)
         else:
@@ -353,7 +355,6 @@ class SparkNativeEngine(SparkEngine):
         from statekit.engine.spark.engine import launch
 
         spark = self.session(run)
-        spark.conf.set("spark.sql.shuffle.partitions", str(run.partitions))
         name = run.query_name or run.app
         try:
             out = self.build(run)
