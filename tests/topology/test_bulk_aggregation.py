@@ -258,32 +258,26 @@ def test_bulk_applies_only_where_nothing_reads_the_store(tmp_path):
     assert not plan.new_processor(ctx)._bulk                  # the source feeds two steps
 
 
-def test_bulk_error_names_the_failing_record(tmp_path):
+@pytest.mark.parametrize("op,rows,key", [
+    ("reduce", [(b"a", b"10"), (b"b", b"3"), (b"a", b"0")], "a"),          # its key came before
+    ("aggregate", [(b"a", b"10"), (b"b", b"3"), (b"c", b"0"), (b"d", b"1")], "c"),  # a build's batch
+])
+def test_bulk_error_names_the_failing_record(tmp_path, op, rows, key):
+    """A failing user function names its record (offset 2), whether its key came before in the
+    batch or every key comes once."""
     b = TopologyBuilder()
-    b.stream("nums", value_serde="json").group_by_key().reduce(lambda a, v: a // v, store="r",
-                                                               value_serde="json")
+    g = b.stream("nums", value_serde="json").group_by_key()
+    if op == "reduce":
+        g.reduce(lambda a, v: a // v, store="r", value_serde="json")
+    else:
+        g.aggregate(lambda: 100, lambda k, v, a: a // v, store="r", value_serde="json")
     plan = b.compile()
-    rows = [("nums", b"a", b"10", 1), ("nums", b"b", b"3", 2), ("nums", b"a", b"0", 3)]
+    rows = [("nums", k, v, i + 1) for i, (k, v) in enumerate(rows)]
     with pytest.raises(ProcessorError) as ei:
         run(plan, [batch_of(plan, rows, {})], tmp_path, True, "e")
     assert run.engaged == [True]
     msg = str(ei.value)
-    assert "ZeroDivisionError" in msg and "offset 2" in msg and "key='a'" in msg and "\n" not in msg
-
-
-def test_bulk_error_names_the_failing_record_when_every_key_comes_once(tmp_path):
-    """A build's batch (no key twice): a failure still names its record."""
-    b = TopologyBuilder()
-    b.stream("nums", value_serde="json").group_by_key().aggregate(
-        lambda: 100, lambda k, v, a: a // v, store="r", value_serde="json")
-    plan = b.compile()
-    rows = [("nums", b"a", b"10", 1), ("nums", b"b", b"3", 2), ("nums", b"c", b"0", 3),
-            ("nums", b"d", b"1", 4)]
-    with pytest.raises(ProcessorError) as ei:
-        run(plan, [batch_of(plan, rows, {})], tmp_path, True, "e1")
-    assert run.engaged == [True]
-    msg = str(ei.value)
-    assert "ZeroDivisionError" in msg and "offset 2" in msg and "key='c'" in msg and "\n" not in msg
+    assert "ZeroDivisionError" in msg and "offset 2" in msg and f"key='{key}'" in msg and "\n" not in msg
 
 
 def undecodable_error(plan, rows, tmp_path, bulk, name) -> str:
