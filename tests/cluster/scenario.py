@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(HERE))                      # tests/ (the sha
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "runtime"))
 
 import harness as H  # noqa: E402
-from standalone import StandaloneCluster  # noqa: E402
+from standalone import StandaloneCluster, cmdline, descendants  # noqa: E402
 
 SEED = 14
 PARTITIONS = 4
@@ -82,6 +82,8 @@ def run(root: str) -> dict:
         executors = cluster.wait_executors(2)
         _write(pids_path, sorted(cluster._seen))
         res["executors_at_start"] = executors
+        pids = {p for r in cluster._seen for p in [r, *descendants(r)]}
+        res["cluster_jvms"] = [c for c in map(cmdline, sorted(pids)) if "java" in c.split(" ")[0]]
         marks["session_up"] = time.monotonic() - t0
 
         k = Kafka(broker.bootstrap)

@@ -83,6 +83,26 @@ def test_scenario_ran(result):
     assert {e["worker"] for e in result["executors_at_start"]} == {0, 1}
 
 
+def test_the_clusters_jvms_run_with_the_drivers_lean_options(result):
+    """The master, the workers and the executors share this machine's cores with everything
+    else: serial GC, C1 only, and the class archive when make wrote it."""
+    from statekit.engine.spark.session import class_archive
+
+    jvms = result["cluster_jvms"]
+    roles = {"deploy.master.Master": 0, "deploy.worker.Worker": 0,
+             "executor.CoarseGrainedExecutorBackend": 0}
+    for c in jvms:
+        role = next((r for r in roles if f"org.apache.spark.{r} " in c + " "), None)
+        if role is None or "launcher.Main" in c:   # spark-class's launcher, gone by now
+            continue
+        roles[role] += 1
+        assert "-XX:TieredStopAtLevel=1" in c and "-XX:+UseSerialGC" in c, c[-400:]
+        if os.path.isfile(class_archive()):
+            assert f"-XX:SharedArchiveFile={class_archive()}" in c, c[-400:]
+    assert roles == {"deploy.master.Master": 1, "deploy.worker.Worker": 2,
+                     "executor.CoarseGrainedExecutorBackend": 2}, roles
+
+
 def test_a_task_stays_open_on_its_executor_batch_after_batch(result):
     assert "exception" not in result, result.get("exception")
     steady = result["steady"]
