@@ -39,3 +39,50 @@ def test_one_line_keeps_the_statekit_error_and_drops_java():
     died = one_line(Exception("[STREAM_FAILED] Query terminated with exception: Job aborted: "
                               "Python worker exited unexpectedly (crashed)\n\tat org.apache.x(y)"))
     assert isinstance(died, StatekitError) and "\n" not in str(died) and "worker died" in str(died)
+
+
+class _Query:
+    """A streaming query as `RunningQuery.stop` sees it: statuses in turn, then stopped."""
+
+    id, name = "q", "q"
+
+    def __init__(self, statuses):
+        self.statuses = list(statuses)
+        self.seen = 0
+        self.stopped_at = None
+
+    @property
+    def isActive(self):
+        return self.stopped_at is None
+
+    @property
+    def status(self):
+        st = self.statuses[min(self.seen, len(self.statuses) - 1)]
+        self.seen += 1
+        return st
+
+    def stop(self):
+        self.stopped_at = self.seen
+
+
+def _st(message, active):
+    return {"message": message, "isTriggerActive": active, "isDataAvailable": False}
+
+
+def test_a_graceful_stop_waits_for_the_batch_in_flight_not_for_an_idle_sources_long_poll():
+    from statekit.engine.spark.engine import RunningQuery
+
+    polling = "Getting offsets from PythonMicroBatchStream@1"
+    # a batch in flight: stop only once it has ended (the third status is the first without one)
+    q = _Query([_st("Processing new data", True), _st("Processing new data", True),
+                _st("Waiting for data to arrive", False)])
+    RunningQuery(None, q).stop(timeout=10)
+    assert q.stopped_at == 3
+    # an idle source asking for offsets (a long poll): no batch in flight, stop at once
+    q = _Query([_st(polling, True)] * 5 + [_st("Waiting for data to arrive", False)])
+    RunningQuery(None, q).stop(timeout=10)
+    assert q.stopped_at == 1
+    # a batch that does not end within the timeout: stopped anyway
+    q = _Query([_st("Processing new data", True)])
+    RunningQuery(None, q).stop(timeout=0.2)
+    assert q.stopped_at is not None and q.stopped_at >= 2
