@@ -73,3 +73,16 @@ def test_a_hidden_cell_that_shows_something_is_an_error_and_solutions_replace_th
     nb = new_notebook(cells=[hidden, quiet, ex])
     assert demo.hidden_cells_print_nothing(nb) == ["cell 0: a remove-cell cell showed output"]
     assert demo.apply_solutions(nb) == 1 and nb.cells[2].source == "moved = 'k'"
+
+
+def test_the_tour_starts_its_longest_notebooks_first_and_reports_in_tour_order(monkeypatch):
+    paths = demo.notebook_paths()
+    names = [p.rsplit("/", 1)[-1][:3] for p in demo.schedule(paths)]
+    assert names[:len(demo.LONGEST_FIRST)] == list(demo.LONGEST_FIRST)
+    rest = [n for n in names if n not in demo.LONGEST_FIRST]
+    assert rest == sorted(rest) and len(names) == len(paths) == len(set(names))
+    # one process each, without a pool: results come back in the order of the tour
+    ran = []
+    monkeypatch.setattr(demo, "run_notebook", lambda p, *a, **k: ran.append(p) or NotebookResult(p, p))
+    assert [r.name for r in demo.run_all(paths[:3], "out", 10, False, jobs=1)] == paths[:3]
+    assert ran == paths[:3]
