@@ -312,8 +312,8 @@ def format_report(results: list[NotebookResult], wall: float | None = None) -> s
     return "\n".join(lines)
 
 
-# The longest notebooks start first (measured: each 80-100 s here, the others 10-50 s), so the
-# pool does not end with one long notebook running alone. Notebook 13 starts a standalone cluster
+# The longest notebooks start first (run alone here each takes 65-100 s, the others 10-50 s), so
+# the pool does not end with one long notebook running alone. Notebook 13 starts a standalone cluster
 # (8 JVMs) but spends most of its time waiting on it, as the others wait on their kernels and JVMs.
 LONGEST_FIRST = ("13_", "09_", "03_", "02_", "10_")
 
@@ -322,7 +322,8 @@ def schedule(paths: list) -> list:
     """``paths`` in the order they start: the known long notebooks first, the rest as listed."""
     def rank(p):
         name = os.path.basename(p)
-        return next((i for i, pre in enumerate(LONGEST_FIRST) if name.startswith(pre)), len(LONGEST_FIRST))
+        return next((i for i, pre in enumerate(LONGEST_FIRST) if name.startswith(pre)),
+                    len(LONGEST_FIRST))
     return sorted(paths, key=rank)
 
 

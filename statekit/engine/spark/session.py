@@ -177,7 +177,10 @@ def class_archive() -> str:
     return os.environ.get("STATEKIT_SPARK_CDS") or os.path.join(sys.prefix, "statekit-spark.jsa")
 
 
-def _java_opts(archive: str | None) -> str:
+def jvm_options(archive: str | None) -> str:
+    """The options of every JVM statekit starts on this machine (the driver; a local standalone
+    cluster's master, workers and executors): ``JAVA_OPTS`` (or ``$STATEKIT_SPARK_JAVA_OPTS``),
+    and the class archive when there is one."""
     opts = os.environ.get("STATEKIT_SPARK_JAVA_OPTS", JAVA_OPTS)
     opts += f" -XX:ErrorFile={os.path.join(log_dir(), 'hs_err_%p.log')}"
     if archive and "-XX:SharedArchiveFile" not in opts and "-XX:ArchiveClassesAtExit" not in opts:
@@ -217,7 +220,7 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")
                  .config("spark.driver.memory", driver_memory)
-                 .config("spark.driver.extraJavaOptions", log_opts + _java_opts(archive))
+                 .config("spark.driver.extraJavaOptions", log_opts + jvm_options(archive))
                  .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
                  .config("spark.sql.adaptive.enabled", "false")
                  .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -236,7 +239,7 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                     # executors on this machine (a standalone cluster here): they relay records
                     # to Python workers and share the cores with everything else, as the driver
                     # does; with these options and the archive one starts on ~3 s of CPU, not ~12
-                    b = b.config("spark.executor.extraJavaOptions", _java_opts(archive))
+                    b = b.config("spark.executor.extraJavaOptions", jvm_options(archive))
             for k, v in (extra_conf or {}).items():
                 b = b.config(k, str(v))
             set_aside = False
@@ -251,9 +254,9 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                         # (the next `make` writes a new one) and start without it
                         os.replace(archive, archive + ".bad")
                         set_aside = True
-                        b = b.config("spark.driver.extraJavaOptions", log_opts + _java_opts(None))
+                        b = b.config("spark.driver.extraJavaOptions", log_opts + jvm_options(None))
                         if loopback and not is_local_master(master):
-                            b = b.config("spark.executor.extraJavaOptions", _java_opts(None))
+                            b = b.config("spark.executor.extraJavaOptions", jvm_options(None))
                         spark = b.getOrCreate()
             except Exception as exc:  # the JVM did not come up
                 raise one_line(exc, f"Spark did not start (the JVM's output: {jvm_stderr_path()})") from None

@@ -114,7 +114,7 @@ class StandaloneCluster:
 
     # -- life
     def _env(self, local_dir: str | None = None) -> dict:
-        from statekit.engine.spark.session import _java_opts, class_archive
+        from statekit.engine.spark.session import jvm_options, class_archive
 
         archive = class_archive()
         env = dict(os.environ)
@@ -123,7 +123,7 @@ class StandaloneCluster:
                    # the master's REST submission server would take the fixed port 6066
                    SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
                    # the master and workers only keep books: the driver's lean JVM options
-                   SPARK_DAEMON_JAVA_OPTS=_java_opts(archive if os.path.isfile(archive) else None))
+                   SPARK_DAEMON_JAVA_OPTS=jvm_options(archive if os.path.isfile(archive) else None))
         env.pop("SPARK_CONF_DIR", None)
         if local_dir:
             env["SPARK_LOCAL_DIRS"] = local_dir
