@@ -108,9 +108,9 @@ def _replay_after_restart(bootstrap, kafka, tmp_path, name, min_deltas, chunks):
             kafka.send(f"{name}-in", 0, [(f"k{j % 5}".encode(), b"x") for j in range(c)])
             app.process_all_available(timeout=300)          # one batch per chunk: one version each
         if min_deltas == 1:   # every version is due: the maintenance thread (1 s) uploads it
-            def snapshotted():
-                df = app.changelog_lag()
-                return len(df) > 0 and int(df.changelog_lag.iloc[0]) <= 1
+            def snapshotted():   # the last version too: an upload after the lag is read below
+                df = app.changelog_lag()   # would leave fewer files to replay than it says
+                return len(df) > 0 and int(df.changelog_lag.iloc[0]) == 0
 
             wait_until(snapshotted, 30, "the maintenance thread's snapshot of the last version")
         else:                 # nothing is due: that none comes is seen only by waiting 2 maintenance runs
