@@ -177,6 +177,12 @@ def class_archive() -> str:
     return os.environ.get("STATEKIT_SPARK_CDS") or os.path.join(sys.prefix, "statekit-spark.jsa")
 
 
+def built_class_archive() -> str | None:
+    """``class_archive()`` when ``make`` has written it, else None."""
+    archive = class_archive()
+    return archive if os.path.isfile(archive) else None
+
+
 def jvm_options(archive: str | None) -> str:
     """The options of every JVM statekit starts on this machine (the driver; a local standalone
     cluster's master, workers and executors): ``JAVA_OPTS`` (or ``$STATEKIT_SPARK_JAVA_OPTS``),
@@ -212,15 +218,25 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
             props = os.path.join(log_dir(), f"log4j2-{os.getpid()}.properties")
             with open(props, "w") as fh:
                 fh.write(_LOG4J.format(path=log_path()))
-            archive = class_archive()
-            archive = archive if os.path.isfile(archive) else None
+            archive = built_class_archive()
             log_opts = (f"-Dlog4j.configurationFile=file:{props} "
                         f"-Dlog4j2.configurationFile=file:{props} ")
+            # executors on this machine (a standalone cluster here) relay records to Python workers
+            # and share the cores with everything else, as the driver does: the same options (one
+            # then starts on ~3 s of CPU, not ~12), unless extra_conf gives them their own
+            executors_here = (loopback and not is_local_master(master)
+                              and "spark.executor.extraJavaOptions" not in (extra_conf or {}))
+
+            def with_jvm_options(b, archive):
+                b = b.config("spark.driver.extraJavaOptions", log_opts + jvm_options(archive))
+                if executors_here:
+                    b = b.config("spark.executor.extraJavaOptions", jvm_options(archive))
+                return b
+
             b = (SparkSession.builder.master(master).appName(app_name)
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")
                  .config("spark.driver.memory", driver_memory)
-                 .config("spark.driver.extraJavaOptions", log_opts + jvm_options(archive))
                  .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
                  .config("spark.sql.adaptive.enabled", "false")
                  .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -228,6 +244,7 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                  .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
                  .config("spark.python.worker.reuse", "true")
                  .config("spark.sql.session.timeZone", "UTC"))
+            b = with_jvm_options(b, archive)
             if is_local_master(master):
                 b = b.config("spark.task.maxFailures", "1").config("spark.default.parallelism", "2")
             else:  # a lost executor's tasks are retried elsewhere: that is how its batch replays
@@ -235,11 +252,6 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
             if loopback:
                 b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
                                                                       "127.0.0.1")
-                if not is_local_master(master):
-                    # executors on this machine (a standalone cluster here): they relay records
-                    # to Python workers and share the cores with everything else, as the driver
-                    # does; with these options and the archive one starts on ~3 s of CPU, not ~12
-                    b = b.config("spark.executor.extraJavaOptions", jvm_options(archive))
             for k, v in (extra_conf or {}).items():
                 b = b.config(k, str(v))
             set_aside = False
@@ -254,9 +266,7 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                         # (the next `make` writes a new one) and start without it
                         os.replace(archive, archive + ".bad")
                         set_aside = True
-                        b = b.config("spark.driver.extraJavaOptions", log_opts + jvm_options(None))
-                        if loopback and not is_local_master(master):
-                            b = b.config("spark.executor.extraJavaOptions", jvm_options(None))
+                        b = with_jvm_options(b, None)
                         spark = b.getOrCreate()
             except Exception as exc:  # the JVM did not come up
                 raise one_line(exc, f"Spark did not start (the JVM's output: {jvm_stderr_path()})") from None

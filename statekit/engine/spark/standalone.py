@@ -23,6 +23,7 @@ import time
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://[\w.\-]+:\d+)")
 _REGISTERED = "Successfully registered with master"
 from statekit.engine.spark.executor_id import EXECUTOR_ID as _EXECUTOR_ID
+from statekit.engine.spark.session import built_class_archive, jvm_options
 
 
 class ClusterError(RuntimeError):
@@ -114,16 +115,13 @@ class StandaloneCluster:
 
     # -- life
     def _env(self, local_dir: str | None = None) -> dict:
-        from statekit.engine.spark.session import jvm_options, class_archive
-
-        archive = class_archive()
         env = dict(os.environ)
         env.update(SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1",
                    SPARK_LOG_DIR=self.root, SPARK_DAEMON_MEMORY=self.daemon_memory,
                    # the master's REST submission server would take the fixed port 6066
                    SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
                    # the master and workers only keep books: the driver's lean JVM options
-                   SPARK_DAEMON_JAVA_OPTS=jvm_options(archive if os.path.isfile(archive) else None))
+                   SPARK_DAEMON_JAVA_OPTS=jvm_options(built_class_archive()))
         env.pop("SPARK_CONF_DIR", None)
         if local_dir:
             env["SPARK_LOCAL_DIRS"] = local_dir
