@@ -341,7 +341,8 @@ def run_all(paths: list, out: str, timeout: int, keep: bool, jobs: int) -> list:
         print(f"running {len(paths)} notebooks, {jobs} at a time ...", flush=True)
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            futures = {pool.submit(run_notebook, p, out, timeout, None, keep): p for p in schedule(paths)}
+            futures = {pool.submit(run_notebook, p, out, timeout, None, keep): p
+                       for p in schedule(paths)}
             for f in as_completed(futures):
                 r = f.result()
                 results[futures[f]] = r

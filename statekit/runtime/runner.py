@@ -23,8 +23,8 @@ log = logging.getLogger("statekit.app")
 # A micro-batch reads at most this many records (start(max_records_per_trigger=0): no bound), so a
 # big backlog shows its progress batch by batch instead of one silent first batch. Each micro-batch
 # also costs Spark ~0.3-0.8 s of planning and logging here: at 250,000 a build of 1,000,000 keys
-# spent a quarter of its time between batches (bench/ingest.py: 218k records/s at 250,000, 258k at
-# 500,000, 290k unbounded, same run)
+# spent a quarter of its time between batches (that build, bench/ingest.py's, alternating in one
+# run: 218k records/s at 250,000, 258k at 500,000, 290k unbounded)
 DEFAULT_MAX_RECORDS_PER_TRIGGER = 500_000
 
 
