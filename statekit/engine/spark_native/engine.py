@@ -264,10 +264,6 @@ class NativeQuery(RunningQuery):
             pass
         return [seen[b] for b in sorted(k for k in seen if k is not None)]
 
-    def caught_up(self) -> bool:
-        st = self.status()
-        return bool(st) and not st.get("isDataAvailable", True) and not st.get("isTriggerActive", True)
-
 
 class SparkNativeEngine(SparkEngine):
     """`start(run)` runs the plan with Spark's RocksDB state store (see translate.py). Parameters:
