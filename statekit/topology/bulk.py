@@ -288,14 +288,18 @@ class BulkAggregate:
     def _fold(self, skeys, keys, values, stamps, offs, parts) -> None:
         tp, n, fn = self.tp, self.n, self.fn
         rec = tp.rec
-        groups: dict = {}
-        for i, sk in enumerate(skeys):
-            g_ = groups.get(sk)
-            if g_ is None:
-                groups[sk] = [i]
-            else:
-                g_.append(i)
-        uniq = list(groups)
+        groups = None                   # key -> its records' positions; None: every key once
+        if len(set(skeys)) < len(skeys):
+            groups = {}
+            for i, sk in enumerate(skeys):
+                g_ = groups.get(sk)
+                if g_ is None:
+                    groups[sk] = [i]
+                else:
+                    g_.append(i)
+            uniq = list(groups)
+        else:                           # a build's batch: no grouping, no map of last records
+            uniq = skeys
         store = self.bytes_store
         olds = store.get_many(uniq)
         vdec, kdec = self.vdec, self.kdec
@@ -310,7 +314,7 @@ class BulkAggregate:
         rec.topic = self.topic
         try:
             for j, (sk, ob) in enumerate(zip(uniq, olds)):
-                pos = groups[sk]
+                pos = (j,) if groups is None else groups[sk]
                 k = kdec(sk) if kobjs is None else kobjs[j]
                 acc = None if ob is None else sdec(ob)
                 first = True
@@ -341,7 +345,8 @@ class BulkAggregate:
                         raise
                     except Exception as e:
                         raise _fail(n, rec, k, v, e) from e
-                    last[sk] = i
+                    if groups is not None:
+                        last[sk] = i
                 if first:
                     continue                             # every value of the key was None
                 keep_uniq.append(sk)
@@ -352,7 +357,9 @@ class BulkAggregate:
             rec.topic, rec.partition, rec.offset, rec.timestamp = saved
         if not keep_uniq:
             return
-        if any(a > b for a, b in zip(firsts, firsts[1:])):
+        if groups is None:      # each kept key's one record is its first: already in order
+            last = None if len(keep_uniq) == len(uniq) else dict(zip(keep_uniq, firsts))
+        elif any(a > b for a, b in zip(firsts, firsts[1:])):
             # a key whose first records had None values was first updated later: flush forwards
             # in first-update order
             order = sorted(range(len(firsts)), key=firsts.__getitem__)
