@@ -86,3 +86,22 @@ def test_a_graceful_stop_waits_for_the_batch_in_flight_not_for_an_idle_sources_l
     q = _Query([_st("Processing new data", True)])
     RunningQuery(None, q).stop(timeout=0.2)
     assert q.stopped_at is not None and q.stopped_at >= 2
+
+
+def test_stopping_the_session_silences_only_the_accumulator_servers_hang_up():
+    """The JVM hangs up on the accumulator server as the context stops: that EOFError is not
+    printed; any other error of the server's handler still is."""
+    from types import SimpleNamespace
+
+    from statekit.engine.spark.session import quiet_accumulator_hangup
+
+    printed = []
+    srv = SimpleNamespace(handle_error=lambda request, addr: printed.append((request, addr)))
+    quiet_accumulator_hangup(SimpleNamespace(_accumulatorServer=srv))
+    for exc in (EOFError(), ValueError("bad token"), EOFError()):
+        try:
+            raise exc
+        except Exception:
+            srv.handle_error("req", ("127.0.0.1", 1))
+    assert printed == [("req", ("127.0.0.1", 1))]
+    quiet_accumulator_hangup(None)   # no context: nothing to do

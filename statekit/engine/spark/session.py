@@ -336,13 +336,32 @@ def warm_workers(spark) -> None:
         pass
 
 
+def quiet_accumulator_hangup(sc) -> None:
+    """The JVM closes its accumulator connection as the context stops (or as it dies), before the
+    driver's accumulator server is shut down; pyspark's handler reads the hang-up as an update and
+    the server prints an EOFError traceback on stderr. That EOFError is the stop we asked for; any
+    other error is still printed."""
+    srv = getattr(sc, "_accumulatorServer", None)
+    if srv is None:
+        return
+    printed = srv.handle_error
+
+    def handle_error(request, client_address):
+        if not isinstance(sys.exc_info()[1], EOFError):
+            printed(request, client_address)
+
+    srv.handle_error = handle_error
+
+
 def stop_session(jvm_exit_timeout: float = 20) -> None:
     """Stop the active session (and its JVM gateway) if there is one; a JVM that has not exited
     ``jvm_exit_timeout`` seconds after its stdin closed is killed (one writing a class archive at
     exit takes 15 s here, more on a loaded machine: scripts/spark_cds.py waits longer)."""
     with _LOCK:
+        from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
+        quiet_accumulator_hangup(SparkContext._active_spark_context)
         spark = SparkSession.getActiveSession()
         if spark is not None:
             for q in spark.streams.active:
@@ -351,8 +370,6 @@ def stop_session(jvm_exit_timeout: float = 20) -> None:
                 except Exception:
                     pass
             spark.stop()
-        from pyspark import SparkContext
-
         gw = getattr(SparkContext, "_gateway", None)
         if gw is not None:
             try:

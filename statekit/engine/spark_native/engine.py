@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from statekit.engine.spark.engine import RunningQuery, SparkEngine, progress_dict
-from statekit.engine.spark.session import get_session, log_dir, one_line
+from statekit.engine.spark.session import get_session, log_dir, one_line, quiet_accumulator_hangup
 from statekit.engine.spec import RunSpec
 from statekit.errors import StatekitError
 
@@ -207,15 +207,9 @@ def kill_jvm(spark=None, wipe_local: bool = True) -> dict:
     pid = jvm_pid()
     if pid is None:
         raise NativeEngineError("no Spark JVM is running in this process")
-    # the driver's accumulator server would print an EOFError traceback when its JVM connection
-    # drops: a dead JVM is what we want here
-    try:
-        from pyspark import SparkContext
+    from pyspark import SparkContext
 
-        srv = SparkContext._active_spark_context._accumulatorServer
-        srv.handle_error = lambda *a, **kw: None
-    except Exception:
-        pass
+    quiet_accumulator_hangup(SparkContext._active_spark_context)   # a dead JVM is what we want
     t = time.time()
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
