@@ -56,6 +56,28 @@ def test_spark_python_workers_import_the_installed_pyspark_not_its_zip(spark):
     assert ".zip" not in row.pyspark
 
 
+def test_spark_python_workers_fork_with_statekits_imports_done_and_frozen(spark):
+    """A local session's workers come from statekit's daemon (worker_daemon.py): the modules a
+    statekit stage uses are there before the worker's first task, and out of the collections
+    pyspark's daemon runs after each task."""
+    def look(batches):
+        import gc
+        import sys
+
+        import pandas as pd
+
+        for _ in batches:
+            yield pd.DataFrame({"daemon": [sys.argv[0]], "frozen": [gc.get_freeze_count()],
+                                "exchange": ["statekit.worker.exchange" in sys.modules]})
+
+    rows = spark.range(4).repartition(2).mapInPandas(
+        look, "daemon string, frozen long, exchange boolean").collect()
+    assert len(rows) == 2
+    for row in rows:
+        assert row.daemon.endswith(os.path.join("statekit", "engine", "spark", "worker_daemon.py"))
+        assert row.exchange and row.frozen > 50_000
+
+
 def test_a_damaged_class_archive_is_set_aside_and_spark_starts_without_it(tmp_path):
     """The JVM maps the venv's class archive (scripts/spark_cds.py) when it is there; a truncated
     one stops that JVM at its start (SIGBUS here): the session sets it aside, says so in one

@@ -252,6 +252,9 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
             if loopback:
                 b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
                                                                       "127.0.0.1")
+                # workers forked with statekit's imports done and frozen (worker_daemon.py); on
+                # this machine, where the executors' Python is this one
+                b = b.config("spark.python.daemon.module", "statekit.engine.spark.worker_daemon")
             for k, v in (extra_conf or {}).items():
                 b = b.config(k, str(v))
             set_aside = False
