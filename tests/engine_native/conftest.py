@@ -27,9 +27,13 @@ def native_broker(tmp_path_factory):
 def native_spark():
     """One session for the module (maintenance every second so snapshots reach the checkpoint
     quickly). A test that kills the JVM leaves a new session behind: whatever is active at the end
-    is stopped, JVM included."""
+    is stopped, JVM included. A session another module left running is stopped first:
+    native_session would reuse it, without the spark.local.dir of statekit's own under which a
+    crash finds the RocksDB working dirs to delete."""
+    from statekit.engine.spark.session import stop_session
     from statekit.engine.spark_native.engine import native_session, stop_native_session
 
+    stop_session()
     try:
         yield native_session(min_deltas_for_snapshot=10, maintenance_interval=1)
     finally:
