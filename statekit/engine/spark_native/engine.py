@@ -262,8 +262,8 @@ class NativeQuery(RunningQuery):
 class SparkNativeEngine(SparkEngine):
     """`start(run)` runs the plan with Spark's RocksDB state store (see translate.py). Parameters:
     `min_deltas_for_snapshot`, `maintenance_interval` (seconds or "5s"; None = the session's);
-    `run.extra["native"]` may
-    override both per run, and `{"mode": "groupby"}` runs a plain count as groupBy().count()."""
+    `run.extra["native"]` may override both per run, and `{"mode": "groupby"}` runs a plain count
+    as groupBy().count()."""
 
     def __init__(self, spark=None, min_deltas_for_snapshot: int = 10, maintenance_interval=None,
                  mode: str = "tws"):
@@ -280,10 +280,12 @@ class SparkNativeEngine(SparkEngine):
         return o
 
     def session(self, run: RunSpec | None = None):
+        """The session, with `run`'s state store settings; without a run (SparkEngine.start's own
+        call, after ours) the settings stay as the run set them."""
         o = self._opts(run)
         if self._spark is None or self._spark.sparkContext._jsc is None:
             self._spark = native_session(o["min_deltas_for_snapshot"], o["maintenance_interval"])
-        else:
+        elif run is not None:
             for k, v in native_conf(o["min_deltas_for_snapshot"], o["maintenance_interval"]).items():
                 self._spark.conf.set(k, v)
         return self._spark
@@ -330,21 +332,20 @@ class SparkNativeEngine(SparkEngine):
         self._check_topics(run)
         # Spark's state partitions: one per app partition (a query restarted from its checkpoint
         # keeps the number it began with, whatever is set here)
-        self.session(run).conf.set("spark.sql.shuffle.partitions", str(run.partitions))
+        spark = self.session(run)
+        spark.conf.set("spark.sql.shuffle.partitions", str(run.partitions))
         if self._opts(run)["mode"] == "groupby":
-            rq = self._start_update(run, on_progress)
+            rq = self._start_update(spark, run, on_progress)
         else:
             rq = super().start(run, on_progress=on_progress)
         q = NativeQuery(rq.spark, rq.query, run, self)
         _RawListener.subscribe(rq.spark, q)
         return q
 
-
-    def _start_update(self, run: RunSpec, on_progress=None) -> RunningQuery:
+    def _start_update(self, spark, run: RunSpec, on_progress=None) -> RunningQuery:
         """groupBy().count() needs outputMode "update"; memory or no sink."""
         from statekit.engine.spark.engine import launch
 
-        spark = self.session(run)
         name = run.query_name or run.app
         try:
             out = self.build(run)
