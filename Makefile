@@ -25,8 +25,10 @@ $(STAMP): requirements.lock pyproject.toml scripts/spark_workers_pth.py scripts/
 java:
 	@bash scripts/check_java.sh
 
+# root too (--allow-root, said in one line), the first free port from 8888, no browser without a
+# display, the URL with its token printed last (scripts/lab.py); LAB_ARGS go to jupyter lab
 lab: $(STAMP) java
-	$(PY) -m jupyter lab --notebook-dir=notebooks
+	@$(PY) scripts/lab.py $(LAB_ARGS)
 
 demo: $(STAMP) java
 	$(PY) -m statekit.demo
