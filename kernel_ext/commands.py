@@ -50,6 +50,8 @@ class Session:
         self.shell = shell
         self.bootstrap: str | None = None
         self.broker = None  # BrokerHandle of the embedded broker `up` started or reused
+        self.registry = None  # RegistryHandle of the embedded Schema Registry `up` started or reused
+        self.registry_error: str | None = None  # why `up` could not start it
         self.spark = None
         self.apps: dict[str, Any] = {}
         self.producers: dict[str, ProducerJob] = {}
@@ -126,9 +128,26 @@ class Session:
         if os.environ.get("STATEKIT_BOOTSTRAP") != self.bootstrap:
             os.environ["STATEKIT_BOOTSTRAP"] = self.bootstrap
             self._env_bootstrap = True
+        if self.broker is not None:
+            self._start_registry()
         if spark:
             self._start_spark(master)
         return how
+
+    def _start_registry(self) -> None:
+        """The embedded Schema Registry beside the embedded broker, its schemas in the broker's
+        directory; processes find it there (`statekit.registry.status()`). Not starting it leaves
+        the broker up: the status card says why."""
+        from statekit import registry as registry_mod  # the registry's lifecycle API
+        from statekit.errors import StatekitError
+
+        if self.registry is not None and self.registry.alive:
+            return
+        try:
+            self.registry = registry_mod.start(dir=self.broker.dir, auth=self.broker.auth)
+            self.registry_error = None
+        except StatekitError as err:
+            self.registry, self.registry_error = None, one_line(err)
 
     def _start_spark(self, master: str | None = None):
         """The Spark session, local unless ``master`` (or $STATEKIT_SPARK_MASTER) names a cluster
@@ -228,7 +247,10 @@ class Session:
         self._stop_everything_of_apps()
         self.apps.clear()
         from statekit import broker as broker_mod
+        from statekit import registry as registry_mod
 
+        registry_mod.stop(self._embedded_dir())
+        self.registry = None
         broker_mod.stop(self._embedded_dir())
         if self._env_bootstrap:
             os.environ.pop("STATEKIT_BOOTSTRAP", None)
@@ -260,6 +282,12 @@ class Session:
             rows.append(("broker", f"<code>{_e(self.bootstrap)}</code> · {kind}"))
         else:
             rows.append(("broker", "not connected: <code>%statekit up</code>"))
+        if self.registry is not None:
+            who = "started by this kernel" if self.registry.owned else "reused: started by another process"
+            rows.append(("schema registry", f"<code>{_e(self.registry.url)}</code> · embedded, pid "
+                                            f"{self.registry.pid}, {who}"))
+        elif self.registry_error:
+            rows.append(("schema registry", f"not started: {_e(self.registry_error)}"))
         if self.spark is not None:
             try:
                 sc = self.spark.sparkContext
@@ -300,6 +328,15 @@ class Session:
             stop_session()
             self.spark = None
             stopped.append("spark")
+        if self.registry is not None:
+            if self.registry.owned:
+                self.registry.stop()
+                stopped.append(f"the schema registry at {self.registry.url}")
+            else:
+                left.append(f"left the schema registry at {self.registry.url} running: another process "
+                            f"started it (pid {self.registry.pid}); `statekit registry stop --dir "
+                            f"{self.registry.dir}` stops it")
+            self.registry = None
         if self.broker is not None:
             if self.broker.owned:
                 self.broker.stop()

@@ -126,6 +126,75 @@ def _broker_clean(args) -> int:
     return 0
 
 
+def _add_registry(sub) -> None:
+    from statekit.registry.__main__ import add_serve_args
+
+    p = sub.add_parser("registry", help="the embedded Schema Registry",
+                       description="Start, inspect and stop statekit's embedded Schema Registry (Confluent's "
+                                   "REST API; its schemas live in the broker's data directory).")
+    rsub = p.add_subparsers(dest="registry_cmd", metavar="{start,status,stop,run}")
+    rsub.required = True
+    s = rsub.add_parser("start", help="start a registry in the background (or reuse the one running on --dir)")
+    add_serve_args(s)
+    s.set_defaults(func=_registry_start)
+    r = rsub.add_parser("run", help="run a registry in the foreground (Ctrl-C stops it)")
+    add_serve_args(r)
+    r.set_defaults(func=_registry_run)
+    for name, fn, text in (("status", _registry_status, "say whether a registry runs on --dir, and where"),
+                           ("stop", _registry_stop, "stop the registry running on --dir")):
+        q = rsub.add_parser(name, help=text)
+        q.add_argument("--dir", default=None, help="data directory (default: $STATEKIT_HOME/broker)")
+        q.set_defaults(func=fn)
+
+
+def _registry_dir(args) -> str:
+    from statekit.registry import default_dir
+
+    return os.path.abspath(args.dir or default_dir())
+
+
+def _registry_start(args) -> int:
+    from statekit import registry
+
+    h = registry.start(dir=args.dir, host=args.host, port=args.port, detach=True, auth=args.auth)
+    if not h.owned:
+        print(f"statekit registry already running on {h.dir} (pid {h.pid}); reusing it", file=sys.stderr)
+    if h.auth:
+        print(f"basic auth required; credentials in {os.path.join(h.dir, 'registry-credentials.json')}",
+              file=sys.stderr)
+    print(h.url)
+    return 0
+
+
+def _registry_run(args) -> int:
+    from statekit.registry.__main__ import main as run_main
+
+    argv = ["--host", args.host, "--port", str(args.port)] + (["--dir", args.dir] if args.dir else [])
+    return run_main(argv + (["--auth"] if args.auth else []))
+
+
+def _registry_status(args) -> int:
+    from statekit import registry
+
+    info = registry.status(args.dir)
+    if info is None:
+        print(f"no registry running on {_registry_dir(args)}")
+        return 1
+    auth = ", basic auth required" if info.get("auth") else ""
+    print(f"running: {info['url']} (pid {info['pid']}, data in {_registry_dir(args)}{auth})")
+    return 0
+
+
+def _registry_stop(args) -> int:
+    from statekit import registry
+
+    if registry.stop(args.dir):
+        print(f"stopped the registry on {_registry_dir(args)}")
+        return 0
+    print(f"no registry running on {_registry_dir(args)}")
+    return 1
+
+
 def _add_produce(sub) -> None:
     from statekit.datagen import GENERATORS
 
@@ -173,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_broker(sub)
+    _add_registry(sub)
     _add_produce(sub)
     return parser
 

@@ -268,11 +268,13 @@ def _first_line(err) -> str:
 
 
 def _cleanup(home: str) -> None:
-    """If the notebook died before `%statekit down`, stop the broker it left behind (its Spark JVM
-    exits with the kernel)."""
+    """If the notebook died before `%statekit down`, stop the broker and the schema registry it left
+    behind (its Spark JVM exits with the kernel)."""
     try:
         from statekit import broker as broker_mod
+        from statekit import registry as registry_mod
 
+        registry_mod.stop(os.path.join(home, "broker"), grace=5)
         broker_mod.stop(os.path.join(home, "broker"), grace=5)
     except Exception:
         pass

@@ -22,8 +22,10 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 @pytest.fixture(scope="session", autouse=True)
 def _statekit_home(tmp_path_factory):
     """Nothing a test runs may use (or leave a broker in) the user's ~/.statekit: every test gets a
-    session STATEKIT_HOME unless it sets its own, and a broker left running there is stopped."""
+    session STATEKIT_HOME unless it sets its own, and a broker (or schema registry) left running there is
+    stopped."""
     from statekit import broker as broker_mod
+    from statekit import registry as registry_mod
 
     home = tmp_path_factory.mktemp("statekit-home")
     old = os.environ.get("STATEKIT_HOME")
@@ -31,6 +33,7 @@ def _statekit_home(tmp_path_factory):
     try:
         yield home
     finally:
+        registry_mod.stop(str(home / "broker"))
         broker_mod.stop(str(home / "broker"))
         if old is None:
             os.environ.pop("STATEKIT_HOME", None)

@@ -129,7 +129,9 @@ def jupyterlab(tmp_path, notebooks: list[str], env_extra: dict | None = None):
         log.close()
         try:
             from statekit import broker as broker_mod
+            from statekit import registry as registry_mod
 
+            registry_mod.stop(str(home / "broker"), grace=5)
             broker_mod.stop(str(home / "broker"), grace=5)
         except Exception:
             pass

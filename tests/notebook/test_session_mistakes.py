@@ -34,6 +34,8 @@ def ip(tmp_path, monkeypatch):
                 app.stop()
             except Exception:
                 pass
+        if sess.registry is not None and sess.registry.owned:
+            sess.registry.stop()
         if sess.broker is not None and sess.broker.owned:
             sess.broker.stop()
         os.environ.pop("STATEKIT_BOOTSTRAP", None)
@@ -53,12 +55,17 @@ def _one_red_line(err: str) -> str:
 
 
 def test_up_twice_reuses_its_own_broker_and_down_stops_it(ip, capsys):
+    from statekit import registry as registry_mod
+
     sess = _session()
     ip.run_line_magic("statekit", "up --no-spark")
-    first = sess.broker
+    first, reg = sess.broker, sess.registry
     assert first.owned and "started the embedded broker" in sess.cards[-1]
+    # the schema registry beside it, its schemas in the broker's directory, on the card
+    assert reg.owned and reg.dir == first.dir and registry_mod.status(first.dir)["url"] == reg.url
+    assert reg.url in sess.cards[-1]
     ip.run_line_magic("statekit", "up --no-spark")
-    assert sess.broker is first and sess.bootstrap == first.bootstrap
+    assert sess.broker is first and sess.bootstrap == first.bootstrap and sess.registry is reg
     card = sess.cards[-1]
     assert f"reusing the embedded broker this kernel started (pid {first.pid})" in card
     assert "external cluster" not in card and "started by this kernel" in card
@@ -66,12 +73,12 @@ def test_up_twice_reuses_its_own_broker_and_down_stops_it(ip, capsys):
     capsys.readouterr()
     ip.run_line_magic("statekit", "down")
     out = capsys.readouterr().out
-    assert out.strip() == f"stopped: the embedded broker at {first.bootstrap}"
+    assert out.strip() == f"stopped: the schema registry at {reg.url}, the embedded broker at {first.bootstrap}"
     deadline = time.monotonic() + 10
-    while pid_alive(first.pid) and time.monotonic() < deadline:
+    while (pid_alive(first.pid) or pid_alive(reg.pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not pid_alive(first.pid)
-    assert "STATEKIT_BOOTSTRAP" not in os.environ and sess.broker is None
+    assert not pid_alive(first.pid) and not pid_alive(reg.pid)
+    assert "STATEKIT_BOOTSTRAP" not in os.environ and sess.broker is None and sess.registry is None
 
 
 def test_down_leaves_a_broker_another_process_started_running(ip, tmp_path, capsys):
@@ -83,10 +90,11 @@ def test_down_leaves_a_broker_another_process_started_running(ip, tmp_path, caps
         ip.run_line_magic("statekit", "up --no-spark")
         assert sess.broker.pid == theirs.pid and not sess.broker.owned
         assert "reusing the embedded broker started by another process" in sess.cards[-1]
+        reg = sess.registry  # started by this kernel, beside their broker
         capsys.readouterr()
         ip.run_line_magic("statekit", "down")
         out = capsys.readouterr().out.strip().splitlines()
-        assert out[0] == "stopped: nothing was running"
+        assert out[0] == f"stopped: the schema registry at {reg.url}"
         assert out[1].startswith(f"left the embedded broker at {theirs.bootstrap} running: another "
                                  f"process started it (pid {theirs.pid})")
         assert pid_alive(theirs.pid)
@@ -143,10 +151,11 @@ def test_down_names_only_what_it_stopped_and_twice_says_nothing_was_running(ip, 
     _local_app(ip, "dn", COUNT, "--partitions 2")
     ip.run_line_magic("statekit", "start dn")
     ip.run_line_magic("statekit", "stop dn")
-    bootstrap = _session().bootstrap
+    bootstrap, reg = _session().bootstrap, _session().registry
     capsys.readouterr()
     ip.run_line_magic("statekit", "down")
-    assert capsys.readouterr().out == f"stopped: the embedded broker at {bootstrap}\n"   # not "app dn" again
+    assert capsys.readouterr().out == (f"stopped: the schema registry at {reg.url}, the embedded broker at "
+                                       f"{bootstrap}\n")   # not "app dn" again
     ip.run_line_magic("statekit", "down")
     assert capsys.readouterr().out == "stopped: nothing was running\n"
 

@@ -1,0 +1,114 @@
+"""`python -m statekit.registry`: run the embedded Schema Registry in the foreground until SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from .process import default_dir, ensure_credentials, info_path
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 0..65535 (0 picks a free one)")
+    return n
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", default=None,
+                   help="data directory (default: the embedded broker's, $STATEKIT_HOME/broker)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8081, help="port to listen on; 0 picks a free one (default 8081)")
+    p.add_argument("--auth", action="store_true",
+                   help="require HTTP basic auth with credentials generated into DIR/registry-credentials.json")
+
+
+def _skip_slow_imports() -> None:
+    """jsonschema imports rfc3987_syntax when it is installed (jupyterlab's jsonschema extras bring
+    it): building its grammar costs seconds of CPU, for IRI `format` checks a registry never uses."""
+    sys.modules.setdefault("rfc3987_syntax", None)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m statekit.registry",
+                                description="Run statekit's embedded Schema Registry in the foreground.")
+    add_serve_args(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("STATEKIT_REGISTRY_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    data_dir = os.path.abspath(args.dir or default_dir())
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        lock_fd = os.open(os.path.join(data_dir, "registry.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        print(f"statekit registry: the directory {data_dir} is not writable ({e.strerror}): pass another --dir",
+              file=sys.stderr)
+        return 2
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print(f"statekit registry: another registry already runs on {data_dir}", file=sys.stderr)
+        return 2
+    _skip_slow_imports()
+    from .api import RegistryServer
+    from .store import SchemaStore
+
+    users = None
+    if args.auth:
+        creds = ensure_credentials(data_dir)
+        users = {creds["username"]: creds["password"]}
+    try:
+        store = SchemaStore(data_dir)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"statekit registry: cannot read {data_dir}/_schemas.jsonl ({e}); move it away to start empty",
+              file=sys.stderr)
+        return 2
+    try:
+        server = RegistryServer(store, args.host, args.port, users)
+    except OSError as e:
+        why = "already in use" if e.errno == errno.EADDRINUSE else e.strerror
+        print(f"statekit registry: cannot listen on {args.host}:{args.port} ({why}): pick another --port "
+              f"(0 picks a free one)", file=sys.stderr)
+        return 2
+    host, port = server.server_address[:2]
+    url = f"http://{host}:{port}"
+    path = info_path(data_dir)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid(), "host": host, "port": port, "url": url, "dir": data_dir,
+                   "auth": users is not None}, f)
+    os.replace(path + ".tmp", path)
+    print(f"statekit registry listening on {url} (data in {data_dir}{', basic auth required' if users else ''})",
+          file=sys.stderr, flush=True)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread.start()
+    try:
+        while not stopping.wait(0.5):
+            pass
+    finally:
+        try:
+            with open(path) as f:
+                if json.load(f).get("pid") == os.getpid():
+                    os.unlink(path)
+        except (OSError, ValueError):
+            pass
+        server.shutdown()
+        server.server_close()
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""AVRO schemas in the registry: parsed by fastavro (the parser confluent-kafka's AvroSerializer
+uses, which also checks that a field's default matches its type) and by Apache Avro's own `avro`
+package, whose `avro.compatibility` checker applies the schema resolution rules of the Avro
+specification (the Java checker Confluent's registry uses is its twin).
+
+Named types from references: each referenced schema is parsed first into the same name space, so
+``{"type": "com.acme.Address"}`` resolves when a reference brings ``com.acme.Address``.
+
+What is checked beyond parsing: a union field's default must match the union's first branch (the
+Avro specification's rule; fastavro accepts any branch)."""
+from __future__ import annotations
+
+import json
+
+from .errors import InvalidSchema
+
+
+class AvroSchema:
+    """A parsed AVRO schema: ``canonical`` is its text as the registry keeps and returns it."""
+
+    schema_type = "AVRO"
+
+    def __init__(self, canonical: str, avro_schema, names):
+        self.canonical, self.avro_schema, self.names = canonical, avro_schema, names
+
+
+def canonical_text(obj, normalize: bool = False) -> str:
+    """Compact JSON (the registry's stored form): whitespace never makes two schemas differ;
+    ``normalize`` also sorts object keys, so key order does not either."""
+    return json.dumps(obj, separators=(",", ":"), sort_keys=normalize, ensure_ascii=False)
+
+
+def parse(text: str, references: list, normalize: bool = False) -> AvroSchema:
+    """``references``: ``(name, AvroSchema)`` of every referenced schema, dependencies first."""
+    import avro.errors
+    import avro.name
+    import avro.schema
+    import fastavro
+
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise InvalidSchema(f"Invalid AVRO schema: not JSON ({e})") from None
+    named: dict = {}
+    names = avro.name.Names(validate_names=True)
+    try:
+        for _name, ref in references:
+            ref_obj = json.loads(ref.canonical)
+            fastavro.parse_schema(ref_obj, named_schemas=named)
+            avro.schema.make_avsc_object(ref_obj, names)
+        fastavro.parse_schema(obj, named_schemas=dict(named))
+        parsed = avro.schema.make_avsc_object(obj, names)
+        _check_union_defaults(obj, named)
+    except InvalidSchema:
+        raise
+    except (avro.errors.AvroException, fastavro.schema.SchemaParseException, fastavro.schema.UnknownType,
+            ValueError, TypeError, KeyError, AttributeError) as e:
+        raise InvalidSchema(f"Invalid AVRO schema: {_reason(e)}") from None
+    return AvroSchema(canonical_text(obj, normalize), parsed, names)
+
+
+def _reason(e: Exception) -> str:
+    text = str(e).strip() or type(e).__name__
+    if type(e).__name__ == "UnknownType":
+        text = f"Unknown type: {text}"
+    return text.splitlines()[0][:300]
+
+
+def _check_union_defaults(obj, named: dict) -> None:
+    """A union field's default must be a value of the union's first branch."""
+    if isinstance(obj, list):
+        for branch in obj:
+            _check_union_defaults(branch, named)
+        return
+    if not isinstance(obj, dict):
+        return
+    for f in obj.get("fields", []) if obj.get("type") == "record" else []:
+        ftype = f.get("type")
+        if isinstance(ftype, list) and ftype and "default" in f:
+            first = ftype[0]
+            kind = first if isinstance(first, str) else first.get("type") if isinstance(first, dict) else None
+            if kind not in ("bytes", "fixed") and not _valid(f["default"], first, named):
+                raise InvalidSchema(f"Invalid AVRO schema: Invalid default for field {f.get('name')}: "
+                                    f"{json.dumps(f['default'])} not a {json.dumps(ftype)} (a union's default "
+                                    f"must match its first branch)")
+        _check_union_defaults(ftype, named)
+    for key in ("items", "values"):
+        if key in obj:
+            _check_union_defaults(obj[key], named)
+
+
+def _valid(value, schema, named: dict) -> bool:
+    import fastavro
+    from fastavro.validation import validate
+
+    try:
+        return validate(value, fastavro.parse_schema(schema, named_schemas=dict(named)), raise_errors=False)
+    except Exception:  # a branch fastavro cannot check on its own (a bare named-type reference)
+        return True
+
+
+def incompatibilities(reader: AvroSchema, writer: AvroSchema) -> list[str]:
+    """Why ``reader`` cannot read data written with ``writer`` (empty: it can)."""
+    from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+
+    result = ReaderWriterCompatibilityChecker().get_compatibility(reader.avro_schema, writer.avro_schema)
+    if result.compatibility is SchemaCompatibilityType.compatible:
+        return []
+    kinds = sorted({str(getattr(i, "value", i)).upper() for i in result.incompatibilities})
+    where = ", ".join(sorted(result.locations)) or "/"
+    what = "; ".join(sorted(str(m) for m in result.messages))
+    return [f"{{errorType:'{','.join(kinds)}', description:'{what}', additionalInfo:'at {where}'}}"]
