@@ -109,4 +109,6 @@ def incompatibilities(reader: AvroSchema, writer: AvroSchema) -> list[str]:
     kinds = sorted({str(getattr(i, "value", i)).upper() for i in result.incompatibilities})
     where = ", ".join(sorted(result.locations)) or "/"
     what = "; ".join(sorted(str(m) for m in result.messages))
-    return [f"{{errorType:'{','.join(kinds)}', description:'{what}', additionalInfo:'at {where}'}}"]
+    if kinds == ["READER_FIELD_MISSING_DEFAULT_VALUE"]:
+        what = f"The reader's field(s) {what} have no default value and are missing in the writer"
+    return [f"{{errorType:'{','.join(kinds)}', description:'{what} at path {where}'}}"]

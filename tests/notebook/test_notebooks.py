@@ -97,7 +97,7 @@ def test_notebook_11s_chart_adds_up_every_page_of_a_minute():
 def test_ctrl_c_stops_the_runner_and_everything_it_started(tmp_path):
     """Ctrl-C during `make demo` / `make test`: nbclient's handler shuts the kernel down and fails
     the cell; the runner must then stop (KeyboardInterrupt), not go on to the next notebook, and the
-    broker the notebook started must be gone."""
+    broker and the schema registry the notebook started must be gone."""
     import json
     import signal
     import subprocess
@@ -118,6 +118,10 @@ def test_ctrl_c_stops_the_runner_and_everything_it_started(tmp_path):
             time.sleep(0.2)
         assert info.exists(), "the notebook did not start its broker"
         broker_pid = int(json.loads(info.read_text())["pid"])
+        reg_info = home / "broker" / "registry.json"
+        while not reg_info.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        registry_pid = int(json.loads(reg_info.read_text())["pid"])  # `up` starts it after the broker
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
     finally:
@@ -127,6 +131,6 @@ def test_ctrl_c_stops_the_runner_and_everything_it_started(tmp_path):
     assert proc.returncode != 0 and "RETURNED" not in out
     assert err.rstrip().splitlines()[-1] == "KeyboardInterrupt", err[-500:]
     deadline = time.monotonic() + 15
-    while pid_alive(broker_pid) and time.monotonic() < deadline:
+    while (pid_alive(broker_pid) or pid_alive(registry_pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not pid_alive(broker_pid)
+    assert not pid_alive(broker_pid) and not pid_alive(registry_pid)
