@@ -78,9 +78,9 @@ def route(store: SchemaStore, method: str, parts: list[str], query: dict, body):
             _only(method, "GET")
             sid = parts[2]
             if n == 3:
-                return store.get_schema(sid, _arg(query, "subject"))
+                return store.get_schema(sid)
             if parts[3] == "schema":
-                return Raw(store.get_schema(sid, _arg(query, "subject"))["schema"])
+                return Raw(store.get_schema(sid)["schema"])
             if parts[3] == "subjects":
                 return _page(store.schema_subjects(sid, _flag(query, "deleted")), query)
             if parts[3] == "versions":

@@ -52,6 +52,8 @@ def test_register_get_and_list(client, registry):
     v1 = client.get_version("api-a-value", 1)
     assert (v1.schema_id, json.loads(v1.schema.schema_str)) == (sid, json.loads(V1))
     assert json.loads(client.get_schema(sid).schema_str) == json.loads(V1)
+    # an id is global: asked with any subject (a reader's own naming strategy), it is the same schema
+    assert json.loads(client.get_schema(sid, subject_name="api-other").schema_str) == json.loads(V1)
     assert "api-a-value" in client.get_subjects()
     # ids are global: another subject registering V2 gets V2's id, as its version 1
     assert client.register_schema("api-b-value", Schema(V2, "AVRO")) == sid2
@@ -209,3 +211,35 @@ def test_config_levels(fresh_registry):
     c.delete_subject("cfg")
     c.delete_subject("cfg", permanent=True)
     assert code(lambda: c.get_compatibility("cfg")) == (404, 40408)
+
+
+def test_json_references_and_a_transitive_refusal(fresh_registry):
+    c = SchemaRegistryClient({"url": fresh_registry.url})
+    money = {"type": "object", "properties": {"cents": {"type": "integer"}}, "required": ["cents"]}
+    c.register_schema("money.json", Schema(json.dumps(money), "JSON"))
+    order = {"type": "object", "properties": {"total": {"$ref": "money.json"}}}
+    ref = SchemaReference("money.json", "money.json", 1)
+    oid = c.register_schema("orders-value", Schema(json.dumps(order), "JSON", [ref]))
+    assert [r.name for r in c.get_schema(oid).references] == ["money.json"]
+    # the compatibility check follows the $ref into the referenced schema: cents integer -> number
+    # widens (BACKWARD), a referenced schema that narrows it does not
+    c.register_schema("money.json", Schema(json.dumps({**money, "properties": {"cents": {"type": "number"}}}), "JSON"))
+    assert c.register_schema("orders-value", Schema(json.dumps(order), "JSON", [SchemaReference(
+        "money.json", "money.json", 2)])) > oid
+    c.set_compatibility("money.json", "NONE")
+    c.register_schema("money.json", Schema(json.dumps({**money, "properties": {"cents": {"type": "string"}}}), "JSON"))
+    assert code(lambda: c.register_schema("orders-value", Schema(json.dumps(order), "JSON", [SchemaReference(
+        "money.json", "money.json", 3)]))) == (409, 409)
+    # BACKWARD accepts a schema the latest version can feed but the first cannot; _TRANSITIVE refuses it
+    v1 = avro([{"name": "a", "type": "int"}], name="T")
+    v2 = avro([{"name": "a", "type": "int"}, {"name": "b", "type": "string", "default": ""}], name="T")
+    v3 = avro([{"name": "a", "type": "int"}, {"name": "b", "type": "string"}], name="T")
+    for subject, level, accepted in (("t-plain", "BACKWARD", True), ("t-trans", "BACKWARD_TRANSITIVE", False)):
+        c.set_compatibility(subject, level)
+        c.register_schema(subject, Schema(v1, "AVRO"))
+        c.register_schema(subject, Schema(v2, "AVRO"))
+        if accepted:
+            c.register_schema(subject, Schema(v3, "AVRO"))
+        else:
+            assert code(lambda: c.register_schema(subject, Schema(v3, "AVRO"))) == (409, 409)
+        assert c.get_versions(subject) == ([1, 2, 3] if accepted else [1, 2])
