@@ -200,8 +200,15 @@ class _Handler(BaseHTTPRequestHandler):
         want = users.get(user)
         return want is not None and hmac.compare_digest(want.encode(), password.encode())
 
+    def _length(self) -> int:
+        try:
+            return max(0, int(self.headers.get("Content-Length") or 0))
+        except ValueError:
+            self.close_connection = True
+            raise E.bad_request("Content-Length is not a number") from None
+
     def _body(self):
-        length = int(self.headers.get("Content-Length") or 0)
+        length = self._length()
         if length > MAX_BODY:
             raise E.RestError(413, 413, f"The request body is larger than {MAX_BODY >> 20} MiB")
         raw = self.rfile.read(length) if length > 0 else b""
@@ -243,7 +250,10 @@ class _Handler(BaseHTTPRequestHandler):
         """Read a body the route did not need, so the next request on the connection starts clean."""
         if not self._read:
             self._read = True
-            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                length = self._length()
+            except E.RestError:
+                return
             if 0 < length <= MAX_BODY:
                 self.rfile.read(length)
             elif length > MAX_BODY:

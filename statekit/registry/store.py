@@ -87,12 +87,22 @@ class SchemaStore:
 
     def _write(self, record: dict) -> None:
         line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
+        end = self._file.tell()
         try:
             self._file.write(line)
             self._file.flush()
             os.fsync(self._file.fileno())
         except OSError as e:
-            self._file.close()  # what was half-written is cut off at the next start
+            # the line may have reached the file unsynced: cut it off, so a restart cannot bring back
+            # what was answered as not done
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            try:
+                os.truncate(self.path, end)
+            except OSError:
+                pass
             self._file = open(self.path, "a", encoding="utf-8")
             raise E.store_error(f"Error while writing to the registry's store {self.path}: {e.strerror}") from None
         self._apply(record)

@@ -114,6 +114,12 @@ def test_bad_requests_get_confluents_codes_and_change_nothing(client, registry):
     r = HTTP.post(f"{url}/subjects/api-bad-value/versions", json={"schema": V2, "references": [
         {"name": "x", "subject": "api-missing", "version": 1}]})
     assert (r.status_code, r.json()["error_code"]) == (422, 42201)
+    # a Content-Length that is no number
+    import socket
+
+    with socket.create_connection((registry.host, registry.port), timeout=30) as sock:
+        sock.sendall(b"POST /subjects/api-bad-value/versions HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 400 ")
     assert snapshot(url) == before
 
 
