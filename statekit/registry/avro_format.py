@@ -24,10 +24,29 @@ class AvroSchema:
         self.canonical, self.avro_schema, self.names = canonical, avro_schema, names
 
 
+_KEY_ORDER = {k: i for i, k in enumerate(
+    ("name", "type", "namespace", "doc", "aliases", "fields", "symbols", "items", "values", "size", "default",
+     "order", "logicalType", "precision", "scale"))}
+
+
+def _ordered(obj):
+    """Object keys in one fixed order (Avro's own attributes first, then the rest by name), as
+    Avro's parser writes a schema back: the order a schema's author chose never makes two differ."""
+    if isinstance(obj, list):
+        return [_ordered(x) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    keys = sorted(obj, key=lambda k: (_KEY_ORDER.get(k, len(_KEY_ORDER)), k))
+    if obj.get("type") in ("record", "error", "enum", "fixed") and "name" in obj:
+        keys.remove("type")
+        keys.insert(0, "type")  # {"type": "record", "name": ...}, a field is {"name": ..., "type": ...}
+    return {k: (obj[k] if k == "default" else _ordered(obj[k])) for k in keys}
+
+
 def canonical_text(obj, normalize: bool = False) -> str:
-    """Compact JSON (the registry's stored form): whitespace never makes two schemas differ;
-    ``normalize`` also sorts object keys, so key order does not either."""
-    return json.dumps(obj, separators=(",", ":"), sort_keys=normalize, ensure_ascii=False)
+    """Compact JSON in a fixed key order (the registry's stored form): neither whitespace nor the
+    order of keys makes two schemas differ (``normalize`` changes nothing more for Avro)."""
+    return json.dumps(_ordered(obj), separators=(",", ":"), ensure_ascii=False)
 
 
 def parse(text: str, references: list, normalize: bool = False) -> AvroSchema:

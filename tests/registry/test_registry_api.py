@@ -44,6 +44,9 @@ def test_register_get_and_list(client, registry):
     assert client.register_schema("api-a-value", Schema(V1, "AVRO")) == sid  # the same schema: the same id
     # the same schema text with other whitespace is the same schema
     assert client.register_schema("api-a-value", Schema(json.dumps(json.loads(V1), indent=3), "AVRO")) == sid
+    # ... and so is it with its keys in another order (Avro's parser writes them back in one order)
+    reordered = json.dumps({"fields": [{"type": "string", "name": "user"}], "name": "Click", "type": "record"})
+    assert client.register_schema("api-a-value", Schema(reordered, "AVRO")) == sid
     sid2 = client.register_schema("api-a-value", Schema(V2, "AVRO"))
     assert sid2 == sid + 1
     assert client.get_versions("api-a-value") == [1, 2]
