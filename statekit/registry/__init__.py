@@ -14,10 +14,19 @@ import os
 
 from .process import RegistryHandle, default_dir, running_info, start, stop
 
-__all__ = ["start", "stop", "status", "RegistryHandle", "default_dir"]
+__all__ = ["start", "stop", "status", "client_config", "RegistryHandle", "default_dir"]
 
 
 def status(dir: str | None = None) -> dict | None:
     """registry.json of the registry running on dir (``pid``, ``host``, ``port``, ``url``, ``dir``,
     ``auth``), or None."""
     return running_info(os.path.abspath(dir or default_dir()))
+
+
+def client_config(dir: str | None = None) -> dict | None:
+    """The settings confluent-kafka's ``SchemaRegistryClient`` takes for the registry running on dir
+    (``url``, and ``basic.auth.user.info`` when it requires auth), or None; never starts one (for
+    processes that must not: Spark's workers, an app's instances)."""
+    data_dir = os.path.abspath(dir or default_dir())
+    info = running_info(data_dir)
+    return None if info is None else RegistryHandle(data_dir, info, owned=False).client_config

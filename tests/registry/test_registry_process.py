@@ -77,6 +77,7 @@ def test_reuse_is_not_ownership(tmp_path):
     finally:
         h.stop()
     assert registry_mod.status(d) is None and not os.path.exists(os.path.join(d, "registry.json"))
+    assert registry_mod.client_config(d) is None
 
 
 def test_basic_auth(tmp_path):
@@ -84,6 +85,9 @@ def test_basic_auth(tmp_path):
         assert httpx.get(f"{h.url}/subjects").status_code == 401
         assert httpx.get(f"{h.url}/subjects", auth=("statekit", "wrong")).status_code == 401
         assert SchemaRegistryClient(h.client_config).register_schema("a", _schema(1)) == 1
+        # another process finds it, credentials included, without starting anything
+        assert registry_mod.client_config(h.dir) == h.client_config
+        assert SchemaRegistryClient(registry_mod.client_config(h.dir)).get_subjects() == ["a"]
         user, password = h.credentials.split(":", 1)
         assert httpx.get(f"{h.url}/subjects", auth=(user, password)).json() == ["a"]
         assert oct(os.stat(os.path.join(h.dir, "registry-credentials.json")).st_mode & 0o777) == "0o600"
