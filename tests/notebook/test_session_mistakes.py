@@ -438,3 +438,17 @@ def test_up_on_a_shared_host_starts_a_broker_that_requires_authentication(ip, mo
         assert "private" in k.topics()
     finally:
         k.close()
+
+
+def test_up_fresh_starts_the_registry_again_without_its_schemas(ip):
+    import httpx
+
+    sess = _session()
+    ip.run_line_magic("statekit", "up --no-spark")
+    old = sess.registry
+    r = httpx.post(f"{old.url}/subjects/s/versions", json={"schema": '"string"'})
+    assert r.json()["id"] == 1
+    ip.run_line_magic("statekit", "up --no-spark --fresh")
+    new = sess.registry
+    assert new.pid != old.pid and not pid_alive(old.pid)
+    assert httpx.get(f"{new.url}/subjects").json() == []  # deleted with the topics whose records used them
