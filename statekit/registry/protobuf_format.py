@@ -12,9 +12,9 @@ scalar group ({int32, int64, uint32, uint64, bool, enum}, {sint32, sint64}, {str
 {fixed32, sfixed32}, {fixed64, sfixed64}, float, double), message type name or numeric
 repeated-ness changed, a required field added or removed, a removed member of a surviving oneof,
 and fields that were independent moved into one oneof are incompatible; everything else (fields,
-messages, enums and their values added or removed, renames) is compatible. Message-typed fields
-are compared by the type's name, not by the referenced message's contents (that message is
-compared on its own when it is in the same file)."""
+messages, enums and their values added or removed, renames) is compatible. A message-typed field
+keeps its type by full name; the message itself is compared by these rules too, on its own when it
+is in the file, through the field when it comes from a reference (another version of it)."""
 from __future__ import annotations
 
 import base64
@@ -38,8 +38,9 @@ _REQUIRED, _REPEATED = 2, 3
 class ProtobufSchema:
     schema_type = "PROTOBUF"
 
-    def __init__(self, canonical: str, proto):
-        self.canonical, self.proto = canonical, proto  # proto: a FileDescriptorProto
+    def __init__(self, canonical: str, proto, refs=()):
+        # proto: the FileDescriptorProto; refs: those of every file it references (for their messages)
+        self.canonical, self.proto, self.refs = canonical, proto, list(refs)
 
 
 def _is_builtin(name: str) -> bool:
@@ -142,15 +143,20 @@ def parse(text: str, references: list, normalize: bool = False) -> ProtobufSchem
     except (TypeError, ValueError, KeyError) as e:
         raise InvalidSchema(f"Invalid PROTOBUF schema: {str(e).splitlines()[0][:300]}") from None
     raw = fdp.SerializeToString(deterministic=True)
-    return ProtobufSchema(base64.standard_b64encode(raw).decode("ascii"), fdp)
+    return ProtobufSchema(base64.standard_b64encode(raw).decode("ascii"), fdp,
+                          [proto for name, proto in references if not _is_builtin(name)])
 
 
 # -------------------------------------------------------------------------------- compatibility
 class _Diff:
-    def __init__(self, writer, reader):
-        self.writer, self.reader = writer, reader
-        self.wmsgs, self.rmsgs = _messages(writer), _messages(reader)
+    def __init__(self, writer: ProtobufSchema, reader: ProtobufSchema):
+        self.writer, self.reader = writer.proto, reader.proto
+        self.wmsgs, self.rmsgs = _messages(self.writer), _messages(self.reader)
+        # every message the two can name, by full name (".pkg.Outer.Inner"): theirs and their references'
+        self.windex = {k: m for f in [self.writer, *writer.refs] for k, m in _full_names(f).items()}
+        self.rindex = {k: m for f in [self.reader, *reader.refs] for k, m in _full_names(f).items()}
         self.problems: list[str] = []
+        self.visited: set = set()
 
     def add(self, kind: str, path: str, what: str) -> None:
         self.problems.append(f"{{errorType:'{kind}', description:'{what} at path #/{path}'}}")
@@ -170,26 +176,23 @@ def _messages(fdp) -> dict:
     return out
 
 
-def _local(fdp, type_name: str) -> str:
-    name = type_name.lstrip(".")
-    pkg = fdp.package
-    return name[len(pkg) + 1:] if pkg and name.startswith(pkg + ".") else name
+def _full_names(fdp) -> dict:
+    prefix = f".{fdp.package}." if fdp.package else "."
+    return {prefix + local: m for local, m in _messages(fdp).items()}
 
 
-def _kind(fdp, msgs: dict, field):
-    """('scalar', group) | ('map', entry message) | ('message', local type name)."""
+def _kind(index: dict, field):
+    """('scalar', group) | ('map', entry message) | ('message', full type name)."""
     if field.type in (_MESSAGE, _GROUP):
-        local = _local(fdp, field.type_name)
-        entry = msgs.get(local)
+        entry = index.get(field.type_name)
         if entry is not None and entry.options.map_entry:
             return "map", entry
-        return "message", local
+        return "message", field.type_name
     return "scalar", _SCALAR_GROUP.get(field.type, field.type)
 
 
 def _compare_types(d: _Diff, path: str, wfield, rfield, labels: bool = True) -> None:
-    wkind = _kind(d.writer, d.wmsgs, wfield)
-    rkind = _kind(d.reader, d.rmsgs, rfield)
+    wkind, rkind = _kind(d.windex, wfield), _kind(d.rindex, rfield)
     if wkind[0] != rkind[0]:
         d.add("FIELD_KIND_CHANGED", path, f"The kind of the field changed from {wkind[0]} to {rkind[0]}")
     elif wkind[0] == "scalar":
@@ -200,6 +203,13 @@ def _compare_types(d: _Diff, path: str, wfield, rfield, labels: bool = True) -> 
     elif wkind[0] == "message":
         if wkind[1] != rkind[1]:
             d.add("FIELD_NAMED_TYPE_CHANGED", path, f"The field's type changed from {wkind[1]} to {rkind[1]}")
+            return
+        wmsg, rmsg = d.windex.get(wkind[1]), d.rindex.get(rkind[1])
+        local = _full_names(d.writer).get(wkind[1]) is not None and _full_names(d.reader).get(rkind[1]) is not None
+        # a message of the file itself is compared on its own; one from a reference is compared here
+        if not local and wmsg is not None and rmsg is not None and wmsg != rmsg and wkind[1] not in d.visited:
+            d.visited.add(wkind[1])
+            _compare_message(d, wkind[1].lstrip("."), wmsg, rmsg)
     else:
         wk, wv = (f for f in sorted(wkind[1].field, key=lambda f: f.number))
         rk, rv = (f for f in sorted(rkind[1].field, key=lambda f: f.number))
@@ -250,9 +260,9 @@ def _compare_message(d: _Diff, name: str, wmsg, rmsg) -> None:
 
 def incompatibilities(reader: ProtobufSchema, writer: ProtobufSchema) -> list[str]:
     """Why ``reader`` cannot read data written with ``writer`` (Confluent's diff of writer -> reader)."""
-    d = _Diff(writer.proto, reader.proto)
-    if writer.proto.package != reader.proto.package:
-        d.add("PACKAGE_CHANGED", "", f"The package changed from '{writer.proto.package}' to '{reader.proto.package}'")
+    d = _Diff(writer, reader)
+    if d.writer.package != d.reader.package:
+        d.add("PACKAGE_CHANGED", "", f"The package changed from '{d.writer.package}' to '{d.reader.package}'")
     for name, wmsg in d.wmsgs.items():
         if wmsg.options.map_entry:
             continue

@@ -276,3 +276,26 @@ def test_json_verdict_holds_for_documents_the_writer_accepts(writer, reader, dat
             doc[extra] = data.draw(st.sampled_from(list(sample.values())))
     jsonschema.Draft202012Validator(writer).validate(doc)
     jsonschema.Draft202012Validator(reader).validate(doc)  # compatible: the reader accepts it too
+
+
+def test_protobuf_follows_a_message_type_into_its_reference():
+    """Order.total is an acme.Money from a referenced file: a new version of that file that changes
+    Money's field kind makes Order incompatible; one that adds a field does not."""
+    def money(kind, extra=False):
+        fields = [("Money", "cents", 1, kind, OPT)] + ([("Money", "currency", 2, STRING, OPT)] if extra else [])
+        return P(fields, package="acme", messages=("Money",))
+
+    def order(ref):
+        from google.protobuf import descriptor_pb2
+        import base64
+
+        fdp = descriptor_pb2.FileDescriptorProto(name="order.proto", package="shop", syntax="proto3",
+                                                 dependency=["acme/money.proto"])
+        m = fdp.message_type.add(name="Order")
+        m.field.add(name="total", number=1, type=11, label=OPT, type_name=".acme.Money")
+        return parse("PROTOBUF", base64.b64encode(fdp.SerializeToString()).decode(), [("acme/money.proto", ref)])
+
+    v1 = order(money(INT64))
+    assert can_read(protobuf_format, order(money(INT64, extra=True)), v1)
+    assert can_read(protobuf_format, order(money(INT32)), v1)  # same scalar group
+    assert not can_read(protobuf_format, order(money(STRING)), v1)
