@@ -60,8 +60,10 @@ test-slow: $(STAMP) java
 test-browser: $(STAMP) java
 	$(PY) -m pytest -m "browser" -q
 
+# every bench at its defaults, each to its RESULT line; one that fails does not hide the others
 bench: $(STAMP) java
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@failed=; for b in bench/*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed"; exit 1; fi
 
 clean:
 	rm -rf build .pytest_cache

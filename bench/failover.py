@@ -40,6 +40,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 WORDS = [f"w{i:04d}" for i in range(2000)]
+RECOVERY_LIMIT_S = 120.0
 
 
 class Producer(threading.Thread):
@@ -73,11 +74,11 @@ def scenario(bootstrap, work, name, standby, rate, window, partitions, say):
 
     k = Kafka(bootstrap)
     topic = f"{name}-lines"
-    k.ensure_topic(topic, 3)
+    k.ensure_topic(topic, partitions)     # a task is its source partition: one per task
     app = statekit.App(name, bootstrap=bootstrap, partitions=partitions, instances=3,
                        standby_replicas=standby, state_dir=os.path.join(work, name), engine="changelog")
     app.stream(topic).flat_map_values(str.split).group_by(lambda _k, w: w).count(store="counts")
-    prod = Producer(k, topic, rate, 3)
+    prod = Producer(k, topic, rate, partitions)
     try:
         app.start(sink="none")
         prod.start()
@@ -87,14 +88,25 @@ def scenario(bootstrap, work, name, standby, rate, window, partitions, say):
         moved = {str(t) for t in app.assignment.active_tasks(victim)}
         t_kill = time.time()
         app.kill(victim)
-        time.sleep(window + 0.5)
-        commits = app.events(types="commit")
-        back = {}
-        for e in commits:
-            if e.task in moved and e.ts > t_kill and e.instance != victim and e.task not in back:
-                back[e.task] = e.ts
-        if set(back) != moved:
-            raise RuntimeError(f"moved tasks not back within {window}s: {sorted(moved - set(back))}")
+
+        def back_on_new_owners(commits):
+            back = {}
+            for e in commits:
+                if e.task in moved and e.ts > t_kill and e.instance != victim and e.task not in back:
+                    back[e.task] = e.ts
+            return back
+
+        # the recovery is measured, not bounded by the window: a busy machine takes longer
+        deadline = t_kill + max(window, RECOVERY_LIMIT_S)
+        while True:
+            commits = app.events(types="commit")
+            back = back_on_new_owners(commits)
+            if set(back) == moved and time.time() >= t_kill + window + 0.5:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"moved tasks not committing again {RECOVERY_LIMIT_S:.0f} s after "
+                                   f"the kill: {sorted(moved - set(back))}")
+            time.sleep(0.2)
         recovery = max(back.values()) - t_kill
 
         def rate_in(lo, hi):
@@ -110,7 +122,8 @@ def scenario(bootstrap, work, name, standby, rate, window, partitions, say):
         return recovery, before, after
     finally:
         prod.stop_.set()
-        prod.join()
+        if prod.is_alive():              # not started when start() itself failed: its error stands
+            prod.join()
         app.stop()
         k.close()
 

@@ -28,7 +28,7 @@ SMALL = {
                 ["datagen_fast"]),
     "task_cycle": (["--cycles", "5"], {}, ["task_cycle"]),
     "pipeline": (["--words", "20000", "--batch-words", "5000", "--warmup-words", "5000",
-                  "--rounds", "1", "--skip-tws", "--latency-rate", "200", "--latency-seconds", "3",
+                  "--rounds", "1", "--latency-rate", "200", "--latency-seconds", "3",
                   "--events", "4000", "--event-batch", "1000", "--warmup-events", "1000"],
                  {}, ["pipeline_exactly_once", "pipeline_latency_p50", "pipeline_latency_p95",
                       "pipeline_first_batch", "pipeline_join", "pipeline_session",
@@ -38,8 +38,7 @@ SMALL = {
                    for phase in ("idle", "restoring") for p in (50, 95)
                    if (p, phase, cond) != (95, "restoring", "loaded")]
                   + ["dashboard_refresh_p95_restoring_loaded"]),
-    "failover": (["--rate", "1000", "--window", "2", "--partitions", "3", "--restart-words",
-                  "5000"], {}, ["failover_recovery", "failover_survivors", "restart_first_record"]),
+    "failover": (["--rate", "1000", "--window", "2", "--restart-words", "5000"], {}, ["failover_recovery", "failover_survivors", "restart_first_record"]),
     "engines": (["--chunks", "2", "--lines", "20", "--clicks", "10", "--per-trigger", "100"], {},
                 ["engines_restore"]),
     "ingest": (["--records", "20000", "--latency-seconds", "3"], {},
@@ -59,18 +58,29 @@ LINE = re.compile(rf"^(?:FIGURE|RESULT) name=(\w+) value=({NUM}) unit=(\S+) base
                   rf"ratio=({NUM})$")
 
 
+# what decides a bench's shape (tasks, instances, topics, the phases it runs): the small runs keep
+# each bench's defaults for these and shrink only record counts and durations
+SHAPE = ("--partitions", "--instances", "--skip", "--skip-tws", "--only", "--phases", "--order")
+
+
+def test_small_runs_keep_every_bench_s_shape():
+    changed = {name: [a for a in args if a.split("=")[0] in SHAPE] for name, (args, _e, _n) in SMALL.items()}
+    assert not {k: v for k, v in changed.items() if v}
+
+
 def test_every_bench_has_small_arguments_here():
     names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "bench", "*.py")))
     assert names == sorted(SMALL)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a bench at its defaults' shape on a busy machine (pipeline: Spark's own engine too)
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_bench_runs_and_ends_with_its_result_lines(name, tmp_path):
     args, env, expected = SMALL[name]
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", f"{name}.py"), *args],
                           cwd=str(tmp_path), env={**os.environ, **env, "TMPDIR": str(tmp_path)},
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FIGURE ", "RESULT "))]
     assert lines, proc.stdout[-2000:]
