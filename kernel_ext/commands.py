@@ -92,12 +92,21 @@ class Session:
 
         return os.path.join(statekit_home(), "broker")
 
-    def _up(self, bootstrap: str | None, spark: bool = True, master: str | None = None) -> str:
+    def _up(self, bootstrap: str | None, spark: bool = True, master: str | None = None,
+            tls: bool = False, mtls: bool = False) -> str:
         """Connect (or reconnect) and say how: the one line `up` prints about the broker."""
-        from statekit.errors import BrokerUnreachable
+        from statekit.errors import BrokerUnreachable, StatekitError
         from statekit.kafka import Kafka
 
         explicit = bootstrap or (None if self._env_bootstrap else os.environ.get("STATEKIT_BOOTSTRAP"))
+        if explicit and (tls or mtls):
+            raise StatekitError("--tls is for the embedded broker: for another cluster, set security.protocol "
+                                "and ssl.ca.location in STATEKIT_KAFKA_CONFIG")
+        if self.broker is not None and self.broker.alive and (tls or mtls) and not explicit \
+                and not (self.broker.tls and (self.broker.mtls or not mtls)):
+            raise StatekitError(f"the embedded broker (pid {self.broker.pid}) runs without "
+                                f"{'client certificates' if self.broker.tls else 'TLS'}: `%statekit down`, "
+                                f"then `%statekit up --{'mtls' if mtls else 'tls'}`")
         if explicit:
             if self.broker is not None and self.broker.owned and explicit != self.broker.bootstrap:
                 raise BrokerUnreachable(f"this kernel runs the embedded broker at {self.bootstrap}: "
@@ -113,10 +122,12 @@ class Session:
 
             # a shared host (JupyterHub): other users' processes must not reach this broker
             auth = broker_mod.should_auth()
-            self.broker = broker_mod.start(dir=self._embedded_dir(), auth=auth)
+            tls = tls or mtls or broker_mod.should_tls()
+            self.broker = broker_mod.start(dir=self._embedded_dir(), auth=auth, tls=tls, mtls=mtls)
             self.bootstrap = self.broker.bootstrap
             how = (f"started the embedded broker (pid {self.broker.pid}"
-                   f"{', SASL authentication required' if auth else ''})" if self.broker.owned else
+                   f"{', SASL authentication required' if auth else ''}"
+                   f"{', TLS' if tls else ''}{' with client certificates' if mtls else ''})" if self.broker.owned else
                    f"reusing the embedded broker started by another process (pid {self.broker.pid}); "
                    f"`down` will leave it running")
         try:
@@ -268,7 +279,7 @@ class Session:
             from statekit.errors import StatekitError
 
             raise StatekitError("--master starts Spark on that master: drop --no-spark (or --master)")
-        how = self._up(cmd.bootstrap, spark=not cmd.no_spark, master=cmd.master)
+        how = self._up(cmd.bootstrap, spark=not cmd.no_spark, master=cmd.master, tls=cmd.tls, mtls=cmd.mtls)
         self.display(html_text=self._status_card(f"statekit is up ({time.monotonic() - t0:.1f} s): {how}"))
 
     def _status_card(self, title: str) -> str:
@@ -277,6 +288,9 @@ class Session:
             if self.broker is not None:
                 who = "started by this kernel" if self.broker.owned else "reused: started by another process"
                 kind = f"embedded broker, pid {self.broker.pid}, {who}, dir <code>{_e(self.broker.dir)}</code>"
+                if self.broker.tls or self.broker.auth:
+                    kind += " · " + " and ".join(w for w, on in (("TLS", self.broker.tls), ("SASL", self.broker.auth))
+                                                 if on)
             else:
                 kind = "external cluster"
             rows.append(("broker", f"<code>{_e(self.bootstrap)}</code> · {kind}"))

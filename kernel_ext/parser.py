@@ -175,6 +175,11 @@ def _build() -> _Parser:
     p.add_argument("--fresh", action="store_true",
                    help="start from a clean slate: stop the embedded broker, delete its data and "
                         "every app's local state under STATEKIT_HOME")
+    p.add_argument("--tls", action="store_true",
+                   help="the embedded broker listens with TLS only (its CA and certificates in its "
+                        "directory; default: $STATEKIT_BROKER_TLS)")
+    p.add_argument("--mtls", action="store_true",
+                   help="--tls, and the broker requires client certificates (mutual TLS)")
 
     sub.add_parser("down", help="stop every app, producer, Spark and the embedded broker",
                    description="Stop every running app and producer, Spark and the embedded "

@@ -45,12 +45,14 @@ def _broker_start(args) -> int:
         configs = parse_configs(args.config, args.auto_create_topics)
     except ValueError as e:
         raise StatekitError(str(e)) from None
-    h = broker.start(dir=args.dir, host=args.host, port=args.port, configs=configs, detach=True, auth=args.auth)
+    h = broker.start(dir=args.dir, host=args.host, port=args.port, configs=configs, detach=True, auth=args.auth,
+                     tls=args.tls, mtls=args.mtls)
     if not h.owned:
         print(f"statekit broker already running on {h.dir} (pid {h.pid}); reusing it", file=sys.stderr)
-    if h.auth:
-        print(f"SASL required; client settings in {os.path.join(h.dir, 'client.properties')} "
-              f"(e.g. kcat -F {os.path.join(h.dir, 'client.properties')} -L)", file=sys.stderr)
+    if h.auth or h.tls:
+        props = os.path.join(h.dir, "client.properties")
+        print(f"{_security(h.auth, h.tls, h.mtls)}; client settings in {props} (e.g. kcat -F {props} -L)",
+              file=sys.stderr)
     print(h.bootstrap)
     return 0
 
@@ -65,9 +67,16 @@ def _broker_run(args) -> int:
         argv += ["--config", c]
     if args.auto_create_topics:
         argv.append("--auto-create-topics")
-    if args.auth:
-        argv.append("--auth")
+    for flag in ("auth", "tls", "mtls"):
+        if getattr(args, flag):
+            argv.append(f"--{flag}")
     return run_main(argv)
+
+
+def _security(auth: bool, tls: bool, mtls: bool) -> str:
+    """How clients reach a broker, in a few words."""
+    what = {(True, False): "SASL required", (False, True): "TLS", (True, True): "TLS and SASL required"}[(auth, tls)]
+    return what + (", client certificates required" if mtls else "")
 
 
 def _dir(args) -> str:
@@ -83,9 +92,10 @@ def _broker_status(args) -> int:
     if info is None:
         print(f"no broker running on {_dir(args)}")
         return 1
-    auth = f", SASL required: client settings in {os.path.join(_dir(args), 'client.properties')}" \
-        if info.get("auth") else ""
-    print(f"running: {info['bootstrap']} (pid {info['pid']}, data in {_dir(args)}{auth})")
+    secure = info.get("auth") or info.get("tls")
+    how = (f", {_security(bool(info.get('auth')), bool(info.get('tls')), bool(info.get('mtls')))}: client settings in "
+           f"{os.path.join(_dir(args), 'client.properties')}") if secure else ""
+    print(f"running: {info['bootstrap']} (pid {info['pid']}, data in {_dir(args)}{how})")
     return 0
 
 

@@ -6,6 +6,7 @@ segments, an offset index, retention and a log cleaner for compacted topics. See
 docs/ARCHITECTURE.md for the contract; each module's docstring says how its part works
 (server.py: connections; handlers.py: the APIs; log.py: files and durability; cleaner.py:
 compaction; transactions.py: the transaction coordinator; auth.py: SASL and credentials;
+tls.py: the TLS listener's certificates;
 process.py: the child process, `DIR/broker.json` and finding a broker's credentials).
 """
 from __future__ import annotations
@@ -19,9 +20,10 @@ from statekit.errors import BrokerUnreachable, StatekitError
 
 from .auth import should_auth
 from .process import BrokerHandle, credentials_for, default_dir, running_info, start, stop
+from .tls import should_tls
 
 __all__ = ["start", "stop", "status", "BrokerHandle", "log_stats", "request_clean", "default_dir",
-           "should_auth", "credentials_for"]
+           "should_auth", "should_tls", "credentials_for"]
 
 
 def status(dir: str | None = None) -> dict | None:

@@ -8,9 +8,9 @@ import os
 import signal
 import sys
 
-from .auth import ensure_credentials
-from .process import default_dir, info_path, parse_configs, register_auth_broker, unregister_auth_broker
-from .server import Broker, BrokerError
+from .auth import write_client_settings
+from .process import default_dir, info_path, parse_configs, register_client_settings, unregister_client_settings
+from .server import Broker, BrokerError, lock_dir
 from .log import write_json_atomic
 
 
@@ -42,6 +42,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auth", action="store_true",
                    help="require SASL (PLAIN or SCRAM-SHA-256) with credentials generated into DIR/credentials.json "
                         "(readable by you only); statekit's clients pick them up")
+    p.add_argument("--tls", action="store_true",
+                   help="listen with TLS only (SSL; SASL_SSL with --auth): a CA and certificates are made in "
+                        "DIR/tls, DIR/client.properties names them; statekit's clients pick them up")
+    p.add_argument("--mtls", action="store_true",
+                   help="--tls, and require a client certificate signed by DIR/tls/ca.pem "
+                        "(Kafka's ssl.client.auth=required); statekit's own is DIR/tls/client.pem")
 
 
 def main(argv=None) -> int:
@@ -54,33 +60,32 @@ def main(argv=None) -> int:
         print(f"statekit broker: {e}", file=sys.stderr)
         return 2
     data_dir = os.path.abspath(args.dir or default_dir())
-    users = None
-    if args.auth:
-        try:
-            creds = ensure_credentials(data_dir)
-        except OSError as e:
-            print(f"statekit broker: cannot write the credentials file in {data_dir} ({e.strerror}): "
-                  f"pass a writable --dir", file=sys.stderr)
-            return 2
-        users = {creds["sasl.username"]: creds["sasl.password"]}
     try:
-        return asyncio.run(_run(data_dir, args.host, args.port, configs, users))
+        return asyncio.run(_run(data_dir, args.host, args.port, configs, args.auth, args.tls or args.mtls, args.mtls))
     except BrokerError as e:
         print(f"statekit broker: {e}", file=sys.stderr)
         return 2
 
 
-async def _run(data_dir, host, port, configs, users=None) -> int:
-    broker = Broker(data_dir, host, port, configs, users=users)
+async def _run(data_dir, host, port, configs, auth=False, tls=False, mtls=False) -> int:
+    lock_fd = lock_dir(data_dir)  # the directory is ours before its certificates and settings are written
+    try:
+        settings, listener = _secure(data_dir, host, auth, tls, mtls)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+    users = {settings["sasl.username"]: settings["sasl.password"]} if auth else None
+    broker = Broker(data_dir, host, port, configs, users=users, tls=listener, lock_fd=lock_fd)
     await broker.start()
     path = info_path(data_dir)
     bootstrap = f"{broker.advertised_host}:{broker.port}"
     write_json_atomic(path, {"pid": os.getpid(), "host": broker.advertised_host, "port": broker.port,
-                             "bootstrap": bootstrap, "dir": data_dir, "auth": users is not None})
-    if users is not None:
-        register_auth_broker(bootstrap, data_dir)
-    print(f"statekit broker listening on {bootstrap} (data in {data_dir}"
-          f"{', SASL required' if users else ''})", file=sys.stderr, flush=True)
+                             "bootstrap": bootstrap, "dir": data_dir, "auth": auth, "tls": tls, "mtls": mtls})
+    if settings:
+        register_client_settings(bootstrap, data_dir)
+    protocol = settings.get("security.protocol", "PLAINTEXT")
+    print(f"statekit broker listening on {bootstrap} ({protocol}{', client certificates required' if mtls else ''}; "
+          f"data in {data_dir})", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -96,10 +101,36 @@ async def _run(data_dir, host, port, configs, users=None) -> int:
                     os.unlink(path)
         except (OSError, ValueError):
             pass
-        if users is not None:
-            unregister_auth_broker(bootstrap)
+        if settings:
+            unregister_client_settings(bootstrap)
         await broker.stop()
     return 0
+
+
+def _secure(data_dir, host, auth, tls, mtls):
+    """(client settings, TLS listener or None): the settings that reach the broker, written to
+    DIR/credentials.json and DIR/client.properties ({} for a plaintext broker without SASL)."""
+    if not (auth or tls):
+        return {}, None
+    ssl_settings = listener = None
+    if tls:
+        from . import tls as tls_mod
+
+        advertised = host if host not in tls_mod.WILDCARD_HOSTS else "127.0.0.1"
+        names = tls_mod.broker_names(host, advertised)
+        try:
+            files = tls_mod.ensure_files(data_dir, names)
+            listener = tls_mod.listener(files, names, require_client_cert=mtls)
+        except tls_mod.TlsError as e:
+            raise BrokerError(str(e)) from None
+        problem = tls_mod.certificate_problem(files, advertised)
+        if problem:
+            logging.getLogger("statekit.broker").warning("%s: clients will refuse it", problem)
+        ssl_settings = files.client_settings(client_cert=mtls)
+    try:
+        return write_client_settings(data_dir, auth, ssl_settings), listener
+    except OSError as e:
+        raise BrokerError(f"cannot write the client settings in {data_dir} ({e.strerror}): pass a writable --dir") from None
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@ without it, any local user can reach a participant's broker on localhost and del
 
 `start(..., auth=True)` / `statekit broker start --auth` make the broker demand SASL (PLAIN or
 SCRAM-SHA-256, Kafka's SaslHandshake v1 + SaslAuthenticate, or raw tokens after a v0 handshake)
-before any request other than ApiVersions. The credentials are generated once into
-`DIR/credentials.json`, readable by the user only (0600), in the client property names librdkafka
-and statekit.kafka use; `DIR/client.properties` holds the same for tools (`kcat -F`).
+before any request other than ApiVersions. The password is generated once; at each start the
+client settings that reach the broker (with `--tls`, the ssl.* ones of `tls.py` too) are written
+into `DIR/credentials.json`, readable by the user only (0600), in the client property names
+librdkafka and statekit.kafka use; `DIR/client.properties` holds the same for tools (`kcat -F`).
 statekit's own clients find them from the bootstrap address (see `statekit.broker.credentials_for`).
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ def should_auth() -> bool:
     return bool(os.environ.get("JUPYTERHUB_USER") or os.environ.get("JUPYTERHUB_API_TOKEN"))
 
 
-def _write_private(path: str, text: str) -> None:
+def write_private(path: str, text: str) -> None:
     """Created 0600 from the first byte (never readable by others, not even briefly)."""
     tmp = f"{path}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -54,33 +55,46 @@ def _write_private(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def ensure_credentials(data_dir: str) -> dict:
-    """The broker directory's credentials, generated (random password) when missing."""
-    creds = read_credentials(data_dir)
-    if creds is not None:
-        return creds
-    creds = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
-             "sasl.username": USERNAME, "sasl.password": secrets.token_urlsafe(24)}
+def write_client_settings(data_dir: str, sasl: bool, ssl_settings: dict | None = None) -> dict:
+    """The client settings that reach the broker as it starts now, into `DIR/credentials.json`
+    and `DIR/client.properties` (0600): `security.protocol` (SASL_PLAINTEXT, SSL or SASL_SSL), the
+    SASL credentials (the password generated the first time, kept after), and the ssl.* settings
+    of a TLS listener. Returns them."""
+    protocol = ("SASL_" if sasl else "") + ("SSL" if ssl_settings else "PLAINTEXT")
+    settings = {"security.protocol": protocol}
+    if sasl:
+        old = _read_json(os.path.join(data_dir, CREDENTIALS_FILE)) or {}
+        password = old.get("sasl.password") if old.get("sasl.username") == USERNAME else None
+        settings.update({"sasl.mechanism": "SCRAM-SHA-256", "sasl.username": USERNAME,
+                         "sasl.password": password or secrets.token_urlsafe(24)})
+    settings.update(ssl_settings or {})
     os.makedirs(data_dir, exist_ok=True)
-    _write_private(os.path.join(data_dir, CREDENTIALS_FILE), json.dumps(creds, indent=1) + "\n")
-    props = "".join(f"{k}={v}\n" for k, v in creds.items())
+    write_private(os.path.join(data_dir, CREDENTIALS_FILE), json.dumps(settings, indent=1) + "\n")
+    props = "".join(f"{k}={v}\n" for k, v in settings.items())
     # librdkafka spells the mechanism key with an s
     props = props.replace("sasl.mechanism=", "sasl.mechanisms=")
-    _write_private(os.path.join(data_dir, PROPERTIES_FILE), props)
-    return creds
+    write_private(os.path.join(data_dir, PROPERTIES_FILE), props)
+    return settings
 
 
-def read_credentials(data_dir: str) -> dict | None:
-    path = os.path.join(data_dir, CREDENTIALS_FILE)
+def _read_json(path: str):
     try:
         st = os.stat(path)
         with open(path) as f:
-            creds = json.load(f)
+            doc = json.load(f)
     except (OSError, ValueError):
         return None
     if st.st_mode & 0o077:
         os.chmod(path, 0o600)  # someone loosened it: close it again
-    if not isinstance(creds, dict) or not creds.get("sasl.username") or not creds.get("sasl.password"):
+    return doc if isinstance(doc, dict) else None
+
+
+def read_credentials(data_dir: str) -> dict | None:
+    """The client settings in DIR/credentials.json (see write_client_settings), or None."""
+    creds = _read_json(os.path.join(data_dir, CREDENTIALS_FILE))
+    if creds is None or not creds.get("security.protocol"):
+        return None
+    if creds["security.protocol"].startswith("SASL") and not (creds.get("sasl.username") and creds.get("sasl.password")):
         return None
     return creds
 

@@ -1,14 +1,16 @@
 """Running the broker as a child process: spawn, find a running one via `DIR/broker.json`, stop;
-and finding the credentials of a broker started with `auth=True` from its bootstrap address.
+and finding the client settings of a broker started with `auth=True` or `tls=True` from its
+bootstrap address.
 
 A separate process makes `kill -9` real for crash demos and keeps the broker's work off the
 notebook's GIL.
 
-Credentials lookup (`credentials_for(bootstrap)`), for statekit's own clients: a broker started
-with auth registers `bootstrap -> data dir` in a per-user directory (`$TMPDIR/statekit-<uid>/`,
-mode 0700, ours only) while it runs, so any process of the user (Spark's Python workers too)
-finds `DIR/credentials.json`; brokers started or reused by this process and the default directory
-are looked at first.
+Client settings lookup (`credentials_for(bootstrap)`), for statekit's own clients: a broker
+started with auth or TLS registers `bootstrap -> data dir` in a per-user directory
+(`$TMPDIR/statekit-<uid>/`, mode 0700, ours only) while it runs, so any process of the user
+(Spark's Python workers too) finds `DIR/credentials.json` (SASL credentials, the CA to trust, the
+client certificate); brokers started or reused by this process and the default directory are
+looked at first.
 """
 from __future__ import annotations
 
@@ -97,21 +99,26 @@ class BrokerHandle:
         self.pid = int(info["pid"])
         self.bootstrap = info.get("bootstrap") or f"{self.host}:{self.port}"
         self.auth = bool(info.get("auth"))
+        self.tls = bool(info.get("tls"))
+        self.mtls = bool(info.get("mtls"))
         self.owned = owned
         self._proc = proc
         _KNOWN[self.bootstrap] = data_dir
 
     def __repr__(self):
         return (f"BrokerHandle(bootstrap={self.bootstrap!r}, dir={self.dir!r}, pid={self.pid}, owned={self.owned}"
-                f"{', auth=True' if self.auth else ''})")
+                f"{', auth=True' if self.auth else ''}{', tls=True' if self.tls else ''}"
+                f"{', mtls=True' if self.mtls else ''})")
 
     @property
     def credentials(self) -> dict | None:
-        """The client settings of a broker started with auth (security.protocol, sasl.mechanism,
-        sasl.username, sasl.password), else None."""
+        """The client settings of a broker started with auth or TLS (security.protocol; with auth
+        sasl.mechanism, sasl.username, sasl.password; with TLS ssl.ca.location,
+        ssl.endpoint.identification.algorithm, and with mTLS ssl.certificate.location and
+        ssl.key.location), else None."""
         from .auth import read_credentials
 
-        return read_credentials(self.dir) if self.auth else None
+        return read_credentials(self.dir) if self.auth or self.tls else None
 
     def __enter__(self):
         return self
@@ -163,18 +170,24 @@ class BrokerHandle:
 
 
 def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, configs: dict | None = None,
-          timeout: float = 30.0, detach: bool = False, auth: bool = False) -> BrokerHandle:
+          timeout: float = 30.0, detach: bool = False, auth: bool = False, tls: bool = False,
+          mtls: bool = False) -> BrokerHandle:
     """Start a broker on dir (or return a handle to the one already running there, as it runs).
-    ``auth=True`` requires SASL with credentials generated into ``DIR/credentials.json`` (0600)."""
+    ``auth=True`` requires SASL with credentials generated into ``DIR/credentials.json`` (0600);
+    ``tls=True`` listens with TLS only (certificates in ``DIR/tls``); ``mtls=True`` (implies
+    ``tls``) requires client certificates too."""
     data_dir = os.path.abspath(dir or default_dir())
+    tls = tls or mtls
     info = running_info(data_dir)
     if info is not None:
-        if auth and not info.get("auth"):
-            import logging
+        for wanted, key, what in ((auth, "auth", "require authentication"), (tls, "tls", "listen with TLS"),
+                                  (mtls, "mtls", "require client certificates")):
+            if wanted and not info.get(key):
+                import logging
 
-            logging.getLogger("statekit.broker").warning(
-                "the broker already running on %s does not require authentication; stop it and start it "
-                "again with auth=True to require it", data_dir)
+                logging.getLogger("statekit.broker").warning(
+                    "the broker already running on %s does not %s; stop it and start it again with %s=True",
+                    data_dir, what, key)
         return BrokerHandle(data_dir, info, owned=False)
     try:
         os.makedirs(data_dir, exist_ok=True)
@@ -193,6 +206,8 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
         cmd += ["--config", f"{k}={v}"]
     if auth:
         cmd.append("--auth")
+    if tls:
+        cmd.append("--mtls" if mtls else "--tls")
     log_path = os.path.join(data_dir, "broker.log")
     _remove_stale_info(data_dir)
     with open(log_path, "ab") as logf:
@@ -258,7 +273,7 @@ def _last_error(log_path: str, start_pos: int) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# credentials of brokers started with auth, found by bootstrap address
+# client settings of brokers started with auth or TLS, found by bootstrap address
 _KNOWN: dict[str, str] = {}  # bootstrap -> data dir, for brokers this process started or reused
 
 
@@ -289,7 +304,7 @@ def _reg_path(run_dir: str, bootstrap: str) -> str:
     return os.path.join(run_dir, "broker-" + bootstrap.replace(":", "_").replace("/", "_") + ".json")
 
 
-def register_auth_broker(bootstrap: str, data_dir: str) -> None:
+def register_client_settings(bootstrap: str, data_dir: str) -> None:
     run_dir = _run_dir(create=True)
     if run_dir is None:
         return
@@ -301,7 +316,7 @@ def register_auth_broker(bootstrap: str, data_dir: str) -> None:
         pass
 
 
-def unregister_auth_broker(bootstrap: str) -> None:
+def unregister_client_settings(bootstrap: str) -> None:
     run_dir = _run_dir()
     if run_dir is not None:
         try:
@@ -311,28 +326,31 @@ def unregister_auth_broker(bootstrap: str) -> None:
 
 
 def credentials_for(bootstrap: str) -> dict | None:
-    """Client security settings for a statekit broker started with auth at ``bootstrap`` (the
-    contents of its DIR/credentials.json), else None."""
+    """Client security settings for a statekit broker started with auth or TLS at ``bootstrap``
+    (the contents of its DIR/credentials.json), else None."""
     from .auth import read_credentials
 
-    dirs = []
-    if bootstrap in _KNOWN:
-        dirs.append(_KNOWN[bootstrap])
+    host, _, port = bootstrap.strip().rpartition(":")
+    names = [bootstrap.strip()]
+    if host in ("localhost", "127.0.0.1", "[::1]", "::1"):  # the broker advertises 127.0.0.1
+        names += [f"{h}:{port}" for h in ("127.0.0.1", "localhost") if h != host]
+    dirs = [_KNOWN[n] for n in names if n in _KNOWN]
     dirs.append(default_dir())
     run_dir = _run_dir()
     if run_dir is not None:
-        try:
-            with open(_reg_path(run_dir, bootstrap)) as f:
-                dirs.append(json.load(f)["dir"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        for n in names:
+            try:
+                with open(_reg_path(run_dir, n)) as f:
+                    dirs.append(json.load(f)["dir"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
     for d in dirs:
         try:
             with open(info_path(d)) as f:
                 info = json.load(f)
         except (OSError, ValueError):
             continue
-        if isinstance(info, dict) and info.get("bootstrap") == bootstrap and info.get("auth") \
+        if isinstance(info, dict) and info.get("bootstrap") in names and (info.get("auth") or info.get("tls")) \
                 and pid_alive(int(info.get("pid", -1))):
             return read_credentials(d)
     return None

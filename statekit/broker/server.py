@@ -14,6 +14,11 @@ that pipelines fetches and never reads gets empty answers rather than gigabytes.
 
 With authentication on (`auth.py`), a connection must complete SASL before anything but
 ApiVersions; other requests get SASL_AUTHENTICATION_FAILED and the connection is closed.
+
+With a TLS listener (`tls.py`), each connection's handshake comes first, on this same loop; the
+framing, the pool and the limits above then apply to the decrypted stream unchanged. A client
+whose handshake fails (a certificate refused on either side, plaintext on this port) is closed
+with one line in the log; a ClientHello arriving at a plaintext listener is named as such too.
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ from .auth import AuthFailed, Users
 from .config import BrokerConfig, ConfigError
 from .log import write_json_atomic
 from .schema_check import illegal_null
+from .tls import TlsListener
 from .topics import TopicManager
 
 log = logging.getLogger("statekit.broker")
@@ -150,7 +156,10 @@ class Broker:
     node_id = 0
 
     def __init__(self, data_dir: str, host: str = "127.0.0.1", port: int = 0, configs: dict | None = None,
-                 advertised_host: str | None = None, users: dict[str, str] | None = None):
+                 advertised_host: str | None = None, users: dict[str, str] | None = None,
+                 tls: TlsListener | None = None, lock_fd: int = -1):
+        """`tls`: serve TLS only (see tls.py); `lock_fd`: the directory lock when the caller took
+        it already (lock_dir), to write the client settings before the broker starts."""
         self.dir = os.path.abspath(data_dir)
         self.host = host
         self.port = port
@@ -167,7 +176,8 @@ class Broker:
         self.stopping = False
         self._waiter: asyncio.Future | None = None
         self._tasks: list[asyncio.Task] = []
-        self._lock_fd = -1
+        self._lock_fd = lock_fd
+        self.tls = tls
         self._pid_next = 0
         self._pid_block_end = 0
         self.cluster_id = ""
@@ -185,16 +195,8 @@ class Broker:
         return self.config.get("auto.create.topics.enable")
 
     async def start(self) -> None:
-        try:
-            os.makedirs(self.dir, exist_ok=True)
-            self._lock_fd = os.open(os.path.join(self.dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise BrokerError(f"cannot use {self.dir} as the broker directory ({e.strerror}): pass a writable --dir") from None
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise BrokerError(f"another broker already runs on {self.dir}: reuse it, or stop it with "
-                              f"`statekit broker stop --dir {self.dir}`") from None
+        if self._lock_fd < 0:
+            self._lock_fd = lock_dir(self.dir)
         meta_path = os.path.join(self.dir, "meta.json")
         try:
             with open(meta_path) as f:
@@ -237,8 +239,11 @@ class Broker:
                 self.transactions.tick)),
         ]
         self._write_stats()
-        log.info("broker listening on %s:%d, data in %s%s (room for %s more partitions)", self.advertised_host,
-                 self.port, self.dir, ", SASL required" if self.users else "", self.topics.partition_room())
+        security = ("SASL_" if self.users else "") + ("SSL" if self.tls else "PLAINTEXT")
+        if self.tls is not None and self.tls.require_client_cert:
+            security += " with client certificates"
+        log.info("broker listening on %s:%d (%s), data in %s (room for %s more partitions)", self.advertised_host,
+                 self.port, security, self.dir, self.topics.partition_room())
 
     async def _start_coordinator(self):
         try:
@@ -378,8 +383,6 @@ class Broker:
         before the next is read.
         """
         peer = writer.get_extra_info("peername")
-        conn = Connection(self, peer, "/" + (peer[0] if isinstance(peer, tuple) else "127.0.0.1"))
-        H.CONNECTION.set(conn)  # this task's context; the dispatch tasks copy it
         self._conns.add(writer)
         sock = writer.get_extra_info("socket")
         if sock is not None:
@@ -389,6 +392,11 @@ class Broker:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        if self.tls is not None and not await self._tls_handshake(writer, peer):
+            self._conns.discard(writer)
+            return
+        conn = Connection(self, peer, "/" + (peer[0] if isinstance(peer, tuple) else "127.0.0.1"))
+        H.CONNECTION.set(conn)  # this task's context; the dispatch tasks copy it
         try:
             writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         except (AttributeError, ValueError):
@@ -402,6 +410,11 @@ class Broker:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
                 (size,) = struct.unpack(">i", head)
+                if size > self.max_request and head[:2] == b"\x16\x03":  # a TLS record: a ClientHello
+                    log.warning("closing connection from %s: it began a TLS handshake on this plaintext listener: "
+                                "the client needs security.protocol=PLAINTEXT (SASL_PLAINTEXT with SASL), or "
+                                "start the broker with --tls", peer)
+                    break
                 if not conn.authenticated and size > SASL_MAX_RECEIVE:
                     log.warning("closing connection from %s: a %d-byte request before authentication "
                                 "(at most %d)", peer, size, SASL_MAX_RECEIVE)
@@ -464,6 +477,26 @@ class Broker:
                 writer.close()
             except Exception:  # noqa: BLE001
                 pass
+
+    async def _tls_handshake(self, writer: asyncio.StreamWriter, peer) -> bool:
+        """The connection's TLS handshake, before its first request is read. Called before the
+        task first waits, so the client's hello is still in the socket, not in the stream reader:
+        asyncio's TLS transport reads it (non-blocking, as every other read of this loop), and a
+        handshake not done within the listener's timeout is dropped. A failure is one line."""
+        try:
+            await writer.start_tls(self.tls.context, ssl_handshake_timeout=self.tls.handshake_timeout)
+            return True
+        except asyncio.CancelledError:
+            writer.transport.abort()
+            raise
+        except Exception as e:  # noqa: BLE001 - every failed handshake ends only its connection
+            line = self.tls.explain(e)
+            if line:
+                log.warning("closing connection from %s: %s", peer, line)
+            else:
+                log.debug("connection from %s closed during the TLS handshake (%s)", peer, e)
+            writer.transport.abort()
+            return False
 
     async def _write_responses(self, pending: asyncio.Queue, writer: asyncio.StreamWriter, conn: Connection) -> None:
         peer = conn.peer
@@ -693,6 +726,23 @@ class Broker:
                 pass
         body = struct.pack(">ih", corr, code)
         return struct.pack(">i", len(body)) + body
+
+
+def lock_dir(data_dir: str) -> int:
+    """Take the broker directory (an exclusive flock on DIR/.lock, held while the process lives);
+    returns the lock's descriptor. Raises BrokerError when another broker holds it."""
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        fd = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise BrokerError(f"cannot use {data_dir} as the broker directory ({e.strerror}): pass a writable --dir") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise BrokerError(f"another broker already runs on {data_dir}: reuse it, or stop it with "
+                          f"`statekit broker stop --dir {data_dir}`") from None
+    return fd
 
 
 def _encode(resp, api_version: int, corr: int) -> bytes:

@@ -161,7 +161,9 @@ class Kafka:
                 return self._boot_conn
             except BrokerUnreachable as e:
                 last = e
-        raise BrokerUnreachable(f"cannot reach Kafka at {self.bootstrap}: {_HINT}") from last
+        if last is not None:  # the last address's own reason (refused, closed, not TLS, ...)
+            raise BrokerUnreachable(str(last)) from None
+        raise BrokerUnreachable(f"cannot reach Kafka at {self.bootstrap}: {_HINT}")
 
     def _node(self, node_id: int) -> Connection:
         c = self._conns.get(node_id)

@@ -100,6 +100,7 @@ class Security:
     password: str | None
     ssl_context: ssl.SSLContext | None
     check_hostname: bool
+    client_cert: str | None = None  # the certificate this client shows (mutual TLS)
 
 
 def security_of(cfg: dict) -> Security | None:
@@ -122,7 +123,7 @@ def security_of(cfg: dict) -> Security | None:
         if not user or password is None:
             raise StatekitError(f"security.protocol={proto} needs sasl.username and sasl.password "
                                 f"(or sasl.jaas.config)")
-    ctx = None
+    ctx = cert = None
     check = True
     if proto.endswith("SSL"):
         for k in ("ssl.truststore.type", "ssl.keystore.type"):
@@ -142,7 +143,7 @@ def security_of(cfg: dict) -> Security | None:
                                 f"ssl.certificate.location and ssl.key.location") from None
         check = (cfg.get("ssl.endpoint.identification.algorithm", "https") or "none").lower() == "https"
         ctx.check_hostname = check
-    return Security(proto, mech, user, password, ctx, check)
+    return Security(proto, mech, user, password, ctx, check, cert if ctx is not None and cert else None)
 
 
 def configured_bootstrap(bootstrap: str | None = None) -> str | None:

@@ -13,6 +13,7 @@ from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from .config import Security
 from .errors import HINT as _HINT, BrokerUnreachable, KafkaError
+from .tls_errors import closed_before_answer, handshake_failed, looks_like_tls
 
 __all__ = ["Connection"]
 
@@ -36,8 +37,9 @@ class Connection:
                 self.sock = security.ssl_context.wrap_socket(self.sock, server_hostname=host)
             except (ssl.SSLError, OSError) as e:
                 self.close()
-                raise BrokerUnreachable(f"TLS handshake with Kafka at {self.addr} failed ({e}): check "
-                                        f"security.protocol and the ssl.* settings") from None
+                raise handshake_failed(e, self.addr, host) from None
+        self.security = security
+        self.answered = False  # a first answer came: a close from now on is not about TLS settings
         self.proto = KafkaProtocol(client_id=client_id, receive_message_max_bytes=256 << 20)
         self.ready: dict = {}  # correlation id -> decoded response not yet claimed
         self.versions: dict[int, tuple[int, int]] = {}
@@ -134,12 +136,17 @@ class Connection:
                                         f"{self.timeout:.0f}s; is the broker alive? ({_HINT})")
             except OSError as e:
                 self.close()
+                if not self.answered:
+                    raise BrokerUnreachable(closed_before_answer(self.addr, self.security, e)) from None
                 raise BrokerUnreachable(f"lost the connection to Kafka at {self.addr}: {e}")
-            if not data:
+            if not data or (not self.answered and looks_like_tls(data)):
                 self.close()
+                if not self.answered:
+                    raise BrokerUnreachable(closed_before_answer(self.addr, self.security, tls_answer=bool(data)))
                 raise BrokerUnreachable(f"Kafka at {self.addr} closed the connection; {_HINT}")
             for rcid, resp in self.proto.receive_bytes(data):
                 self.ready[rcid] = resp
+                self.answered = True
         return self.ready.pop(cid)
 
     def request(self, req):

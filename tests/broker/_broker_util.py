@@ -2,18 +2,69 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 
-class Raw:
-    """One TCP connection speaking kafka.protocol messages, for requests clients never send."""
+class Reach:
+    """How a test reaches a statekit broker: raw sockets (TLS when the broker listens with TLS),
+    kafka-python's and librdkafka's security settings, from the broker's generated client settings."""
 
-    def __init__(self, bootstrap: str, timeout: float = 10.0):
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+    def __init__(self, handle):
+        self.bootstrap = handle.bootstrap
+        self.settings = dict(handle.credentials or {})
+        self.ssl = None
+        if "ssl.ca.location" in self.settings:
+            self.ssl = ssl.create_default_context(cafile=self.settings["ssl.ca.location"])
+            if "ssl.certificate.location" in self.settings:
+                self.ssl.load_cert_chain(self.settings["ssl.certificate.location"], self.settings["ssl.key.location"])
+
+    def connect(self, timeout: float = 10.0) -> socket.socket:
+        return connect(self.bootstrap, timeout, self.ssl)
+
+    def raw(self, timeout: float = 10.0) -> "Raw":
+        return Raw(self.bootstrap, timeout, self.ssl)
+
+    def kafka_python(self) -> dict:
+        """KafkaProducer/KafkaConsumer/KafkaAdminClient keyword arguments."""
+        s = self.settings
+        if not s:
+            return {}
+        out = {"security_protocol": s["security.protocol"]}
+        if "sasl.username" in s:
+            out.update(sasl_mechanism=s["sasl.mechanism"], sasl_plain_username=s["sasl.username"],
+                       sasl_plain_password=s["sasl.password"])
+        if "ssl.ca.location" in s:
+            out["ssl_cafile"] = s["ssl.ca.location"]
+        if "ssl.certificate.location" in s:
+            out.update(ssl_certfile=s["ssl.certificate.location"], ssl_keyfile=s["ssl.key.location"])
+        return out
+
+    def librdkafka(self) -> dict:
+        """confluent-kafka settings (bootstrap.servers included)."""
+        out = {"bootstrap.servers": self.bootstrap}
+        out.update({("sasl.mechanisms" if k == "sasl.mechanism" else k): v for k, v in self.settings.items()})
+        return out
+
+
+def connect(bootstrap: str, timeout: float = 10.0, ssl_context=None) -> socket.socket:
+    """A TCP connection to the broker, TLS over it with `ssl_context`."""
+    host, port = bootstrap.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=timeout)
+    if ssl_context is not None:
+        s = ssl_context.wrap_socket(s, server_hostname=host)
+    return s
+
+
+class Raw:
+    """One connection speaking kafka.protocol messages, for requests clients never send (TLS with
+    an `ssl_context`)."""
+
+    def __init__(self, bootstrap: str, timeout: float = 10.0, ssl_context=None):
+        self.sock = connect(bootstrap, timeout, ssl_context)
         self.corr = 0
 
     def close(self):
@@ -58,7 +109,7 @@ class Raw:
         self.sock.settimeout(wait)
         try:
             return self.sock.recv(1) == b""
-        except (ConnectionResetError, BrokenPipeError):
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError):
             return True
         except socket.timeout:
             return False

@@ -1,6 +1,8 @@
 """Bad input over raw sockets: at least 10,000 random or mutated frames (truncated frames, bad length
 prefixes, unknown API keys and versions, garbage, mutated valid requests), pipelined over several
-connections, while a kafka-python producer and consumer do real work on the same broker.
+connections, while a kafka-python producer and consumer do real work on the same broker; then
+3,200 of them at a TLS listener (the same guards behind the decryption; every connection the
+broker closes costs a new handshake there, so fewer frames keep the run short).
 
 The broker must answer each frame with a response (or an error response), or close only that
 connection; the healthy client's results are checked exactly; the broker is alive at the end; and
@@ -17,6 +19,7 @@ import threading
 import time
 import warnings
 
+import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.protocol.admin.groups import DescribeGroupsRequest, ListGroupsRequest
@@ -32,9 +35,11 @@ from kafka.protocol.metadata import (
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from _broker_util import Reach
+
 SEED = int(os.environ.get("STATEKIT_FUZZ_SEED", "20261121"))
 CONNECTIONS = 8
-FRAMES_PER_CONNECTION = 1300  # 8 x 1300 = 10,400 frames
+FRAMES_PER_CONNECTION = {"plaintext": 1300, "tls": 400}  # 8 x 1300 = 10,400 frames; over TLS 3,200
 BATCH = 8  # frames pipelined (then a sentinel ApiVersions) before reading the answers
 HEALTHY = "healthy"  # never named in a fuzz frame
 FUZZ_TOPIC = "fuzz-target-topic"
@@ -178,10 +183,11 @@ def terminal(rng: random.Random, valid: list[bytes]) -> tuple[str, bytes]:
 
 # ---------------------------------------------------------------------------------------------
 class FuzzConn(threading.Thread):
-    def __init__(self, idx: int, bootstrap: str, stats: dict, lock: threading.Lock):
+    def __init__(self, idx: int, reach: Reach, stats: dict, lock: threading.Lock, frames: int):
         super().__init__(name=f"fuzz-{idx}", daemon=True)
         self.idx = idx
-        self.bootstrap = bootstrap
+        self.reach = reach
+        self.frames = frames
         self.rng = random.Random(SEED * 1000 + idx)
         self.valid = templates(random.Random(SEED * 1000 + idx))
         self.stats = stats
@@ -195,8 +201,7 @@ class FuzzConn(threading.Thread):
             self.stats[key] = self.stats.get(key, 0) + n
 
     def _connect(self) -> socket.socket:
-        host, port = self.bootstrap.rsplit(":", 1)
-        s = socket.create_connection((host, int(port)), timeout=READ_DEADLINE_S)
+        s = self.reach.connect(timeout=READ_DEADLINE_S)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._count("connections")
         return s
@@ -236,14 +241,14 @@ class FuzzConn(threading.Thread):
         todo: deque = deque()
         processed = 0
         sock = self._connect()
-        while processed < FRAMES_PER_CONNECTION:
+        while processed < self.frames:
             if rng.random() < 0.08:
                 # a frame after which the broker cannot go on reading: it must close this connection
                 kind, frame = terminal(rng, self.valid)
                 try:
                     sock.sendall(frame)
-                    if kind == "truncated":
-                        sock.shutdown(socket.SHUT_WR)
+                    if kind == "truncated":  # end of stream, under TLS too (its TCP FIN)
+                        socket.socket.shutdown(sock, socket.SHUT_WR)
                 except OSError:
                     pass
                 outcome, _ = self._read_answers(sock, [], None)
@@ -339,9 +344,9 @@ class FuzzConn(threading.Thread):
 class Healthy(threading.Thread):
     """A producer (acks=all) and a consumer doing real work while the fuzzers run."""
 
-    def __init__(self, bootstrap: str, stop: threading.Event):
+    def __init__(self, reach: Reach, stop: threading.Event):
         super().__init__(name="healthy", daemon=True)
-        self.bootstrap = bootstrap
+        self.reach = reach
         self.stop_event = stop
         self.acked: dict[tuple[int, int], bytes] = {}
         self.failed: list = []
@@ -350,8 +355,8 @@ class Healthy(threading.Thread):
 
     def run(self) -> None:
         try:
-            producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=2,
-                                     retries=0, request_timeout_ms=20000)
+            producer = KafkaProducer(bootstrap_servers=self.reach.bootstrap, acks="all", linger_ms=2,
+                                     retries=0, request_timeout_ms=20000, **self.reach.kafka_python())
             try:
                 i = 0
                 while not self.stop_event.is_set() or self.rounds < 3:
@@ -376,9 +381,9 @@ class Healthy(threading.Thread):
             self.error = e
 
 
-def consume_all(bootstrap: str, expected_count: int, timeout: float = 60) -> dict:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             auto_offset_reset="earliest", fetch_max_wait_ms=100)
+def consume_all(reach: Reach, expected_count: int, timeout: float = 60) -> dict:
+    consumer = KafkaConsumer(bootstrap_servers=reach.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", fetch_max_wait_ms=100, **reach.kafka_python())
     got: dict = {}
     try:
         tps = [TopicPartition(HEALTHY, 0), TopicPartition(HEALTHY, 1)]
@@ -395,8 +400,22 @@ def consume_all(bootstrap: str, expected_count: int, timeout: float = 60) -> dic
         consumer.close()
 
 
-def test_fuzzed_frames_do_not_hurt_the_broker_or_its_clients(broker):
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+@pytest.fixture(params=["plaintext", "tls"])
+def fuzz_broker(request, tmp_path):
+    """A fresh broker for the fuzzers: a plaintext listener, or a TLS one."""
+    from statekit import broker as broker_mod
+
+    handle = broker_mod.start(dir=str(tmp_path / "broker"), port=0, tls=request.param == "tls")
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def test_fuzzed_frames_do_not_hurt_the_broker_or_its_clients(fuzz_broker):
+    broker = fuzz_broker
+    reach = Reach(broker)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, **reach.kafka_python())
     try:
         admin.create_topics([NewTopic(HEALTHY, 2, 1), NewTopic(FUZZ_TOPIC, 1, 1)])
     finally:
@@ -404,7 +423,7 @@ def test_fuzzed_frames_do_not_hurt_the_broker_or_its_clients(broker):
     stats: dict = {}
     lock = threading.Lock()
     stop = threading.Event()
-    healthy = Healthy(broker.bootstrap, stop)
+    healthy = Healthy(reach, stop)
     healthy.start()
     # a consumer reads the healthy topic live while the fuzzers run
     live: dict = {}
@@ -413,7 +432,7 @@ def test_fuzzed_frames_do_not_hurt_the_broker_or_its_clients(broker):
     def live_consumer():
         try:
             consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
-                                     auto_offset_reset="earliest", fetch_max_wait_ms=50)
+                                     auto_offset_reset="earliest", fetch_max_wait_ms=50, **reach.kafka_python())
             try:
                 consumer.assign([TopicPartition(HEALTHY, 0), TopicPartition(HEALTHY, 1)])
                 while not stop.is_set() or healthy.is_alive() or len(live) < len(healthy.acked):
@@ -432,7 +451,8 @@ def test_fuzzed_frames_do_not_hurt_the_broker_or_its_clients(broker):
     live_thread.start()
 
     t0 = time.monotonic()
-    fuzzers = [FuzzConn(i, broker.bootstrap, stats, lock) for i in range(CONNECTIONS)]
+    per_connection = FRAMES_PER_CONNECTION["tls" if broker.tls else "plaintext"]
+    fuzzers = [FuzzConn(i, reach, stats, lock, per_connection) for i in range(CONNECTIONS)]
     for f in fuzzers:
         f.start()
     for f in fuzzers:
@@ -450,7 +470,7 @@ def test_fuzzed_frames_do_not_hurt_the_broker_or_its_clients(broker):
         assert not f.is_alive(), f"{f.name} did not finish"
         assert f.error is None, f"{f.name}: {f.error!r}"
         assert f.violations == [], f"{f.name}: {f.violations[:5]}"
-    assert stats["frames"] >= 10_000
+    assert stats["frames"] >= CONNECTIONS * per_connection
     assert stats.get("answered", 0) > 0 and stats.get("closed", 0) > 0
     assert stats.get("bad_length", 0) > 0 and stats.get("truncated", 0) > 0
     # only a fuzzed Fetch may legitimately wait (its max_wait_ms was mutated into a long poll)
@@ -458,8 +478,7 @@ def test_fuzzed_frames_do_not_hurt_the_broker_or_its_clients(broker):
     assert all(p is not None and p[0] == 1 for p in parked), parked
     # the broker process is alive and still answers a new connection
     os.kill(broker.pid, 0)
-    host, port = broker.bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
+    with reach.connect(timeout=10) as s:
         req = ApiVersionsRequest(version=3, client_software_name="t", client_software_version="1")
         req.with_header(correlation_id=4242, client_id="after-fuzz")
         s.sendall(req.encode(header=True, framed=True))
@@ -489,4 +508,4 @@ def test_fuzzed_frames_do_not_hurt_the_broker_or_its_clients(broker):
     assert healthy.rounds >= 3 and len(healthy.acked) == healthy.rounds * 100
     assert sorted(healthy.acked.values()) == [b"v-%08d" % i for i in range(len(healthy.acked))]
     assert live == healthy.acked
-    assert consume_all(broker.bootstrap, len(healthy.acked)) == healthy.acked
+    assert consume_all(reach, len(healthy.acked)) == healthy.acked

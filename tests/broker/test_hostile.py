@@ -2,7 +2,8 @@
 the fix (resource exhaustion by partition counts, metadata acknowledged before it was durable,
 record batches with a valid CRC but bad contents, unbounded buffering of answers and of partial
 frames, broker-level settings refused or not enforced, loose topic names, config error wording,
-no authentication)."""
+no authentication). The ones about connections (buffering, bad batches, authentication) run at a
+TLS listener too: the limits hold behind the decryption."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
 
-from _broker_util import Raw, build_batch, fetch_request, produce_request
+from _broker_util import Raw, Reach, build_batch, connect, fetch_request, produce_request
 from waiting import wait_until
 
 CORRUPT_MESSAGE = 2
@@ -44,12 +45,15 @@ class Spawned:
     """`python -m statekit.broker` as a child with an optional open-file limit (set in the child,
     so this test process keeps its own)."""
 
-    def __init__(self, d, nofile=None, configs=(), port=0):
+    def __init__(self, d, nofile=None, configs=(), port=0, tls=False):
         self.dir = d
         os.makedirs(d, exist_ok=True)
         cmd = [sys.executable, "-m", "statekit.broker", "--dir", d, "--port", str(port)]
         for c in configs:
             cmd += ["--config", c]
+        if tls:
+            cmd.append("--tls")
+        self.ssl = None
 
         def limit():
             if nofile:
@@ -65,6 +69,10 @@ class Spawned:
                 if info.get("pid") == self.proc.pid:
                     self.bootstrap = info["bootstrap"]
                     self.port = info["port"]
+                    if tls:
+                        import ssl
+
+                        self.ssl = ssl.create_default_context(cafile=os.path.join(d, "tls", "ca.pem"))
                     return
             except (OSError, ValueError):
                 pass
@@ -74,6 +82,9 @@ class Spawned:
                     raise RuntimeError(f"broker exited: {f.read()[-2000:]}")
             assert time.monotonic() < deadline, "broker did not start"
             time.sleep(0.02)  # polling for broker.json (a dead child is reported above)
+
+    def raw(self) -> Raw:
+        return Raw(self.bootstrap, ssl_context=self.ssl)
 
     def stop(self, kill=False):
         if self.proc.poll() is None:
@@ -216,10 +227,23 @@ def test_metadata_changes_that_cannot_be_written_are_refused_and_leave_nothing(t
 
 # ---------------------------------------------------------------------------------------------
 # record batches with a valid CRC but bad contents
-def test_batches_with_valid_crc_but_bad_contents_are_refused(broker):
+@pytest.fixture(params=["plaintext", "tls"])
+def any_broker(request, tmp_path):
+    """A fresh broker with a plaintext listener, or a TLS one."""
+    from statekit import broker as broker_mod
+
+    handle = broker_mod.start(dir=str(tmp_path / "broker"), port=0, tls=request.param == "tls")
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def test_batches_with_valid_crc_but_bad_contents_are_refused(any_broker):
     import confluent_kafka as ck
 
-    with Raw(broker.bootstrap) as raw:
+    broker, reach = any_broker, Reach(any_broker)
+    with reach.raw() as raw:
         assert _create(raw, "val").error_code == 0
         assert _produce(raw, "val", build_batch([(b"a", b"1"), (b"b", b"2")])) == (0, 0)
         good = bytearray(build_batch([(b"k%d" % i, b"v" * 20) for i in range(3)]))
@@ -247,7 +271,7 @@ def test_batches_with_valid_crc_but_bad_contents_are_refused(broker):
         assert _latest(raw, "val") == 2
         assert _produce(raw, "val", bytes(good)) == (0, 2)
         assert _latest(raw, "val") == 5
-    c = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "val", "enable.auto.commit": False})
+    c = ck.Consumer({**reach.librdkafka(), "group.id": "val", "enable.auto.commit": False})
     got = []
     try:
         c.assign([ck.TopicPartition("val", 0, 0)])
@@ -263,17 +287,20 @@ def test_batches_with_valid_crc_but_bad_contents_are_refused(broker):
 
 # ---------------------------------------------------------------------------------------------
 # memory: pipelined fetches that are never read, partial giant frames
-def test_pipelined_fetches_never_read_do_not_grow_the_broker(tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+def test_pipelined_fetches_never_read_do_not_grow_the_broker(tmp_path, tls):
     d = str(tmp_path / "b")
-    b = Spawned(d)
+    b = Spawned(d, tls=tls)
     try:
-        with Raw(b.bootstrap) as raw:
+        with b.raw() as raw:
             assert _create(raw, "big").error_code == 0
             for i in range(16):  # 8 MB
                 assert _produce(raw, "big", build_batch([(b"k%d" % i, b"x" * (512 << 10))]))[0] == 0
         base = b.peak_rss_mb()
         s = socket.create_connection(("127.0.0.1", b.port))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        if b.ssl is not None:
+            s = b.ssl.wrap_socket(s, server_hostname="127.0.0.1")
         req = fetch_request("big", 0, 0, max_bytes=50 << 20, partition_max_bytes=50 << 20)
         frames = b""
         for corr in range(200):
@@ -281,7 +308,7 @@ def test_pipelined_fetches_never_read_do_not_grow_the_broker(tmp_path):
             frames += req.encode(header=True, framed=True)
         s.sendall(frames)
         time.sleep(3)  # the point: the broker reads and answers what it will of a client that never reads
-        with Raw(b.bootstrap) as raw:  # still serving others
+        with b.raw() as raw:  # still serving others
             assert _latest(raw, "big") == 16
         peak = b.peak_rss_mb()
         s.close()
@@ -290,9 +317,10 @@ def test_pipelined_fetches_never_read_do_not_grow_the_broker(tmp_path):
         b.stop()
 
 
-def test_partial_giant_frames_wait_for_the_request_pool(tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+def test_partial_giant_frames_wait_for_the_request_pool(tmp_path, tls):
     d = str(tmp_path / "b")
-    b = Spawned(d)
+    b = Spawned(d, tls=tls)
     socks = []
     try:
         base = b.peak_rss_mb()
@@ -307,15 +335,14 @@ def test_partial_giant_frames_wait_for_the_request_pool(tmp_path):
 
         threads = []
         for _ in range(5):
-            s = socket.create_connection(("127.0.0.1", b.port))
-            s.settimeout(8)
+            s = connect(b.bootstrap, 8, b.ssl)
             socks.append(s)
             t = threading.Thread(target=send, args=(s,))
             t.start()
             threads.append(t)
         for t in threads:
             t.join(30)
-        with Raw(b.bootstrap) as raw:  # small requests still pass
+        with b.raw() as raw:  # small requests still pass
             assert raw.call(ApiVersionsRequest(version=0), ApiVersionsResponse).error_code == 0
         peak = b.peak_rss_mb()
         assert peak - base < 200, f"the broker grew from {base:.0f} MB to {peak:.0f} MB"
@@ -415,15 +442,16 @@ def test_topic_names_are_matched_whole_and_config_errors_use_kafkas_words(broker
 
 # ---------------------------------------------------------------------------------------------
 # authentication on a shared host
-def test_an_unauthenticated_client_cannot_delete_topics(tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["sasl_plaintext", "sasl_ssl"])
+def test_an_unauthenticated_client_cannot_delete_topics(tmp_path, tls):
     from statekit import broker as broker_mod
     from statekit.kafka import Kafka
 
-    h = broker_mod.start(dir=str(tmp_path / "b"), port=0, auth=True)
+    h = broker_mod.start(dir=str(tmp_path / "b"), port=0, auth=True, tls=tls)
     try:
         k = Kafka(h.bootstrap)  # picks up the generated credentials
         k.ensure_topic("mine", 1)
-        with Raw(h.bootstrap) as raw:
+        with Reach(h).raw() as raw:  # TLS, without SASL
             resp = raw.call(DeleteTopicsRequest(version=4, topic_names=["mine"], timeout_ms=5000),
                             DeleteTopicsResponse)
             assert [r.error_code for r in resp.responses] == [SASL_AUTHENTICATION_FAILED]

@@ -452,3 +452,28 @@ def test_up_fresh_starts_the_registry_again_without_its_schemas(ip):
     new = sess.registry
     assert new.pid != old.pid and not pid_alive(old.pid)
     assert httpx.get(f"{new.url}/subjects").json() == []  # deleted with the topics whose records used them
+
+
+def test_up_tls_starts_a_tls_broker_and_a_mismatch_is_one_line(ip, capsys):
+    from statekit import broker as broker_mod
+    from statekit.kafka import Kafka
+
+    ip.run_line_magic("statekit", "up --no-spark --tls")
+    sess = _session()
+    assert "TLS" in sess.cards[-1]
+    assert broker_mod.status(sess.broker.dir)["tls"] is True
+    assert sess.broker.credentials["security.protocol"] == "SSL"
+    k = Kafka(sess.bootstrap)   # statekit's client finds the broker's CA by itself
+    try:
+        k.ensure_topic("over-tls", 1)
+        assert "over-tls" in k.topics()
+    finally:
+        k.close()
+    capsys.readouterr()
+    ip.run_line_magic("statekit", "up --no-spark --mtls")   # the running broker lacks client certificates
+    line = _one_red_line(capsys.readouterr().err)
+    assert "runs without client certificates: `%statekit down`, then `%statekit up --mtls`" in line
+    ip.run_line_magic("statekit", "up --no-spark --bootstrap 127.0.0.1:9 --tls")
+    line = _one_red_line(capsys.readouterr().err)
+    assert "--tls is for the embedded broker" in line and "STATEKIT_KAFKA_CONFIG" in line
+    assert sess.bootstrap == sess.broker.bootstrap   # neither mistake changed the connection
