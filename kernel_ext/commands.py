@@ -39,6 +39,15 @@ def app_uses_spark(app) -> bool:
     return getattr(app, "engine_name", "changelog") != "local"
 
 
+def _lacks(handle, tls: bool, mtls: bool) -> str | None:
+    """What a running embedded broker lacks of the TLS that `up --tls` / `--mtls` asked for."""
+    if (tls or mtls) and not handle.tls:
+        return "TLS"
+    if mtls and not handle.mtls:
+        return "client certificates"
+    return None
+
+
 class Session:
     """The kernel's statekit state. `run(cmd)` executes one parsed command.
 
@@ -102,11 +111,10 @@ class Session:
         if explicit and (tls or mtls):
             raise StatekitError("--tls is for the embedded broker: for another cluster, set security.protocol "
                                 "and ssl.ca.location in STATEKIT_KAFKA_CONFIG")
-        if self.broker is not None and self.broker.alive and (tls or mtls) and not explicit \
-                and not (self.broker.tls and (self.broker.mtls or not mtls)):
+        if self.broker is not None and self.broker.alive and not explicit and _lacks(self.broker, tls, mtls):
             raise StatekitError(f"the embedded broker (pid {self.broker.pid}) runs without "
-                                f"{'client certificates' if self.broker.tls else 'TLS'}: `%statekit down`, "
-                                f"then `%statekit up --{'mtls' if mtls else 'tls'}`")
+                                f"{_lacks(self.broker, tls, mtls)}: `%statekit down`, then `%statekit up "
+                                f"--{'mtls' if mtls else 'tls'}`")
         if explicit:
             if self.broker is not None and self.broker.owned and explicit != self.broker.bootstrap:
                 raise BrokerUnreachable(f"this kernel runs the embedded broker at {self.bootstrap}: "
@@ -122,8 +130,14 @@ class Session:
 
             # a shared host (JupyterHub): other users' processes must not reach this broker
             auth = broker_mod.should_auth()
-            tls = tls or mtls or broker_mod.should_tls()
-            self.broker = broker_mod.start(dir=self._embedded_dir(), auth=auth, tls=tls, mtls=mtls)
+            asked = tls or mtls
+            tls = asked or broker_mod.should_tls()
+            handle = broker_mod.start(dir=self._embedded_dir(), auth=auth, tls=tls, mtls=mtls)
+            if _lacks(handle, asked, mtls):
+                raise StatekitError(f"the embedded broker started by another process (pid {handle.pid}) runs "
+                                    f"without {_lacks(handle, asked, mtls)}: stop it with `statekit broker stop "
+                                    f"--dir {handle.dir}`, then `%statekit up --{'mtls' if mtls else 'tls'}`")
+            self.broker = handle
             self.bootstrap = self.broker.bootstrap
             how = (f"started the embedded broker (pid {self.broker.pid}"
                    f"{', SASL authentication required' if auth else ''}"
