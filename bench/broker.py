@@ -1,7 +1,7 @@
 """Embedded broker throughput, against baselines measured in the same run.
 
-    .venv/bin/python bench/broker.py [--records-in N] [--client-records N] [--txn-records N]
-                                     [--compact-records N]
+    .venv/bin/python bench/broker.py [--records-in N] [--tls-records N] [--client-records N]
+                                     [--txn-records N] [--compact-records N]
 
 Starts its own broker (temp dir, port 0), stops it at the end, prints its figures and one line per
 measurement (``FIGURE name=... value=... unit=... baseline=... ratio=...``), the last of them, the
@@ -14,6 +14,10 @@ compaction, as the summary line ``RESULT name=compact_1m ...``.
   not decoded, only the batch headers are walked to find the next offset. Baseline: writing the same
   bytes to a plain file (1 MB os.write calls, no fsync: the broker does not fsync per request either)
   and reading them back (8 MB preads). ratio = broker rate / file rate.
+* tls_in / tls_out: the same raw load (N records each way) against a second broker that listens
+  with TLS (TLS 1.3, the load generator's sockets wrapped by Python's ssl), alternating with the
+  plaintext broker in the same run, best of two of each. ratio = TLS rate / plaintext rate (goal
+  >= 0.7). Both brokers and the load generator share the two cores, as they do in a notebook.
 * client_produce / client_consume: kafka-python's KafkaProducer and KafkaConsumer through the broker,
   beside kafka-python's own no-network ceiling for the same records. Encode: KafkaProducer.send()
   with the producer's I/O thread stopped, then every accumulated batch closed into wire bytes (the
@@ -81,12 +85,19 @@ BROKER_PID = 0
 
 # ------------------------------------------------------------------------------ raw protocol
 class Conn:
-    def __init__(self, bootstrap: str):
+    def __init__(self, bootstrap: str, ssl_context=None):
         host, port = bootstrap.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        self.tls = ssl_context is not None
+        if self.tls:
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
+
+    def buffered(self) -> bool:
+        """Bytes TLS has decrypted but not handed out yet (invisible to select())."""
+        return self.tls and self.sock.pending() > 0
 
     def send(self, data) -> None:
         self.sock.sendall(data)
@@ -226,35 +237,29 @@ def file_baseline(tmp: str, batch, count: int) -> tuple[float, float]:
     return dt_w, dt_r
 
 
-def bench_raw(bootstrap: str, admin, tmp: str, total_records: int, partitions: int = 4,
-              conns: int = 2, inflight: int = 4) -> None:
+def raw_load(bootstrap: str, admin, topic: str, total_records: int, partitions: int = 4, conns: int = 2,
+             inflight: int = 4, ssl_context=None, pid: int = 0, label: str = "broker") -> dict:
+    """Produce `total_records` 100-byte records in ~1 MB batches over `conns` connections (TLS
+    with `ssl_context`), then fetch them all back; returns rates and what was sent."""
     from kafka.admin import NewTopic
 
-    topic = "bench-raw"
+    pid = pid or BROKER_PID
     admin.create_topics([NewTopic(topic, partitions, 1)])
-    value = bytes((i % 94) + 33 for i in range(VALUE_SIZE))
-    per_batch = records_per_mb(value)
-    batch = build_batch(per_batch, value)
-    n_batches = max(partitions, -(-total_records // per_batch))
-    n_batches += (-n_batches) % partitions  # the same number of batches in every partition
+    per_batch, batch, n_batches = raw_plan(total_records, partitions)
     total = n_batches * per_batch
-    log(f"raw load: {n_batches} batches x {per_batch} records ({len(batch)} bytes), "
-        f"{partitions} partitions, {conns} connections x {inflight} in flight")
     templates = [produce_frame(topic, p, batch) for p in range(partitions)]
-    fw1, fr1 = file_baseline(tmp, batch, n_batches - partitions)
 
     # -- in
-    sockets = [Conn(bootstrap) for _ in range(conns)]
+    sockets = [Conn(bootstrap, ssl_context) for _ in range(conns)]
     # warm-up: one batch per partition (not counted; these records are read back below)
     for p in range(partitions):
         sockets[0].send(templates[p])
         check_produce_response(sockets[0].read_frame())
     sent = [0] * conns
-    acked = [0] * conns
     corr = 1
     plan = [(i % partitions) for i in range(n_batches - partitions)]
     per_conn = [plan[c::conns] for c in range(conns)]
-    b0 = proc_cpu(BROKER_PID)
+    b0 = proc_cpu(pid)
     t0 = time.perf_counter()
     import selectors
 
@@ -277,27 +282,28 @@ def bench_raw(bootstrap: str, admin, tmp: str, total_records: int, partitions: i
     while remaining:
         for key, _ in sel.select():
             c = key.data
-            check_produce_response(sockets[c].read_frame())
-            acked[c] += 1
-            remaining -= 1
-            if sent[c] < len(per_conn[c]):
-                send_next(c)
+            while True:  # and the answers TLS has already decrypted: select() cannot see those
+                check_produce_response(sockets[c].read_frame())
+                remaining -= 1
+                if sent[c] < len(per_conn[c]):
+                    send_next(c)
+                if not sockets[c].buffered():
+                    break
     dt_in = time.perf_counter() - t0
     sel.close()
     rate_in = (n_batches - partitions) * per_batch / dt_in
     mb_in = (n_batches - partitions) * len(batch) / dt_in / 1e6
-    log(f"broker in : {rate_in:,.0f} records/s ({mb_in:,.0f} MB/s) in {dt_in:.2f} s, "
-        f"broker CPU {proc_cpu(BROKER_PID) - b0:.2f} s")
+    cpu_in = proc_cpu(pid) - b0
+    log(f"{label} in : {rate_in:,.0f} records/s ({mb_in:,.0f} MB/s) in {dt_in:.2f} s, broker CPU {cpu_in:.2f} s")
 
     # -- out: one fetch in flight per partition, spread over the connections
     max_bytes = 8 * len(batch) + 1024
     end_offset = n_batches // partitions * per_batch
     next_off = [0] * partitions
     got = [0] * partitions
-    b0 = proc_cpu(BROKER_PID)
+    b0 = proc_cpu(pid)
     t0 = time.perf_counter()
     sel = selectors.DefaultSelector()
-    owner = {}
     pending: dict[int, list[int]] = {c: [] for c in range(conns)}
     for c, s in enumerate(sockets):
         sel.register(s.sock, selectors.EVENT_READ, c)
@@ -315,39 +321,100 @@ def bench_raw(bootstrap: str, admin, tmp: str, total_records: int, partitions: i
     while active:
         for key, _ in sel.select():
             c = key.data
-            frame = sockets[c].read_frame()
-            p = pending[c].pop(0)
-            err, _hw, recs = parse_fetch_v4(frame)
-            if err:
-                raise RuntimeError(f"fetch {topic}-{p} failed: error {err}")
-            n, nxt = walk_batches(recs)
-            if n == 0:
-                raise RuntimeError(f"fetch {topic}-{p} at {next_off[p]} returned no whole batch")
-            got[p] += n
-            next_off[p] = nxt
-            if next_off[p] < end_offset:
-                fetch_next(p)
-            else:
-                active -= 1
+            while True:
+                frame = sockets[c].read_frame()
+                p = pending[c].pop(0)
+                err, _hw, recs = parse_fetch_v4(frame)
+                if err:
+                    raise RuntimeError(f"fetch {topic}-{p} failed: error {err}")
+                n, nxt = walk_batches(recs)
+                if n == 0:
+                    raise RuntimeError(f"fetch {topic}-{p} at {next_off[p]} returned no whole batch")
+                got[p] += n
+                next_off[p] = nxt
+                if next_off[p] < end_offset:
+                    fetch_next(p)
+                else:
+                    active -= 1
+                if not sockets[c].buffered():
+                    break
     dt_out = time.perf_counter() - t0
     sel.close()
     total_out = sum(got)
     if total_out != total:
         raise RuntimeError(f"read back {total_out} records, produced {total}")
     rate_out = total_out / dt_out
-    log(f"broker out: {rate_out:,.0f} records/s ({total_out * len(batch) / per_batch / dt_out / 1e6:,.0f} MB/s) "
-        f"in {dt_out:.2f} s, every record accounted for, broker CPU {proc_cpu(BROKER_PID) - b0:.2f} s")
+    log(f"{label} out: {rate_out:,.0f} records/s ({total_out * len(batch) / per_batch / dt_out / 1e6:,.0f} MB/s) "
+        f"in {dt_out:.2f} s, every record accounted for, broker CPU {proc_cpu(pid) - b0:.2f} s")
     for s in sockets:
         s.close()
+    admin.delete_topics([topic])
+    return {"in": rate_in, "out": rate_out, "batch": batch, "batches": n_batches, "per_batch": per_batch,
+            "partitions": partitions}
 
+
+def raw_plan(total_records: int, partitions: int) -> tuple[int, bytearray, int]:
+    """(records per batch, the ~1 MB batch, batches in all): the same number of batches in every
+    partition, one per partition for the warm-up and at least one per partition measured."""
+    value = bytes((i % 94) + 33 for i in range(VALUE_SIZE))
+    per_batch = records_per_mb(value)
+    batch = build_batch(per_batch, value)
+    n_batches = max(2 * partitions, -(-total_records // per_batch))
+    n_batches += (-n_batches) % partitions
+    return per_batch, batch, n_batches
+
+
+def bench_raw(bootstrap: str, admin, tmp: str, total_records: int, partitions: int = 4,
+              conns: int = 2, inflight: int = 4) -> None:
+    per_batch, batch, n_batches = raw_plan(total_records, partitions)
+    log(f"raw load: {n_batches} batches x {per_batch} records ({len(batch)} bytes), "
+        f"{partitions} partitions, {conns} connections x {inflight} in flight")
+    fw1, fr1 = file_baseline(tmp, batch, n_batches - partitions)
+    r = raw_load(bootstrap, admin, "bench-raw", total_records, partitions, conns, inflight)
     # -- baseline: the same bytes to and from a plain file (best of a run before and one after)
     fw2, fr2 = file_baseline(tmp, batch, n_batches - partitions)
     base_in = (n_batches - partitions) * per_batch / min(fw1, fw2)
     base_out = (n_batches - partitions) * per_batch / min(fr1, fr2)
     log(f"file      : write {base_in:,.0f} records/s, read {base_out:,.0f} records/s (same bytes)")
-    result("broker_in", rate_in, "records/s", base_in, "target >= 500k records/s")
-    result("broker_out", rate_out, "records/s", base_out, "target >= 1M records/s")
-    admin.delete_topics([topic])
+    result("broker_in", r["in"], "records/s", base_in, "target >= 500k records/s")
+    result("broker_out", r["out"], "records/s", base_out, "target >= 1M records/s")
+
+
+# ------------------------------------------------------------------------------ TLS
+def bench_tls(bootstrap: str, admin, tmp: str, total_records: int, rounds: int = 2) -> None:
+    """The raw load against a second broker listening with TLS, alternating with the plaintext
+    one in the same run (best of `rounds` each: the host is shared)."""
+    import ssl
+
+    from kafka.admin import KafkaAdminClient
+    from statekit import broker as broker_mod
+
+    h = broker_mod.start(dir=os.path.join(tmp, "broker-tls"), port=0, tls=True)
+    tls_admin = None
+    try:
+        ca = h.credentials["ssl.ca.location"]
+        ctx = ssl.create_default_context(cafile=ca)
+        tls_admin = KafkaAdminClient(bootstrap_servers=h.bootstrap, security_protocol="SSL", ssl_cafile=ca)
+        log(f"TLS broker pid {h.pid} at {h.bootstrap} ({ssl.OPENSSL_VERSION}); {total_records:,} records each way, "
+            f"alternating with plaintext, best of {rounds}")
+        best = {"plain": {"in": 0.0, "out": 0.0}, "tls": {"in": 0.0, "out": 0.0}}
+        for i in range(rounds):
+            for name in ("plain", "tls"):
+                if name == "plain":
+                    r = raw_load(bootstrap, admin, f"bench-plain-{i}", total_records, label="plaintext")
+                else:
+                    r = raw_load(h.bootstrap, tls_admin, f"bench-tls-{i}", total_records, ssl_context=ctx,
+                                 pid=h.pid, label="TLS      ")
+                for d in ("in", "out"):
+                    best[name][d] = max(best[name][d], r[d])
+        result("tls_in", best["tls"]["in"], "records/s", best["plain"]["in"],
+               "produce over TLS; baseline = the same load over plaintext, same run; goal ratio >= 0.7")
+        result("tls_out", best["tls"]["out"], "records/s", best["plain"]["out"],
+               "consume over TLS; baseline = the same load over plaintext, same run; goal ratio >= 0.7")
+    finally:
+        if tls_admin is not None:
+            tls_admin.close()
+        h.stop()
 
 
 # ------------------------------------------------------------------------------ clients
@@ -692,9 +759,10 @@ def main() -> int:
     ap.add_argument("--client-records", type=int, default=1_000_000)
     ap.add_argument("--txn-records", type=int, default=400_000)
     ap.add_argument("--compact-records", type=int, default=1_000_000)
-    ap.add_argument("--only", choices=["raw", "clients", "txn", "compact"], action="append")
+    ap.add_argument("--tls-records", type=int, default=1_000_000)
+    ap.add_argument("--only", choices=["raw", "tls", "clients", "txn", "compact"], action="append")
     args = ap.parse_args()
-    only = set(args.only or ["raw", "clients", "txn", "compact"])
+    only = set(args.only or ["raw", "tls", "clients", "txn", "compact"])
 
     from kafka.admin import KafkaAdminClient
     from statekit import broker as broker_mod
@@ -711,6 +779,8 @@ def main() -> int:
         admin = KafkaAdminClient(bootstrap_servers=handle.bootstrap)
         if "raw" in only:
             bench_raw(handle.bootstrap, admin, tmp, args.records_in)
+        if "tls" in only:
+            bench_tls(handle.bootstrap, admin, tmp, args.tls_records)
         if "clients" in only:
             bench_clients(handle.bootstrap, admin, args.client_records)
         if "txn" in only:
