@@ -143,7 +143,7 @@ def security_of(cfg: dict) -> Security | None:
                                 f"ssl.certificate.location and ssl.key.location") from None
         check = (cfg.get("ssl.endpoint.identification.algorithm", "https") or "none").lower() == "https"
         ctx.check_hostname = check
-    return Security(proto, mech, user, password, ctx, check, cert if ctx is not None and cert else None)
+    return Security(proto, mech, user, password, ctx, check, cert or None)
 
 
 def configured_bootstrap(bootstrap: str | None = None) -> str | None:

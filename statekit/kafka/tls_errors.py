@@ -43,7 +43,11 @@ def handshake_failed(exc: BaseException, addr: str, host: str) -> KafkaError:
             msg = f"the certificate of Kafka at {addr} was refused ({why}): check ssl.ca.location"
         return KafkaError(msg)
     reason = getattr(exc, "reason", None)
-    if isinstance(exc, (ConnectionError, ssl.SSLEOFError, socket.timeout)) or reason == "UNEXPECTED_EOF_WHILE_READING":
+    if isinstance(exc, socket.timeout):
+        return KafkaError(f"Kafka at {addr} did not finish the TLS handshake in time: it may not speak TLS on this "
+                          f"port (then set security.protocol=PLAINTEXT, SASL_PLAINTEXT with SASL), or it is "
+                          f"overloaded")
+    if isinstance(exc, (ConnectionError, ssl.SSLEOFError)) or reason == "UNEXPECTED_EOF_WHILE_READING":
         return KafkaError(f"Kafka at {addr} broke off the TLS handshake ({reason or exc}): it may not speak TLS "
                           f"on this port: set security.protocol=PLAINTEXT (SASL_PLAINTEXT with SASL), or see "
                           f"the broker's log")

@@ -13,6 +13,7 @@ import socket
 import ssl
 import stat
 import subprocess
+import threading
 import time
 
 import pytest
@@ -459,3 +460,36 @@ def test_cli_start_with_tls(tmp_path):
         assert _kafka(r.stdout.strip()).topics() == {}
     finally:
         subprocess.run(cli + ["stop", "--dir", d], timeout=60)
+
+
+def test_client_lines_for_what_the_brokers_here_do_not_do(tmp_path):
+    """A TLS answer to a plaintext request (a Kafka whose TLS port sends an alert), and certificate
+    checks the brokers above do not trip (not yet valid, another verify error), each in one line."""
+    from statekit.kafka.tls_errors import handshake_failed
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def answer_with_an_alert():
+        c, _ = srv.accept()
+        c.recv(1024)
+        c.sendall(b"\x15\x03\x03\x00\x02\x02\x46")  # TLS alert: protocol_version
+        time.sleep(0.5)
+        c.close()
+
+    t = threading.Thread(target=answer_with_an_alert, daemon=True)
+    t.start()
+    with pytest.raises(Exception) as e:
+        _kafka(f"127.0.0.1:{srv.getsockname()[1]}", {"security.protocol": "PLAINTEXT"}, timeout=5)
+    assert "answered in TLS, set security.protocol=SSL" in _one_line(e.value)
+    t.join(5)
+    srv.close()
+    for code, why, want in ((9, "certificate is not yet valid", "check this machine's clock"),
+                            (50, "application verification failure", "was refused (application verification "
+                                                                      "failure): check ssl.ca.location")):
+        exc = ssl.SSLCertVerificationError(1, why)
+        exc.verify_code, exc.verify_message = code, why
+        assert want in _one_line(handshake_failed(exc, "k:9093", "k"))
+    assert "did not finish the TLS handshake in time" in _one_line(
+        handshake_failed(socket.timeout("timed out"), "k:9093", "k"))
