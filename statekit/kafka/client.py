@@ -24,7 +24,8 @@ per-record objects on the read path:
 * ``transactional_producer()`` gives a :class:`~statekit.kafka.transactions.TransactionalProducer`.
 * Security for real clusters (SASL PLAIN/SCRAM, TLS) comes from ``kafka_config=`` and
   ``STATEKIT_KAFKA_CONFIG`` (:mod:`statekit.kafka.config`); for statekit's own broker started
-  with ``auth=True`` the credentials are found from the bootstrap address.
+  with ``auth=True`` or ``tls=True`` its settings (credentials, CA, client certificate) are found
+  from the bootstrap address.
 
 A ``Kafka`` object is not thread-safe: give each thread its own (standby replicas do).
 """
@@ -121,7 +122,8 @@ class Kafka:
                  kafka_config: dict | str | None = None):
         """``kafka_config``: Kafka client settings over those of ``STATEKIT_KAFKA_CONFIG`` (see
         :func:`load_kafka_config`); without security settings, a statekit broker started with
-        ``auth=True`` at this bootstrap address is authenticated with its generated credentials."""
+        ``auth=True`` or ``tls=True`` at this bootstrap address is reached with its generated
+        settings (SASL credentials, the CA to trust, the client certificate)."""
         cfg = load_kafka_config(kafka_config)
         # an explicit bootstrap.servers beats the environment's
         self.bootstrap = configured_bootstrap(bootstrap or explicit_bootstrap(kafka_config))

@@ -183,12 +183,21 @@ def test_transactions_over_sasl_ssl(sasl_ssl):
     txp.send_many([("tls-txn", 0, [(b"s1", b"v"), (b"s2", b"v")])])
     txp.commit()
     txp.close()
-    # records at 0, a marker at 1, the aborted record at 2 and its marker at 3, then 4, 5 and a marker
-    committed = [(o, key) for o, key, _ in _consume(reach, "tls-txn", 3, "read_committed")]
-    assert committed == [(0, b"c1"), (4, b"s1"), (5, b"s2")]
+    kp = KafkaProducer(bootstrap_servers=sasl_ssl.bootstrap, transactional_id="tls-kp-1", **reach.kafka_python())
+    try:
+        kp.init_transactions()
+        kp.begin_transaction()
+        kp.send("tls-txn", key=b"kp1", value=b"v", partition=0)
+        kp.commit_transaction()
+    finally:
+        kp.close()
+    # records at 0, a marker at 1, the aborted record at 2 and its marker at 3, then 4, 5 and a
+    # marker, 7 and a marker
+    committed = [(o, key) for o, key, _ in _consume(reach, "tls-txn", 4, "read_committed")]
+    assert committed == [(0, b"c1"), (4, b"s1"), (5, b"s2"), (7, b"kp1")]
     assert [(o, bytes(key)) for ch in k.read("tls-txn", 0, isolation="read_committed") for o, _, key, _, _ in ch] \
         == committed
-    assert k.end_offsets("tls-txn", isolation="read_committed") == {0: 7}
+    assert k.end_offsets("tls-txn", isolation="read_committed") == {0: 9}
     k.close()
 
 
@@ -319,6 +328,13 @@ def test_mutual_tls_accepts_client_certificates(mutual):
     cp.produce("mtls", key=b"ck", value=b"v", partition=0)
     assert cp.flush(30) == 0
     assert [(o, key) for o, key, _ in _consume(reach, "mtls", 3)] == [(0, b"s"), (1, b"kp"), (2, b"ck")]
+    kcat = shutil.which("kcat")
+    if kcat is not None:  # the generated properties carry the client certificate
+        r = subprocess.run([kcat, "-F", os.path.join(mutual.dir, "client.properties"), "-b", mutual.bootstrap, "-C",
+                            "-t", "mtls", "-e", "-o", "beginning", "-f", "%o %k\n"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["0 s", "1 kp", "2 ck"]
     k.close()
 
 
