@@ -39,15 +39,6 @@ def app_uses_spark(app) -> bool:
     return getattr(app, "engine_name", "changelog") != "local"
 
 
-def _lacks(handle, tls: bool, mtls: bool) -> str | None:
-    """What a running embedded broker lacks of the TLS that `up --tls` / `--mtls` asked for."""
-    if (tls or mtls) and not handle.tls:
-        return "TLS"
-    if mtls and not handle.mtls:
-        return "client certificates"
-    return None
-
-
 class Session:
     """The kernel's statekit state. `run(cmd)` executes one parsed command.
 
@@ -110,11 +101,7 @@ class Session:
         explicit = bootstrap or (None if self._env_bootstrap else os.environ.get("STATEKIT_BOOTSTRAP"))
         if explicit and (tls or mtls):
             raise StatekitError("--tls is for the embedded broker: for another cluster, set security.protocol "
-                                "and ssl.ca.location in STATEKIT_KAFKA_CONFIG")
-        if self.broker is not None and self.broker.alive and not explicit and _lacks(self.broker, tls, mtls):
-            raise StatekitError(f"the embedded broker (pid {self.broker.pid}) runs without "
-                                f"{_lacks(self.broker, tls, mtls)}: `%statekit down`, then `%statekit up "
-                                f"--{'mtls' if mtls else 'tls'}`")
+                                "in STATEKIT_KAFKA_CONFIG")
         if explicit:
             if self.broker is not None and self.broker.owned and explicit != self.broker.bootstrap:
                 raise BrokerUnreachable(f"this kernel runs the embedded broker at {self.bootstrap}: "
@@ -122,6 +109,7 @@ class Session:
             self.bootstrap, self.broker = explicit, None
             how = f"external cluster at {explicit}"
         elif self.broker is not None and self.broker.alive:
+            self.broker.require(tls, mtls)
             how = (f"reusing the embedded broker this kernel started (pid {self.broker.pid})"
                    if self.broker.owned else
                    f"reusing the embedded broker started by another process (pid {self.broker.pid})")
@@ -130,18 +118,11 @@ class Session:
 
             # a shared host (JupyterHub): other users' processes must not reach this broker
             auth = broker_mod.should_auth()
-            asked = tls or mtls
-            tls = asked or broker_mod.should_tls()
-            handle = broker_mod.start(dir=self._embedded_dir(), auth=auth, tls=tls, mtls=mtls)
-            if _lacks(handle, asked, mtls):
-                raise StatekitError(f"the embedded broker started by another process (pid {handle.pid}) runs "
-                                    f"without {_lacks(handle, asked, mtls)}: stop it with `statekit broker stop "
-                                    f"--dir {handle.dir}`, then `%statekit up --{'mtls' if mtls else 'tls'}`")
-            self.broker = handle
+            self.broker = broker_mod.start(dir=self._embedded_dir(), auth=auth, mtls=mtls,
+                                           tls=tls or mtls or broker_mod.should_tls()).require(tls, mtls)
             self.bootstrap = self.broker.bootstrap
             how = (f"started the embedded broker (pid {self.broker.pid}"
-                   f"{', SASL authentication required' if auth else ''}"
-                   f"{', TLS' if tls else ''}{' with client certificates' if mtls else ''})" if self.broker.owned else
+                   f"{', ' + self.broker.security if self.broker.security else ''})" if self.broker.owned else
                    f"reusing the embedded broker started by another process (pid {self.broker.pid}); "
                    f"`down` will leave it running")
         try:
@@ -302,9 +283,7 @@ class Session:
             if self.broker is not None:
                 who = "started by this kernel" if self.broker.owned else "reused: started by another process"
                 kind = f"embedded broker, pid {self.broker.pid}, {who}, dir <code>{_e(self.broker.dir)}</code>"
-                if self.broker.tls or self.broker.auth:
-                    kind += " · " + " and ".join(w for w, on in (("TLS", self.broker.tls), ("SASL", self.broker.auth))
-                                                 if on)
+                kind += f" · {self.broker.security}" if self.broker.security else ""
             else:
                 kind = "external cluster"
             rows.append(("broker", f"<code>{_e(self.bootstrap)}</code> · {kind}"))

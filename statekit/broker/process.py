@@ -111,6 +111,22 @@ class BrokerHandle:
                 f"{', mtls=True' if self.mtls else ''})")
 
     @property
+    def security(self) -> str:
+        """How clients reach the broker, in words ("" for plaintext without SASL)."""
+        parts = [("TLS with client certificates" if self.mtls else "TLS")] if self.tls else []
+        return ", ".join(parts + (["SASL authentication required"] if self.auth else []))
+
+    def require(self, tls: bool = False, mtls: bool = False) -> "BrokerHandle":
+        """This handle if the broker listens with the TLS asked for (a reused one may not); else a
+        one-line StatekitError that says how to restart it."""
+        lacks = "TLS" if (tls or mtls) and not self.tls else "client certificates" if mtls and not self.mtls else ""
+        if lacks:
+            raise StatekitError(f"the broker running on {self.dir} (pid {self.pid}) runs without {lacks}: stop it "
+                                f"(`%statekit down` in the kernel that started it, or `statekit broker stop --dir "
+                                f"{self.dir}`), then start it with --{'mtls' if mtls else 'tls'}")
+        return self
+
+    @property
     def credentials(self) -> dict | None:
         """The client settings of a broker started with auth or TLS (security.protocol; with auth
         sasl.mechanism, sasl.username, sasl.password; with TLS ssl.ca.location,

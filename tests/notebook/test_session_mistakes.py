@@ -472,7 +472,8 @@ def test_up_tls_starts_a_tls_broker_and_a_mismatch_is_one_line(ip, capsys):
     capsys.readouterr()
     ip.run_line_magic("statekit", "up --no-spark --mtls")   # the running broker lacks client certificates
     line = _one_red_line(capsys.readouterr().err)
-    assert "runs without client certificates: `%statekit down`, then `%statekit up --mtls`" in line
+    assert "runs without client certificates: stop it (`%statekit down` in the kernel" in line
+    assert "then start it with --mtls" in line
     ip.run_line_magic("statekit", "up --no-spark --bootstrap 127.0.0.1:9 --tls")
     line = _one_red_line(capsys.readouterr().err)
     assert "--tls is for the embedded broker" in line and "STATEKIT_KAFKA_CONFIG" in line
