@@ -75,3 +75,52 @@ def kafka(shared_broker):
         yield k
     finally:
         k.close()
+
+
+class MockCluster:
+    """librdkafka's mock cluster, which confluent-kafka starts on real ports: a Kafka-protocol
+    broker statekit did not write, with fewer APIs than statekit's (no CreateTopics, DeleteTopics,
+    DescribeConfigs, DeleteRecords, SASL; topics are auto-created, 4 partitions, on a Metadata
+    request that allows it; transactions write no end markers). ``client`` owns it: the cluster
+    lives as long as that client."""
+
+    def __init__(self, brokers: int = 1):
+        import confluent_kafka
+
+        # murmur2: a key goes to the partition statekit (and the Java client) would pick
+        self.client = confluent_kafka.Producer({"test.mock.num.brokers": brokers, "log_level": 3,
+                                                "partitioner": "murmur2_random"})
+        md = self.client.list_topics(timeout=10)
+        self.bootstrap = ",".join(f"{b.host}:{b.port}" for b in sorted(md.brokers.values(),
+                                                                         key=lambda b: b.id))
+
+    def create_topic(self, name: str) -> int:
+        """Create a topic as a user of this cluster can: librdkafka asks for it with auto-creation
+        allowed. Returns its partition count."""
+        md = self.client.list_topics(topic=name, timeout=10)
+        return len(md.topics[name].partitions)
+
+    def produce(self, topic: str, records, partition: int | None = None) -> None:
+        for k, v in records:
+            if partition is None:
+                self.client.produce(topic, key=k, value=v)
+            else:
+                self.client.produce(topic, key=k, value=v, partition=partition)
+        assert self.client.flush(30) == 0
+
+    def close(self) -> None:
+        import gc
+
+        self.client.flush(10)
+        self.client = None
+        gc.collect()  # the mock cluster goes with the last reference to its client
+
+
+@pytest.fixture
+def mock_cluster():
+    """A one-broker librdkafka mock cluster for one test, closed after it."""
+    m = MockCluster(1)
+    try:
+        yield m
+    finally:
+        m.close()

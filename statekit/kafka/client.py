@@ -37,12 +37,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from kafka.protocol.admin import (CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
-                                  DescribeConfigsRequest)
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
-from kafka.protocol.producer import (AddPartitionsToTxnRequest, EndTxnRequest, InitProducerIdRequest,
-                                     ProduceRequest)
+from kafka.protocol.producer import ProduceRequest
 
 from statekit.errors import BrokerUnreachable, StatekitError, UnknownTopic
 from statekit.wire import Columns, decode_batch, decode_batch_columns, decode_columns
@@ -50,11 +47,13 @@ from statekit.wire.batch import ATTR_CONTROL, split_batches
 from statekit.wire.errors import InvalidBatch
 from statekit.wire.records import committed_only
 
+from .admin import TopicAdmin
 from .config import configured_bootstrap, explicit_bootstrap, load_kafka_config, security_of
 from .connection import Connection
 from .encode import encode_records
 from .errors import HINT as _HINT, RETRIABLE as _RETRIABLE, KafkaError, Retry as _Retry
 from .errors import raise_for as _raise_for
+from .versions import TRANSACTIONS
 
 __all__ = ["Kafka", "Chunk", "ColumnChunk", "PendingSend", "READ_COMMITTED", "READ_UNCOMMITTED"]
 
@@ -105,6 +104,38 @@ class ColumnChunk:
         return list(self.columns.tuples())
 
 
+# a Fetch answer may hold at most this much (the connection's receive limit is 256 MiB)
+_MAX_FETCH_BYTES = 128 << 20
+
+
+class _Patience:
+    """Waits out Fetch answers that bring nothing below the end: an empty response, or one that
+    holds only part of a batch (a broker that cuts answers at ``max_bytes``: the next ask is
+    bigger). A broker may answer a Fetch with ``max_wait_ms=0`` with nothing (librdkafka's mock
+    does); Kafka answers the next one. Only a whole client timeout without progress is an
+    error."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.since: float | None = None
+        self.delay = 0.002
+
+    def reset(self) -> None:
+        self.since = None
+        self.delay = 0.002
+
+    def wait(self, where: str, offset: int, end: int | None = None) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        elif now - self.since > self.timeout:
+            below = f" below its end {end}" if end is not None and end >= 0 else ""
+            raise KafkaError(f"{where} returned no records at offset {offset}{below} for "
+                             f"{self.timeout:.0f}s: the broker answers Fetch with nothing there")
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 0.1)
+
+
 def _scan_batches(data) -> tuple[list, int | None]:
     """A Fetch answer's whole batches (bytes) and the offset after the last one."""
     try:
@@ -114,8 +145,8 @@ def _scan_batches(data) -> tuple[list, int | None]:
                          f"the v2 message format") from None
 
 
-class Kafka:
-    """A small synchronous Kafka client. See the module docstring."""
+class Kafka(TopicAdmin):
+    """A small synchronous Kafka client. See the module docstring (admin requests: :class:`TopicAdmin`)."""
 
     def __init__(self, bootstrap: str | None = None, *, timeout: float = 30.0,
                  client_id: str = "statekit", fetch_max_bytes: int = 8 << 20,
@@ -180,13 +211,13 @@ class Kafka:
         self._conns[node_id] = c
         return c
 
-    def _metadata(self, topics: list[str] | None):
+    def _metadata(self, topics: list[str] | None, auto_create: bool = False):
         conn = self._any()
-        v = conn.version(MetadataRequest, 1, 12)
+        v = conn.version(MetadataRequest)
         req = MetadataRequest(
             version=v,
             topics=None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics],
-            allow_auto_topic_creation=False,
+            allow_auto_topic_creation=auto_create,
             include_cluster_authorized_operations=False,
             include_topic_authorized_operations=False,
         )
@@ -230,112 +261,6 @@ class Kafka:
         for k in [k for k in self._leaders if k[0] == topic]:
             del self._leaders[k]
 
-    # -- admin -----------------------------------------------------------------------------
-    def topics(self) -> dict[str, int]:
-        """``{topic: number of partitions}`` for every topic."""
-        with self._lock:
-            resp = self._metadata(None)
-            return {t.name: len(t.partitions) for t in resp.topics if t.error_code == 0}
-
-    def partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
-        """``{topic: number of partitions}`` for those of ``topics`` that exist (one Metadata
-        request for just these topics; missing ones are left out)."""
-        names = list(dict.fromkeys(topics))
-        if not names:
-            return {}
-        with self._lock:
-            for t in names:
-                self._forget(t)
-            resp = self._metadata(names)
-            return {t.name: len(t.partitions) for t in resp.topics
-                    if t.error_code == 0 and t.name in names}
-
-    def ensure_topic(self, name: str, partitions: int = 1, configs: dict | None = None,
-                     replication_factor: int = 1) -> bool:
-        """Create the topic unless it exists. Returns True when it was created."""
-        with self._lock:
-            conn = self._any()
-            v = conn.version(CreateTopicsRequest, 2, 4)  # v5+ echo configs back; we need none
-            T = CreateTopicsRequest.CreatableTopic
-            req = CreateTopicsRequest(
-                version=v,
-                topics=[T(name=name, num_partitions=partitions, replication_factor=replication_factor,
-                          assignments=[],
-                          configs=[T.CreatableTopicConfig(name=k, value=str(val))
-                                   for k, val in (configs or {}).items()])],
-                timeout_ms=int(self.timeout * 1000),
-                validate_only=False,
-            )
-            resp = conn.request(req)
-            created = True
-            for t in resp.topics:
-                if t.error_code == 36:  # TOPIC_ALREADY_EXISTS
-                    created = False
-                elif t.error_code:
-                    msg = getattr(t, "error_message", None) or ""
-                    _raise_for(t.error_code, f"cannot create topic {name!r} {msg}".strip())
-            # wait until every partition has a leader
-            deadline = time.monotonic() + self.timeout
-            while True:
-                self._forget(name)
-                resp = self._metadata([name])
-                ok = [t for t in resp.topics if t.name == name and t.error_code == 0]
-                if ok and all(p.leader_id >= 0 for p in ok[0].partitions) and ok[0].partitions:
-                    return created
-                if time.monotonic() > deadline:
-                    raise KafkaError(f"topic {name!r} was created but has no leader after "
-                                     f"{self.timeout:.0f}s")
-                time.sleep(0.05)
-
-    def delete_topic(self, name: str, missing_ok: bool = True) -> bool:
-        with self._lock:
-            conn = self._any()
-            v = conn.version(DeleteTopicsRequest, 1, 5)
-            resp = conn.request(DeleteTopicsRequest(version=v, topic_names=[name],
-                                                    timeout_ms=int(self.timeout * 1000)))
-            self._forget(name)
-            for r in resp.responses:
-                if r.error_code == 3:
-                    if missing_ok:
-                        return False
-                    _raise_for(3, "delete", name)
-                _raise_for(r.error_code, f"cannot delete topic {name!r}")
-            return True
-
-    def describe_configs(self, topic: str) -> dict[str, str]:
-        with self._lock:
-            conn = self._any()
-            v = conn.version(DescribeConfigsRequest, 1, 4)
-            R = DescribeConfigsRequest.DescribeConfigsResource
-            resp = conn.request(DescribeConfigsRequest(
-                version=v, resources=[R(resource_type=2, resource_name=topic, configuration_keys=None)],
-                include_synonyms=False, include_documentation=False))
-            out = {}
-            for r in resp.results:
-                if r.error_code == 3:
-                    _raise_for(3, "describe", topic)
-                _raise_for(r.error_code, f"cannot describe topic {topic!r}: {r.error_message or ''}")
-                for c in r.configs:
-                    out[c.name] = c.value
-            return out
-
-    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
-        """Move the log start of one partition to ``before_offset`` (Kafka's DeleteRecords).
-        Returns the new log start offset."""
-        with self._lock:
-            conn = self._leader(topic, partition)
-            v = conn.version(DeleteRecordsRequest, 0, 2)
-            T = DeleteRecordsRequest.DeleteRecordsTopic
-            resp = conn.request(DeleteRecordsRequest(
-                version=v, topics=[T(name=topic, partitions=[T.DeleteRecordsPartition(
-                    partition_index=partition, offset=before_offset)])],
-                timeout_ms=int(self.timeout * 1000)))
-            for t in resp.topics:
-                for p in t.partitions:
-                    _raise_for(p.error_code, f"cannot delete records of {topic}[{partition}]", topic)
-                    return p.low_watermark
-            raise KafkaError(f"empty DeleteRecords response for {topic}[{partition}]")
-
     # -- offsets -----------------------------------------------------------------------------
     def _list_offsets(self, topic: str, timestamp: int, partitions=None, isolation_level: int = 0) -> dict[int, int]:
         with self._lock:
@@ -359,7 +284,7 @@ class Kafka:
             out = {}
             for node, ps in by_node.items():
                 conn = self._node(node)
-                v = conn.version(ListOffsetsRequest, 2 if isolation_level else 1, 7)
+                v = conn.version(ListOffsetsRequest, 2 if isolation_level else None)
                 T = ListOffsetsRequest.ListOffsetsTopic
                 req = ListOffsetsRequest(
                     version=v, replica_id=-1, isolation_level=isolation_level,
@@ -404,7 +329,7 @@ class Kafka:
                 inflight = []
                 for node, ts in by_node.items():
                     conn = self._node(node)
-                    v = conn.version(ListOffsetsRequest, 2 if level else 1, 7)
+                    v = conn.version(ListOffsetsRequest, 2 if level else None)
                     for stamp in (-2, -1):
                         req = ListOffsetsRequest(
                             version=v, replica_id=-1, isolation_level=level,
@@ -524,7 +449,7 @@ class Kafka:
 
     def _produce_send(self, topic, partition, payloads, transactional_id=None) -> tuple:
         conn = self._leader(topic, partition)
-        v = conn.version(ProduceRequest, 3, 12)
+        v = conn.version(ProduceRequest)
         T = ProduceRequest.TopicProduceData
         # pipeline: every batch in flight at once, then collect the acks in order
         cids = []
@@ -561,7 +486,7 @@ class Kafka:
 
     # -- fetch -------------------------------------------------------------------------------
     def _fetch_request(self, conn, topic, partition, offset, max_wait_ms, max_bytes, isolation_level=0):
-        v = conn.version(FetchRequest, 4, 12)
+        v = conn.version(FetchRequest)
         T = FetchRequest.FetchTopic
         return FetchRequest(
             version=v, replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1,
@@ -573,10 +498,12 @@ class Kafka:
 
     @staticmethod
     def _partition_data(resp, topic):
+        """The one partition of a Fetch answer; None when the broker answered with none (an
+        empty response is no news, waited out by the caller)."""
         for t in resp.responses:
             for p in t.partitions:
                 return p
-        raise KafkaError(f"the broker sent an empty Fetch response for {topic}")
+        return None
 
     def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
               max_bytes: int | None = None, isolation: str = READ_UNCOMMITTED, *,
@@ -587,11 +514,16 @@ class Kafka:
         max_bytes = max_bytes or self.fetch_max_bytes
         level = _isolation(isolation)
         with self._lock:
+            patience = _Patience(self.timeout)
             for _attempt in range(10):
                 conn = self._leader(topic, partition)
                 cid = conn.send(self._fetch_request(conn, topic, partition, offset, max_wait_ms,
                                                     max_bytes, level))
                 p = self._partition_data(conn.recv(cid), topic)
+                if p is None:  # an empty answer: no news (bounds unknown: -1)
+                    if columns:
+                        return ColumnChunk(Columns(), offset, -1, -1, -1)
+                    return Chunk([], offset, -1, -1, -1)
                 if p.error_code == 1:  # OFFSET_OUT_OF_RANGE: the log start moved (or offset > end)
                     lso = self.begin_offsets(topic, [partition])[partition]
                     if offset < lso:
@@ -607,6 +539,10 @@ class Kafka:
                     continue
                 _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
                 batches, nxt = _scan_batches(p.records or b"")
+                if nxt is None and p.records and max_bytes < _MAX_FETCH_BYTES:
+                    max_bytes = min(max_bytes * 2, _MAX_FETCH_BYTES)  # a short answer: part of a batch
+                    patience.wait(f"{topic}[{partition}]", offset)
+                    continue
                 if level:
                     batches = committed_only(batches, p.aborted_transactions)
                 if columns:
@@ -637,7 +573,7 @@ class Kafka:
             if len(by_leader) != 1:       # several brokers: ask each in turn, briefly
                 max_wait_ms = max(1, max_wait_ms // len(by_leader))
             for conn, parts in by_leader.values():
-                v = conn.version(FetchRequest, 4, 12)
+                v = conn.version(FetchRequest)
                 T = FetchRequest.FetchTopic
                 topics: dict = {}
                 for topic, partition, offset in parts:
@@ -701,7 +637,7 @@ class Kafka:
 
     def _read_loop(self, topic, partition, pos, end, max_bytes, pipeline, state, level=0,
                    columns=False, values_kept=None):
-        empty_rounds = 0
+        patience = _Patience(self.timeout)
         conn = None
         while pos < end:
             with self._lock:
@@ -714,6 +650,9 @@ class Kafka:
                 resp = conn.recv(state["inflight"])
                 state["inflight"] = None
                 p = self._partition_data(resp, topic)
+                if p is None:  # an empty answer below the end: wait it out
+                    patience.wait(f"{topic}[{partition}]", pos)
+                    continue
                 if p.error_code:
                     if p.error_code == 1:  # OFFSET_OUT_OF_RANGE
                         lso = self.begin_offsets(topic, [partition])[partition]
@@ -740,13 +679,12 @@ class Kafka:
                         continue
                     if stable <= pos:
                         return  # the log ends (or an open transaction begins) before `end`
-                    empty_rounds += 1
-                    if empty_rounds > 100:
-                        raise KafkaError(f"{topic}[{partition}] returned no records at offset "
-                                         f"{pos} below its high watermark {hwm}")
-                    time.sleep(0.01)
+                    if nxt is None and p.records and max_bytes < _MAX_FETCH_BYTES:
+                        max_bytes = min(max_bytes * 2, _MAX_FETCH_BYTES)  # a short answer: part of a batch
+                    # nothing below the end this time (a broker may answer max_wait_ms=0 so): again
+                    patience.wait(f"{topic}[{partition}]", pos, hwm)
                     continue
-                empty_rounds = 0
+                patience.reset()
                 start_pos = pos
                 pos = nxt
                 if pipeline and pos < end and pos < stable:
@@ -766,12 +704,12 @@ class Kafka:
 
     # -- transactions ----------------------------------------------------------------------------
     def supports_transactions(self) -> bool:
-        """Does the broker offer Kafka transactions (InitProducerId, AddPartitionsToTxn, EndTxn)?
-        False for a broker without them (then statekit's output is at-least-once)."""
+        """Does the broker offer Kafka transactions (FindCoordinator, InitProducerId,
+        AddPartitionsToTxn, EndTxn, at versions statekit speaks)? False for a broker without them
+        (then statekit's output is at-least-once)."""
         with self._lock:
-            versions = self._any().versions
-            return all(k in versions for k in (InitProducerIdRequest.API_KEY, AddPartitionsToTxnRequest.API_KEY,
-                                               EndTxnRequest.API_KEY))
+            conn = self._any()
+            return all(conn.offers(cls) for cls in TRANSACTIONS)
 
     def transactional_producer(self, transactional_id: str, timeout_ms: int = 60000) -> "TransactionalProducer":
         """A :class:`TransactionalProducer` for ``transactional_id`` (InitProducerId: an older
@@ -783,7 +721,7 @@ class Kafka:
     def _coordinator(self, key: str, key_type: int) -> Connection:
         """The connection to the coordinator of a group (0) or transactional id (1)."""
         conn = self._any()
-        v = conn.version(FindCoordinatorRequest, 1, 4)
+        v = conn.version(FindCoordinatorRequest)
         for _attempt in range(50):
             if v >= 4:
                 resp = conn.request(FindCoordinatorRequest(version=v, key_type=key_type, coordinator_keys=[key]))
@@ -809,6 +747,7 @@ class Kafka:
         where compaction removed some), from the record batch headers: only a batch that crosses
         ``start`` or ``end`` is decoded. Costs a read of the bytes, not of the records."""
         n = 0
+        patience = _Patience(self.timeout)
         with self._lock:
             lso = self.begin_offsets(topic, [partition])[partition]
             pos = max(start, lso)
@@ -816,6 +755,9 @@ class Kafka:
                 conn = self._leader(topic, partition)
                 p = self._partition_data(conn.recv(conn.send(self._fetch_request(
                     conn, topic, partition, pos, 0, max_bytes))), topic)
+                if p is None:
+                    patience.wait(f"{topic}[{partition}]", pos)
+                    continue
                 if p.error_code == 1:  # OFFSET_OUT_OF_RANGE: the log start moved past pos
                     lso = self.begin_offsets(topic, [partition])[partition]
                     if pos < lso:
@@ -825,7 +767,13 @@ class Kafka:
                 _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
                 batches, nxt = _scan_batches(p.records or b"")
                 if nxt is None or nxt <= pos:
-                    break
+                    if p.high_watermark <= pos:
+                        break  # the log ends before `end`
+                    if nxt is None and p.records and max_bytes < _MAX_FETCH_BYTES:
+                        max_bytes = min(max_bytes * 2, _MAX_FETCH_BYTES)
+                    patience.wait(f"{topic}[{partition}]", pos, p.high_watermark)
+                    continue
+                patience.reset()
                 for raw in batches:
                     base, = struct.unpack_from(">q", raw, 0)
                     last = base + struct.unpack_from(">i", raw, 23)[0]

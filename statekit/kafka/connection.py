@@ -1,26 +1,49 @@
 """One broker connection: a socket (TLS when configured), kafka-python's protocol framing and
 correlation (``kafka.protocol.parser.KafkaProtocol``), API version negotiation and SASL
 authentication. Requests may be pipelined: :meth:`Connection.send` returns a correlation id and
-:meth:`Connection.recv` claims that answer, keeping others that arrive first for their callers."""
+:meth:`Connection.recv` claims that answer, keeping others that arrive first for their callers.
+
+Negotiation is what real clients do: ApiVersions v3 first; a broker that does not know v3 answers
+UNSUPPORTED_VERSION in v0 framing (as Kafka does) or closes, and the connection is made again and
+asks v0. Every request then goes out at the highest version both sides have
+(:meth:`Connection.version`, over the table of :mod:`statekit.kafka.versions`); an API the broker
+does not offer is refused before anything is sent (:class:`~statekit.kafka.errors.UnsupportedApi`)."""
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
+import time
 
 from kafka.protocol.metadata import ApiVersionsRequest
 from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from .config import Security
-from .errors import HINT as _HINT, BrokerUnreachable, KafkaError
+from .errors import HINT as _HINT, BrokerUnreachable, KafkaError, UnsupportedApi
 from .tls_errors import closed_before_answer, handshake_failed, looks_like_tls
+from .versions import SPOKEN, api_name
+
+_UNSUPPORTED_VERSION = 35
+
+
+def _not_the_fallback(record: logging.LogRecord) -> bool:
+    """kafka-python logs an error when it cannot decode an answer; the v0-framed answer of a broker
+    that does not know ApiVersions v3 is expected, and handled (see the module docstring)."""
+    msg = record.getMessage()
+    return not ("ApiVersionsResponse" in msg and "Unable to decode" in msg)
+
+
+logging.getLogger("kafka.protocol.parser").addFilter(_not_the_fallback)
 
 __all__ = ["Connection"]
 
 
 class Connection:
     def __init__(self, host: str, port: int, timeout: float, client_id: str,
-                 security: Security | None = None):
+                 security: Security | None = None, *, api_versions: int = 3, authenticate: bool = True):
+        """``api_versions``: the ApiVersions version asked first (3; 0 on the connection made again
+        for a broker that refused 3). ``authenticate``: SASL when ``security`` has a mechanism."""
         self.addr = f"{host}:{port}"
         self.timeout = timeout
         try:
@@ -45,39 +68,62 @@ class Connection:
         self.versions: dict[int, tuple[int, int]] = {}
         self.features: set[str] = set()
         self.sasl = security is not None and security.mechanism is not None
-        self._negotiate()
-        if self.sasl:
+        if not self._negotiate(api_versions):
+            # the broker refused ApiVersions v3 (answered in v0 framing, or closed): what is left on
+            # this socket cannot be trusted, so ask v0 on a new connection, as librdkafka and the
+            # Java client do, and carry on with that one
+            self.close()
+            again = Connection(host, port, timeout, client_id, security, api_versions=0,
+                               authenticate=False)
+            vars(self).update(vars(again))
+        if self.sasl and authenticate:
             self._authenticate(security)
 
-    def _negotiate(self):
+    def _negotiate(self, version: int) -> bool:
+        """Ask the broker for its API versions. False when it refused ``version`` > 0 (the caller
+        asks v0 on a new connection); any other failure raises, in one line."""
+        if version >= 3:
+            req = ApiVersionsRequest(version=version, client_software_name="statekit",
+                                     client_software_version="1")
+        else:
+            req = ApiVersionsRequest(version=version)
+        t0 = time.monotonic()
         try:
-            resp = self.request(ApiVersionsRequest(version=3, client_software_name="statekit",
-                                                   client_software_version="1"))
-            if resp.error_code:
-                raise ValueError("ApiVersions v3 refused")
+            resp = self.request(req)
         except BrokerUnreachable:
-            raise
-        except Exception:  # noqa: BLE001 - an older broker: ask in v0, else assume the lowest versions
-            try:
-                resp = self.request(ApiVersionsRequest(version=0))
-            except BrokerUnreachable:
-                raise
-            except Exception:  # noqa: BLE001
-                return
+            if version == 0 or time.monotonic() - t0 >= self.timeout:
+                raise  # (no answer at all: asking again would only wait as long again)
+            return False  # closed on a version it does not know
+        except Exception as e:  # noqa: BLE001 - kafka-python could not decode the answer
+            self.close()
+            if version == 0:
+                raise KafkaError(f"the broker at {self.addr} answered ApiVersions v0 with bytes "
+                                 f"statekit cannot read ({e}): is it a Kafka broker?") from None
+            return False  # a v0-framed UNSUPPORTED_VERSION read as v{version}
+        if resp.error_code == _UNSUPPORTED_VERSION and version > 0:
+            self.close()
+            return False
+        if resp.error_code:
+            self.close()
+            raise KafkaError(f"the broker at {self.addr} refused ApiVersions v{version} "
+                             f"(error code {resp.error_code}): is it a Kafka broker?")
         for k in resp.api_keys:
             self.versions[k.api_key] = (k.min_version, k.max_version)
         for f in getattr(resp, "supported_features", None) or []:
             self.features.add(f.name)
+        return True
 
     def _authenticate(self, security: Security) -> None:
         """SaslHandshake v1 + SaslAuthenticate, with kafka-python's SASL mechanisms."""
         from kafka.net.sasl import get_sasl_mechanism
 
-        if SaslAuthenticateRequest.API_KEY not in self.versions:
+        try:
+            hv = self.version(SaslHandshakeRequest)
+            v = self.version(SaslAuthenticateRequest)
+        except UnsupportedApi:
             self.close()
-            raise KafkaError(f"the broker at {self.addr} does not offer SASL authentication: check "
-                             f"security.protocol (it may want PLAINTEXT or SSL)")
-        resp = self.request(SaslHandshakeRequest(version=1, mechanism=security.mechanism))
+            raise
+        resp = self.request(SaslHandshakeRequest(version=hv, mechanism=security.mechanism))
         if resp.error_code:
             self.close()
             raise KafkaError(f"the broker at {self.addr} does not accept SASL mechanism {security.mechanism} "
@@ -85,7 +131,6 @@ class Connection:
         mech = get_sasl_mechanism(security.mechanism)(
             host=self.addr.rsplit(":", 1)[0], sasl_mechanism=security.mechanism,
             sasl_plain_username=security.username, sasl_plain_password=security.password)
-        v = self.version(SaslAuthenticateRequest, 0, 1)
         while not mech.is_done():
             resp = self.request(SaslAuthenticateRequest(version=v, auth_bytes=mech.auth_bytes()))
             if resp.error_code:
@@ -103,14 +148,31 @@ class Connection:
             raise KafkaError(f"SASL {security.mechanism} with {self.addr} did not authenticate "
                              f"{security.username!r}: check the credentials")
 
-    def version(self, cls, lo: int, hi: int) -> int:
+    def offers(self, cls, lo: int | None = None) -> bool:
+        """Does the broker offer this API at a version statekit speaks (at least ``lo``)?"""
+        try:
+            self.version(cls, lo)
+        except UnsupportedApi:
+            return False
+        return True
+
+    def version(self, cls, lo: int | None = None, hi: int | None = None, todo: str | None = None) -> int:
+        """The highest version of ``cls``'s API that both statekit (``lo``..``hi``, by default the
+        range of :data:`statekit.kafka.versions.SPOKEN`) and the broker speak. Raises
+        :class:`UnsupportedApi` (one line: the API, the broker, ``todo`` or the table's advice)
+        when there is none; nothing is sent."""
+        api = SPOKEN[cls.API_KEY]
+        lo = api.lo if lo is None else lo
+        hi = min(api.hi if hi is None else hi, cls.max_version)
+        name = api_name(cls)
+        todo = todo or api.without
         rng = self.versions.get(cls.API_KEY)
         if rng is None:
-            return lo
-        v = min(hi, rng[1], cls.max_version)
+            raise UnsupportedApi(f"the broker at {self.addr} does not offer {name}: {todo}", name, self.addr)
+        v = min(hi, rng[1])
         if v < max(lo, rng[0]):
-            raise KafkaError(f"the broker at {self.addr} supports {cls.__name__} "
-                             f"v{rng[0]}-{rng[1]}; statekit needs v{lo}-{hi}")
+            raise UnsupportedApi(f"the broker at {self.addr} offers {name} v{rng[0]}-{rng[1]}, statekit "
+                                 f"speaks v{lo}-{hi}: {todo}", name, self.addr)
         return v
 
     def send(self, req) -> int:

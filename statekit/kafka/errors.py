@@ -6,8 +6,8 @@ import kafka.errors as kerrors
 
 from statekit.errors import BrokerUnreachable, StatekitError, UnknownTopic
 
-__all__ = ["KafkaError", "ProducerFenced", "BrokerUnreachable", "UnknownTopic", "raise_for",
-           "RETRIABLE", "HINT"]
+__all__ = ["KafkaError", "ProducerFenced", "UnsupportedApi", "BrokerUnreachable", "UnknownTopic",
+           "raise_for", "RETRIABLE", "HINT"]
 
 HINT = "start one with `statekit broker start` or set STATEKIT_BOOTSTRAP"
 
@@ -24,6 +24,17 @@ class ProducerFenced(KafkaError):
     ``transactional.id`` started (a newer instance of the task), or the broker aborted the open
     transaction because it outlived its timeout. Its open transaction is aborted; this producer
     can do nothing more (a new one fences the other instance in turn)."""
+
+
+class UnsupportedApi(KafkaError):
+    """The broker does not offer a Kafka API (or no version of it statekit speaks) that this call
+    needs. Nothing was sent: the connection stays usable. ``api``: Kafka's name of the API;
+    ``broker``: ``host:port``."""
+
+    def __init__(self, message: str, api: str = "", broker: str = ""):
+        super().__init__(message)
+        self.api = api
+        self.broker = broker
 
 
 class Retry(Exception):

@@ -113,7 +113,7 @@ class TransactionalProducer:
 
     def _init(self, bump: bool = False) -> None:
         def make(conn):
-            v = conn.version(InitProducerIdRequest, 0, 4)
+            v = conn.version(InitProducerIdRequest)
             expected = bump and v >= 3 and self.producer_id >= 0
             return InitProducerIdRequest(
                 version=v, transactional_id=self.transactional_id, transaction_timeout_ms=self.timeout_ms,
@@ -227,7 +227,7 @@ class TransactionalProducer:
         return out
 
     def _add_request(self, conn, parts):
-        v = conn.version(AddPartitionsToTxnRequest, 0, 3)
+        v = conn.version(AddPartitionsToTxnRequest)
         by_topic: dict[str, list[int]] = {}
         for t, p in parts:
             by_topic.setdefault(t, []).append(p)
@@ -276,7 +276,7 @@ class TransactionalProducer:
         with self._k._lock:
             if self._added or (self._asked and not commit):
                 def make(conn):
-                    return EndTxnRequest(version=conn.version(EndTxnRequest, 0, 3),
+                    return EndTxnRequest(version=conn.version(EndTxnRequest),
                                          transactional_id=self.transactional_id, producer_id=self.producer_id,
                                          producer_epoch=self.epoch, committed=commit)
 

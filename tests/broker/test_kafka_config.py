@@ -75,7 +75,7 @@ def test_an_explicit_security_config_is_used_against_a_plain_broker(shared_broke
     assert k.client_id == "cfg-test"
     k.ensure_topic("cfg-plain", 1)
     k.close()
-    with pytest.raises(StatekitError, match="does not offer SASL authentication"):
+    with pytest.raises(StatekitError, match="does not offer SaslHandshake: it has no SASL authentication"):
         Kafka(shared_broker.bootstrap, kafka_config={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
                                                      "sasl.username": "u", "sasl.password": "p"})
 
