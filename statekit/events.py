@@ -314,7 +314,7 @@ class Committed(Event):
     records: int = 0                 # input records processed
     outputs: int = 0                 # output records
     changelog: dict = field(default_factory=dict)   # store -> changelog records sent
-    offsets: dict = field(default_factory=dict)     # store -> changelog offset after its marker
+    offsets: dict = field(default_factory=dict)     # store -> changelog position after the commit
     commit_ms: float = 0.0           # the commit: changelog and outputs sent, RocksDB, checkpoint
     process_ms: float = 0.0          # the records through the task's steps (read_ms included)
     read_ms: float = 0.0             # the batch's offset ranges read from Kafka and decoded

@@ -1,8 +1,9 @@
 """The task checkpoint file: ``<task_dir>/.checkpoint``.
 
 JSON ``{"version": 1, "stores": {name: {"changelog_offset": int, "batch": int}}}``: for every store,
-the changelog offset right after the commit marker of the last commit that reached RocksDB, and that
-commit's input batch id. Written atomically (temp file, fsync, rename, fsync of the directory), after
+the changelog position of the last commit that reached RocksDB (the offset right after its commit
+marker, or the broker's last stable offset past it: ``statekit.state.task``), and that commit's
+input batch id. Written atomically (temp file, fsync, rename, fsync of the directory), after
 the RocksDB commit (step 4 of the commit protocol). It is a fast cross-check of RocksDB's own meta,
 as Kafka Streams' ``.checkpoint`` is: a missing or corrupt file is never fatal — it is reported in
 one line and treated as "no checkpoint" (the RocksDB meta, or the log start, takes over).

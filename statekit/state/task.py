@@ -11,7 +11,9 @@ protocol (docs/ARCHITECTURE.md):
 2. per store changelog: the buffered records (header ``statekit.batch=b``) then one commit marker
    (key ``__statekit.commit__``, header ``statekit.marker=1``, value ``{"batch": b}``), acks=all;
 3. one RocksDB WriteBatch: every store's pending writes + meta (``batch`` = b and, per store,
-   ``changelog.<store>`` = the offset right after its marker);
+   ``changelog.<store>`` = the changelog position after the commit: the offset right after its
+   marker, or with a transaction the broker's last stable offset once it is past that — never
+   offset arithmetic on the transaction's own end marker, whose size is the broker's business);
 4. the checkpoint file, written atomically.
 
 Trust on open (what local state restoration starts from):
@@ -154,7 +156,7 @@ class ChangelogBuffer:
 class CommitInfo:
     batch: int
     records: dict  # store -> changelog records sent (markers excluded)
-    offsets: dict  # store -> changelog offset after the marker
+    offsets: dict  # store -> changelog position after the commit (see the module docstring)
     ms: float
 
 
@@ -542,7 +544,6 @@ class TaskState:
             #    ends, and a crash before then leaves a transaction the next owner aborts)
             txp = self.producer
             send_many = txp.send_many if txp is not None else self.kafka.send_many
-            after = 2 if txp is not None else 1   # a transaction's end takes an offset: its marker
             if txp is not None:
                 txp.begin()
             offsets, counts = {}, {}
@@ -560,7 +561,7 @@ class TaskState:
                              for n in names])
                 for n, last in zip(names, lasts[len(extra):]):
                     counts[n] = len(recs[n][0])
-                    offsets[n] = last + after
+                    offsets[n] = last + 1   # right after the store's commit marker
             elif extra:
                 send_many(extra)
             for i, spec in enumerate(self.logged_specs if not together else ()):
@@ -579,10 +580,11 @@ class TaskState:
                 counts[spec.name] = len(recs)
                 last = send_many([(self.topic(spec.name), self.partition,
                                    self._changelog_records(keys, values, b))])[0]
-                offsets[spec.name] = last + after
+                offsets[spec.name] = last + 1
             crash.hit("before_commit", b)
             if txp is not None:
                 txp.commit()
+                offsets = self._positions_after_commit(offsets)
             crash.hit("after_ack", b)
             # 3. one RocksDB WriteBatch: data + meta
             meta = {"batch": b}
@@ -605,6 +607,20 @@ class TaskState:
         # 4. checkpoint
         self._write_checkpoint(meta)
         return CommitInfo(b, counts, offsets, (time.perf_counter() - t0) * 1000.0)
+
+    def _positions_after_commit(self, offsets: dict) -> dict:
+        """Where each changelog stands for a read_committed reader once the transaction is
+        committed: the broker's last stable offset, past the transaction's end marker however many
+        offsets the broker gave it (one on Kafka, none on a broker that writes no markers), but
+        never before the offset right after the store's own commit marker (Kafka writes the end
+        markers just after EndTxn answers: until then its last stable offset is lower). The
+        changelog has no other writer (the producer fenced any). One pipelined round trip; if it
+        fails, the offset after the marker stands (a restore reads past the end marker)."""
+        try:
+            ends = self.kafka.offsets_many([self.topic(n) for n in offsets], self.partition, COMMITTED)
+        except StatekitError:
+            return offsets
+        return {n: max(off, ends[self.topic(n)][1]) for n, off in offsets.items()}
 
     def abort(self) -> None:
         """Drop every write since the last commit (the batch will be replayed)."""
