@@ -1,6 +1,12 @@
 """An application's topics on the broker: its source topics checked (they exist, one partition per
 task), its internal topics (changelogs, repartition topics, sinks) created at ``start()`` and
-deleted by ``reset()``, and the partition count its state was made with.
+deleted by ``reset()``, the configs of changelogs that existed already (a ``cleanup.policy`` that
+would lose state is said in one line), and the partition count its state was made with.
+
+Against a broker without some admin APIs (a Kafka statekit did not set up): topics the user created
+up front are used as they are; what statekit then cannot check (DescribeConfigs) is said once, and
+what it cannot do (CreateTopics of a missing topic, DeleteTopics for ``reset()``) is refused before
+anything changes.
 
 Every refusal is one line that says what to do, because ``%%statekit app`` shows it as the cell's
 error.
@@ -13,6 +19,7 @@ import logging
 from typing import Optional
 
 from statekit.errors import StatekitError, UnknownTopic
+from statekit.kafka import UnsupportedApi
 
 log = logging.getLogger("statekit.app")
 
@@ -78,11 +85,15 @@ def ensure_topics(app, sink: str) -> None:
     check_topics(app)
     kafka = app.kafka
     topics = kafka.topics()
+    existing = {}
     for sub, p in app.subplans.items():
         for spec in store_specs(p, sub):
             if getattr(spec, "logging", True):
-                kafka.ensure_topic(app.changelog_topic(spec.name), app.partitions,
-                                   changelog_configs(spec))
+                name, cfg = app.changelog_topic(spec.name), changelog_configs(spec)
+                if not kafka.ensure_topic(name, app.partitions, cfg):
+                    existing[name] = cfg
+    for note in changelog_config_notes(kafka, existing):
+        log.warning("statekit: %s", note)
     for t in repartition_topics(app.plan):
         kafka.ensure_topic(t, app.partitions)
     if sink == "kafka":
@@ -91,6 +102,30 @@ def ensure_topics(app, sink: str) -> None:
                 topic = getattr(s, "topic", s if isinstance(s, str) else None)
                 if topic and topic not in topics:
                     kafka.ensure_topic(topic, app.partitions)
+
+
+def changelog_config_notes(kafka, existing: dict) -> list:
+    """One line per changelog of ``existing`` (``{topic: the configs statekit creates it with}``)
+    whose ``cleanup.policy`` differs, or one line saying none could be checked (a broker without
+    DescribeConfigs)."""
+    notes = []
+    for topic, want in sorted(existing.items()):
+        try:
+            have = kafka.describe_configs(topic)
+        except UnsupportedApi as e:
+            keys = sorted({k for cfg in existing.values() for k in cfg})
+            return [f"the broker at {e.broker} does not offer DescribeConfigs: statekit cannot check "
+                    f"{', '.join(keys)} of the changelogs {', '.join(sorted(existing))}; check them "
+                    f"yourself (a changelog that is not compacted loses state once its records age "
+                    f"out)"]
+        policy = have.get("cleanup.policy")
+        wanted = want.get("cleanup.policy")
+        if policy is not None and wanted and set(policy.split(",")) != set(wanted.split(",")):
+            notes.append(f"changelog {topic} has cleanup.policy={policy}, statekit creates it with "
+                         f"{wanted}" + (": its state is lost once records age past retention.ms"
+                                        if "compact" not in policy else "")
+                         + f"; set cleanup.policy={wanted}")
+    return notes
 
 
 def check_partitions(app) -> None:
@@ -117,10 +152,19 @@ def delete_internal_topics(app) -> list:
     names += repartition_topics(app.plan)
     names.append(app.events_topic)
     deleted = []
-    for t in dict.fromkeys(names):
+    names = list(dict.fromkeys(names))
+    for t in names:
         try:
             if app.kafka.delete_topic(t, missing_ok=True):
                 deleted.append(t)
+        except UnsupportedApi as e:  # refused before anything was deleted
+            there = sorted(app.kafka.partition_counts(names))
+            if not there:
+                return deleted
+            raise UnsupportedApi(
+                f"the broker at {e.broker} does not offer DeleteTopics, so reset() cannot delete the "
+                f"topics of app '{app.name}' ({', '.join(there)}): delete them with the cluster's own "
+                f"tools, then call reset(topics=False) to forget the local state", e.api, e.broker) from None
         except StatekitError:
             raise
         except Exception as exc:  # noqa: BLE001
