@@ -116,3 +116,17 @@ def test_a_stateful_app_at_least_once_on_the_mock_cluster_with_its_topics_create
     finally:
         app.close()
         k.close()
+
+
+def test_an_existing_changelog_whose_cleanup_policy_would_lose_state_is_said(kafka):
+    from statekit.runtime.app_topics import changelog_config_notes
+
+    kafka.ensure_topic("cfgnote-a-changelog", 1, {"cleanup.policy": "delete"})
+    kafka.ensure_topic("cfgnote-b-changelog", 1, {"cleanup.policy": "compact"})
+    kafka.ensure_topic("cfgnote-w-changelog", 1, {"cleanup.policy": "delete,compact"})
+    notes = changelog_config_notes(kafka, {"cfgnote-a-changelog": {"cleanup.policy": "compact"},
+                                           "cfgnote-b-changelog": {"cleanup.policy": "compact"},
+                                           "cfgnote-w-changelog": {"cleanup.policy": "compact,delete"}})
+    assert notes == ["changelog cfgnote-a-changelog has cleanup.policy=delete, statekit creates it with "
+                     "compact: its state is lost once records age past retention.ms; set "
+                     "cleanup.policy=compact"]
