@@ -510,20 +510,28 @@ class Kafka(TopicAdmin):
               columns: bool = False) -> Chunk:
         """One Fetch at ``offset``; waits up to ``max_wait_ms`` for data. Moves past a log start
         offset that overtook ``offset``. ``isolation="read_committed"``: only committed records,
-        up to the last stable offset. ``columns``: a :class:`ColumnChunk` instead."""
+        up to the last stable offset. ``columns``: a :class:`ColumnChunk` instead. An answer with
+        nothing below the partition's end (or no partition at all) is asked again, up to the
+        client's ``timeout``: an empty chunk means there is nothing at ``offset``."""
         max_bytes = max_bytes or self.fetch_max_bytes
         level = _isolation(isolation)
         with self._lock:
             patience = _Patience(self.timeout)
             for _attempt in range(10):
-                conn = self._leader(topic, partition)
-                cid = conn.send(self._fetch_request(conn, topic, partition, offset, max_wait_ms,
-                                                    max_bytes, level))
-                p = self._partition_data(conn.recv(cid), topic)
-                if p is None:  # an empty answer: no news (bounds unknown: -1)
-                    if columns:
-                        return ColumnChunk(Columns(), offset, -1, -1, -1)
-                    return Chunk([], offset, -1, -1, -1)
+                while True:  # an answer with nothing below the end is no news: ask again
+                    conn = self._leader(topic, partition)
+                    cid = conn.send(self._fetch_request(conn, topic, partition, offset, max_wait_ms,
+                                                        max_bytes, level))
+                    p = self._partition_data(conn.recv(cid), topic)
+                    if p is not None and p.error_code:
+                        break
+                    batches, nxt = _scan_batches(p.records or b"") if p is not None else ([], None)
+                    end = None if p is None else p.last_stable_offset if level else p.high_watermark
+                    if p is not None and (nxt is not None or end is None or end <= offset):
+                        break
+                    if p is not None and p.records and max_bytes < _MAX_FETCH_BYTES:
+                        max_bytes = min(max_bytes * 2, _MAX_FETCH_BYTES)  # part of a batch only
+                    patience.wait(f"{topic}[{partition}]", offset, end)
                 if p.error_code == 1:  # OFFSET_OUT_OF_RANGE: the log start moved (or offset > end)
                     lso = self.begin_offsets(topic, [partition])[partition]
                     if offset < lso:
@@ -538,11 +546,6 @@ class Kafka(TopicAdmin):
                     time.sleep(0.05)
                     continue
                 _raise_for(p.error_code, f"cannot read {topic}[{partition}]", topic)
-                batches, nxt = _scan_batches(p.records or b"")
-                if nxt is None and p.records and max_bytes < _MAX_FETCH_BYTES:
-                    max_bytes = min(max_bytes * 2, _MAX_FETCH_BYTES)  # a short answer: part of a batch
-                    patience.wait(f"{topic}[{partition}]", offset)
-                    continue
                 if level:
                     batches = committed_only(batches, p.aborted_transactions)
                 if columns:
