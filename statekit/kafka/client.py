@@ -111,9 +111,9 @@ _MAX_FETCH_BYTES = 128 << 20
 class _Patience:
     """Waits out Fetch answers that bring nothing below the end: an empty response, or one that
     holds only part of a batch (a broker that cuts answers at ``max_bytes``: the next ask is
-    bigger). A broker may answer a Fetch with ``max_wait_ms=0`` with nothing (librdkafka's mock
-    does); Kafka answers the next one. Only a whole client timeout without progress is an
-    error."""
+    bigger). A broker may answer a Fetch with nothing (Kafka does while it throttles a client;
+    one was seen to answer ``max_wait_ms=0`` so); the next answer brings the records. Only a whole
+    client timeout without progress is an error."""
 
     def __init__(self, timeout: float):
         self.timeout = timeout

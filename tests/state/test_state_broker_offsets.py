@@ -118,8 +118,8 @@ def test_exactly_once_on_a_broker_that_writes_no_markers(mock_cluster, tmp_path)
 
 
 def test_fetch_answers_with_nothing_in_them_are_waited_out(shared_broker, tmp_path):
-    """A broker may answer a Fetch with no partition data (librdkafka's mock can answer
-    ``max_wait_ms=0`` so): reads, single fetches and restores wait it out."""
+    """A broker may answer a Fetch with no partition data (Kafka does while it throttles a
+    client): reads, single fetches and restores wait it out."""
     with Kafka(shared_broker.bootstrap) as k:
         state = str(tmp_path / "a")
         with TaskState("pos-empty", 0, H.specs(), state_dir=state, kafka=k) as t:
