@@ -117,9 +117,10 @@ class MockCluster:
 
 
 @pytest.fixture
-def mock_cluster():
-    """A one-broker librdkafka mock cluster for one test, closed after it."""
-    m = MockCluster(1)
+def mock_cluster(request):
+    """A librdkafka mock cluster for one test (one broker; ``indirect`` parametrization gives
+    another count), closed after it."""
+    m = MockCluster(getattr(request, "param", 1))
     try:
         yield m
     finally:

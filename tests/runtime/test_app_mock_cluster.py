@@ -1,8 +1,9 @@
-"""An App end to end on a Kafka statekit did not write: librdkafka's mock cluster (no CreateTopics,
-DeleteTopics or DescribeConfigs; topics auto-created on request; no transaction markers). The user
-creates the topics up front; the app runs at-least-once on the local engine, its stores and its
-Kafka output are exact, a restore from the marker-free changelog is exact, and what statekit
-cannot check or do there is said in one line."""
+"""An App end to end on a Kafka statekit did not write: librdkafka's mock cluster of three brokers
+(partition leaders spread over them; no CreateTopics, DeleteTopics or DescribeConfigs; topics
+auto-created on request; no transaction markers). The user creates the topics up front; the app
+runs at-least-once on the local engine, its stores and its Kafka output are exact, a restore from
+the marker-free changelog is exact, and what statekit cannot check or do there is said in one
+line."""
 from __future__ import annotations
 
 import collections
@@ -43,6 +44,7 @@ def read_all(bootstrap, topic):
         c.close()
 
 
+@pytest.mark.parametrize("mock_cluster", [3], indirect=True, ids=["3 brokers"])
 def test_a_stateful_app_at_least_once_on_the_mock_cluster_with_its_topics_created_up_front(
         mock_cluster, tmp_path, caplog):
     name, src, out = unique("mockwc"), unique("lines"), unique("counts-out")
