@@ -4,8 +4,9 @@ authentication. Requests may be pipelined: :meth:`Connection.send` returns a cor
 :meth:`Connection.recv` claims that answer, keeping others that arrive first for their callers.
 
 Negotiation is what real clients do: ApiVersions v3 first; a broker that does not know v3 answers
-UNSUPPORTED_VERSION in v0 framing (as Kafka does) or closes, and the connection is made again and
-asks v0. Every request then goes out at the highest version both sides have
+UNSUPPORTED_VERSION in v0 framing (as Kafka does), and the connection is made again and asks v0 (a
+broker that closes instead is not asked again: a TLS listener does so, and a broker without
+ApiVersions at all is older than statekit can use). Every request then goes out at the highest version both sides have
 (:meth:`Connection.version`, over the table of :mod:`statekit.kafka.versions`); an API the broker
 does not offer is refused before anything is sent (:class:`~statekit.kafka.errors.UnsupportedApi`)."""
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-import time
 
 from kafka.protocol.metadata import ApiVersionsRequest
 from kafka.protocol.parser import KafkaProtocol
@@ -69,9 +69,8 @@ class Connection:
         self.features: set[str] = set()
         self.sasl = security is not None and security.mechanism is not None
         if not self._negotiate(api_versions):
-            # the broker refused ApiVersions v3 (answered in v0 framing, or closed): what is left on
-            # this socket cannot be trusted, so ask v0 on a new connection, as librdkafka and the
-            # Java client do, and carry on with that one
+            # the broker refused ApiVersions v3 (UNSUPPORTED_VERSION, in v0 framing): what is left
+            # on this socket cannot be trusted, so ask v0 on a new connection and carry on with it
             self.close()
             again = Connection(host, port, timeout, client_id, security, api_versions=0,
                                authenticate=False)
@@ -80,20 +79,18 @@ class Connection:
             self._authenticate(security)
 
     def _negotiate(self, version: int) -> bool:
-        """Ask the broker for its API versions. False when it refused ``version`` > 0 (the caller
-        asks v0 on a new connection); any other failure raises, in one line."""
+        """Ask the broker for its API versions. False when it answered ``version`` > 0 with
+        UNSUPPORTED_VERSION (the caller asks v0 on a new connection); any other failure raises, in
+        one line."""
         if version >= 3:
             req = ApiVersionsRequest(version=version, client_software_name="statekit",
                                      client_software_version="1")
         else:
             req = ApiVersionsRequest(version=version)
-        t0 = time.monotonic()
         try:
             resp = self.request(req)
         except BrokerUnreachable:
-            if version == 0 or time.monotonic() - t0 >= self.timeout:
-                raise  # (no answer at all: asking again would only wait as long again)
-            return False  # closed on a version it does not know
+            raise  # no answer at all: asking again would not help (a TLS mismatch, a dead port)
         except Exception as e:  # noqa: BLE001 - kafka-python could not decode the answer
             self.close()
             if version == 0:

@@ -18,6 +18,7 @@ from harness import unique
 from statekit.contracts import TaskId
 from statekit.kafka import Kafka, UnsupportedApi
 from statekit.runtime.lifecycle import AppState
+from waiting import wait_until
 
 
 def read_all(bootstrap, topic):
@@ -90,7 +91,9 @@ def test_a_stateful_app_at_least_once_on_the_mock_cluster_with_its_topics_create
         mock_cluster.produce(src, [(w.encode(), w.encode()) for w in more])
         app.restart()
         assert app.process_all_available()
-        df = app.restore_summary()
+        # (the restore events arrive through the events topic: wait for all four)
+        df = wait_until(lambda: (lambda d: [d] if len(d) == 4 else None)(app.restore_summary()), 30,
+                        "every task's restore_end event")[0]
         assert sorted(df.task) == [str(TaskId(0, p)) for p in range(4)], df
         for row in df.itertuples():
             p = TaskId.parse(row.task).partition
