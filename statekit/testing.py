@@ -29,8 +29,10 @@ import tempfile
 from collections import deque
 from typing import Any, Iterable, Optional
 
+from statekit.contracts import changelog_topic
 from statekit.errors import ProcessorError, StatekitError
 from statekit.stores import RecordingSink, build_stores
+from statekit.stores.serdes import bound
 from statekit.topology.graph import serde_label
 
 DEFAULT_APPLICATION = "test-driver"
@@ -85,8 +87,9 @@ class _Task:
         self.driver = driver
         self.plan = plan
         self.sink = RecordingSink()
-        self.stores, self.db = build_stores(list(plan.stores), state_dir, self.sink,
-                                            cache_bytes=driver.cache_bytes, sync=False)
+        self.stores, self.db = build_stores(
+            list(plan.stores), state_dir, self.sink, cache_bytes=driver.cache_bytes, sync=False,
+            changelog_topic=lambda store: changelog_topic(driver.application, store))
         self.stream_time = -1
         self.meta: dict = {}
         self.batches = 0
@@ -187,6 +190,7 @@ class TopologyTestDriver:
         out = []
         for i, si in readers:
             ks, vs = self._tasks[i].plan.source_serdes(si)
+            ks, vs = bound(ks, topic, True), bound(vs, topic, False)   # the driver writes the topic
             src = self._tasks[i].plan.sources[si]
             try:
                 kb = None if key is None else ks.to_bytes(key)

@@ -170,10 +170,11 @@ def _armed(crash, point: str, batch: int) -> bool:
     return False
 
 
-def _build(specs, task_dir, sink, cache_bytes):
+def _build(specs, task_dir, sink, cache_bytes, changelog_topic=None):
     from statekit.stores import build_stores
 
-    return build_stores(specs, task_dir=task_dir, sink=sink, cache_bytes=cache_bytes)
+    return build_stores(specs, task_dir=task_dir, sink=sink, cache_bytes=cache_bytes,
+                        changelog_topic=changelog_topic)
 
 
 class TaskState:
@@ -258,7 +259,7 @@ class TaskState:
     # -- open & restore --------------------------------------------------------------------------
     def _open_db(self):
         try:
-            return _build(self.specs, self.task_dir, self.sink, self.cache_bytes)
+            return _build(self.specs, self.task_dir, self.sink, self.cache_bytes, self.topic)
         except CorruptState as e:
             self._warn(f"task {self.application}/{self.task_id}: local RocksDB is unreadable "
                        f"({str(e)[:120]}); deleting it and restoring from the changelog")
@@ -266,7 +267,7 @@ class TaskState:
 
             TaskDB.destroy(self.task_dir)
             self._rocks_reset = True
-            return _build(self.specs, self.task_dir, self.sink, self.cache_bytes)
+            return _build(self.specs, self.task_dir, self.sink, self.cache_bytes, self.topic)
 
     def _open(self, restore: bool) -> None:
         rocks_dir = os.path.join(self.task_dir, "rocksdb")

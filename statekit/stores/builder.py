@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from statekit.stores.buffer import MeteredBufferStore
 from statekit.stores.caching import CachingStore, RecordCache
 from statekit.stores.changelogging import ChangeLoggingStore
 from statekit.stores.metered import MeteredStore
 from statekit.stores.rocksdb import DB_SUBDIR, TaskDB
-from statekit.stores.serdes import get_serde, serde_name
+from statekit.stores.serdes import bound, get_serde, serde_name
 from statekit.stores.session import MeteredSessionStore
 from statekit.stores.window import MeteredWindowStore, SegmentedStore, default_segment_ms
 
@@ -87,12 +87,15 @@ class StoreSpec:
 
 
 def build_stores(specs: Iterable[StoreSpec], task_dir: Optional[str], sink: Any = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, *, sync: bool = True):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, *, sync: bool = True,
+                 changelog_topic: Optional[Callable[[str], str]] = None):
     """Build every store of one task. Returns ({name: outermost store}, TaskDB).
 
     RocksDB stores live in `<task_dir>/rocksdb` (created when missing; CorruptState if unreadable).
     `sink` receives changelog records of logged stores. `cache_bytes` is the task's record-cache
     budget shared by its caching stores (<= 0: no caching anywhere). `sync`: fsync each commit.
+    `changelog_topic(store)`: the topic a logged store's bytes go to, which names the subject a
+    schema serde registers a new schema under (the store's bytes are the changelog's).
     """
     specs = list(specs)
     names = [s.name for s in specs]
@@ -120,15 +123,18 @@ def build_stores(specs: Iterable[StoreSpec], task_dir: Optional[str], sink: Any 
             caching = None
             if spec.caching and cache is not None:
                 caching = layer = CachingStore(layer, cache)
+            ks, vs = spec.key_serde, spec.value_serde
+            if spec.logging and changelog_topic is not None:
+                topic = changelog_topic(spec.name)
+                ks, vs = bound(get_serde(ks), topic, True), bound(get_serde(vs), topic, False)
             if spec.kind == "window":
-                top = MeteredWindowStore(layer, seg, spec.key_serde, spec.value_serde,
-                                         spec.window_size_ms)
+                top = MeteredWindowStore(layer, seg, ks, vs, spec.window_size_ms)
             elif spec.kind == "session":
-                top = MeteredSessionStore(layer, seg, spec.key_serde, spec.value_serde)
+                top = MeteredSessionStore(layer, seg, ks, vs)
             elif spec.kind == "buffer":
-                top = MeteredBufferStore(layer, spec.key_serde, spec.value_serde)
+                top = MeteredBufferStore(layer, ks, vs)
             else:
-                top = MeteredStore(layer, spec.key_serde, spec.value_serde)
+                top = MeteredStore(layer, ks, vs)
             top.spec = spec
             reload = seg.reload if seg is not None else getattr(top, "reset_floor", None)
             db.register(spec.name, top=top, cache=caching, restore_target=seg, reload=reload,

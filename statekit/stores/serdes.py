@@ -15,6 +15,9 @@ from json.encoder import encode_basestring_ascii as _encode_ascii
 from operator import itemgetter
 from typing import Any, Protocol, runtime_checkable
 
+from statekit.schemas.serdes import FORMATS as _SCHEMA_FORMATS
+from statekit.schemas.serdes import SchemaSerde
+
 
 @runtime_checkable
 class Serde(Protocol):
@@ -118,6 +121,9 @@ _REGISTRY: dict[str, Serde] = {
     "long": Int64Serde(),
     "bytes": BytesSerde(),
     "raw": BytesSerde(),
+    # the Confluent wire format: read with the writer's schema from the registry (the configured
+    # one, else the embedded one); `statekit.serdes.avro(schema=...)` etc. to write new values
+    **{name: cls() for name, cls in _SCHEMA_FORMATS.items()},
 }
 
 
@@ -273,6 +279,13 @@ def get_serde(spec: Any = "json") -> Serde:
     raise TypeError(f"not a serde: {spec!r} (needs to_bytes/from_bytes, or a registered name)")
 
 
+def bound(serde: Any, topic: str, key: bool) -> Any:
+    """``serde`` as it writes to ``topic`` (a key when ``key``): a schema serde registers new
+    schemas under that topic's subject; every other serde is the same object."""
+    bind = getattr(serde, "bind", None)
+    return bind(topic, key) if callable(bind) else serde
+
+
 def serde_name(serde: Serde) -> str | None:
     """The registered name of a serde object, if it has one (recorded for inspection)."""
     for name, s in _REGISTRY.items():
@@ -299,6 +312,8 @@ def decode_column(serde: Any, blobs: list) -> list | None:
             if list(map(_second, found)) != list(map(len, strs)):
                 return None           # a value with whitespace around it
             return list(map(_first, found))
+        if isinstance(serde, SchemaSerde):
+            return serde.decode_many(blobs)
         if t is Int64Serde and blobs:
             if len(set(map(len, blobs))) == 1 and len(blobs[0]) == 8:
                 return [v for (v,) in struct.iter_unpack(">q", b"".join(blobs))]

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from statekit.contracts import changelog_name, changelog_topic
 from statekit.errors import TopologyError
 from statekit.partition import partition_for
+from statekit.stores.serdes import bound
 from statekit.topology import graph as g
 from statekit.topology.graph import Node, StoreDecl, resolve_serde, serde_label
 from statekit.topology.steps import _abbrev, _fanout, _Rec, _stateless, describe_step
@@ -224,7 +225,8 @@ class Plan:
             self._serdes = {
                 "src": [(resolve_serde(s.key_serde), resolve_serde(s.value_serde)) for s in self.sources],
                 "route": [resolve_serde(r.key_serde) for r in self.routes],
-                "sink": {s.topic: (resolve_serde(s.key_serde), resolve_serde(s.value_serde))
+                "sink": {s.topic: (bound(resolve_serde(s.key_serde), s.topic, True),
+                                   bound(resolve_serde(s.value_serde), s.topic, False))
                          for s in self.sinks},
             }
         return self._serdes

@@ -414,11 +414,13 @@ class TaskProcessor:
         from statekit.topology.steps import _abbrev
 
         src = self.plan.sources[si]
+        where = (f"cannot decode a record of {src.topic} partition {partition} offset {offset} "
+                 f"with serdes {serde_label(src.key_serde)}/{serde_label(src.value_serde)}")
+        if isinstance(e, StatekitError):    # a serde's own line says what it found and what to do
+            return ProcessorError(f"{where}: {e}")
         return ProcessorError(
-            f"cannot decode a record of {src.topic} partition {partition} offset {offset} with "
-            f"serdes {serde_label(src.key_serde)}/{serde_label(src.value_serde)}: "
-            f"{type(e).__name__}: {e} (key={_abbrev(kb)} value={_abbrev(vb)}); pass key_serde=/"
-            f"value_serde= to stream()/table() to read it")
+            f"{where}: {type(e).__name__}: {e} (key={_abbrev(kb)} value={_abbrev(vb)}); pass "
+            f"key_serde=/value_serde= to stream()/table() to read it")
 
     def close(self) -> None:
         self.flush()
