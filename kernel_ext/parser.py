@@ -19,6 +19,7 @@ _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k)?\s*(?:/\s*s(?:ec)?)?\s*$", re.
 
 CRASH_MODES = ("process", "disk-loss", "executor")
 GENERATORS = ("words", "clicks", "sensors", "accounts")
+VALUE_FORMATS = ("json", "avro", "protobuf", "json_schema")
 
 SUBCOMMANDS = (
     "up", "down", "status", "topics", "produce", "app", "apps", "start", "wait", "stop", "watch",
@@ -212,6 +213,11 @@ def _build() -> _Parser:
     p.add_argument("--keys", type=_positive_int, metavar="K",
                    help="distinct keys of the generator (accounts: accounts, default 1000000; "
                         "words: vocabulary; clicks: users; sensors: sensors)")
+    p.add_argument("--format", dest="value_format", choices=VALUE_FORMATS, default="json",
+                   metavar="FORMAT",
+                   help="the values' format: json (default), or avro, protobuf, json_schema "
+                        "(a generator's schema, registered under TOPIC-value in the schema "
+                        "registry)")
     p.add_argument("--wait", action="store_true", help="block until done instead of running in the background")
 
     p = sub.add_parser("app", help="(cell magic) define an app; the cell body builds the topology",
@@ -426,6 +432,9 @@ def _validate(cmd: Command) -> None:
         raise ParseError(f"{PROG} produce: --seed only applies to --generator")
     if cmd.command == "produce" and a.get("file") is not None and a.get("keys") is not None:
         raise ParseError(f"{PROG} produce: --keys only applies to --generator")
+    if cmd.command == "produce" and a.get("file") is not None and a.get("value_format") != "json":
+        raise ParseError(f"{PROG} produce: --format {a['value_format']} needs --generator (each "
+                         f"generator has a schema; a file's records have none)")
 
 
 def _blame(sub: str | None, message: str) -> str:

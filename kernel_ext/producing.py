@@ -1,8 +1,9 @@
 """`%statekit produce`: records into a topic from a background thread, with a progress bar.
 
 A generator with `--limit` and no `--rate` takes the fast path (pre-encoded record batches, millions
-per run); a file or a paced generator goes record by record. The bar says how far it got, the rate,
-and an error in one line.
+per run); a file or a paced generator goes record by record. `--format avro` (protobuf,
+json_schema) writes a generator's values with its schema, registered in the schema registry. The
+bar says how far it got, the rate, and an error in one line.
 """
 from __future__ import annotations
 
@@ -87,14 +88,20 @@ def start_producer(cmd, bootstrap: str, display: Callable) -> ProducerJob:
         label.value = (f"&nbsp;{p.sent:,}{f' / {total:,}' if total else ''} records · {rate}"
                        f"{' · done' if p.done else ''}")
 
+    fmt = cmd.args.get("value_format") or "json"
+    if fmt != "json":
+        source += f" ({fmt})"
+
     def work():
         try:
             if fast:
                 datagen.produce_fast(cmd.topic, cmd.generator, seed, cmd.limit, bootstrap, keys=keys,
-                                     partitions=cmd.partitions or 4, stop=stop, progress=report)
+                                     partitions=cmd.partitions or 4, stop=stop, progress=report,
+                                     value_format=fmt)
             else:
                 datagen.produce(cmd.topic, records, bootstrap, partitions=cmd.partitions or 4,
-                                rate=cmd.rate, limit=cmd.limit, stop=stop, progress=report)
+                                rate=cmd.rate, limit=cmd.limit, stop=stop, progress=report,
+                                value_format=fmt, generator=cmd.generator)
         except Exception:  # shown in the progress label (one line)
             pass
 

@@ -225,6 +225,11 @@ def _add_produce(sub) -> None:
     p.add_argument("--rate", type=float, default=None, metavar="R", help="records per second")
     p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
                    help="Kafka to write to (default: STATEKIT_BOOTSTRAP or the embedded broker)")
+    p.add_argument("--format", dest="value_format", default="json",
+                   choices=("json", "avro", "protobuf", "json_schema"),
+                   help="the values' format (default json); the others register the generator's "
+                        "schema under TOPIC-value in the schema registry (STATEKIT_SCHEMA_REGISTRY_URL, "
+                        "else the embedded one)")
     p.set_defaults(func=_produce)
 
 
@@ -237,13 +242,16 @@ def _produce(args) -> int:
         raise StatekitError(f"--rate must be > 0 records per second (got {args.rate})")
     if args.rate is None:
         prog = datagen.produce_fast(args.topic, args.generator, args.seed, args.limit,
-                                    args.bootstrap, keys=args.keys, partitions=args.partitions)
+                                    args.bootstrap, keys=args.keys, partitions=args.partitions,
+                                    value_format=args.value_format)
     else:
         recs = datagen.generate(args.generator, seed=args.seed, keys=args.keys)
         prog = datagen.produce(args.topic, recs, args.bootstrap, partitions=args.partitions,
-                               rate=args.rate, limit=args.limit)
-    print(f"wrote {prog.sent:,} {args.generator} records (seed {args.seed}) to {args.topic} in "
-          f"{prog.elapsed:.2f}s ({prog.rate:,.0f} records/s)")
+                               rate=args.rate, limit=args.limit, value_format=args.value_format,
+                               generator=args.generator)
+    fmt = "" if args.value_format == "json" else f" in {args.value_format}"
+    print(f"wrote {prog.sent:,} {args.generator} records{fmt} (seed {args.seed}) to {args.topic} "
+          f"in {prog.elapsed:.2f}s ({prog.rate:,.0f} records/s)")
     return 0
 
 

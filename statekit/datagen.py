@@ -338,6 +338,16 @@ def encode(rec: Record) -> tuple[bytes | None, bytes]:
     return key, value
 
 
+def _encoded(records: list, encoder) -> list:
+    """[(key bytes, value bytes)] of `records`: `encode`, or keys as text and the values through
+    `encoder` in bulk."""
+    if encoder is None:
+        return [encode(rec) for rec in records]
+    values = encoder.encode_many([rec.value for rec in records])
+    return [(None if rec.key is None else rec.key.encode("utf-8"), v)
+            for rec, v in zip(records, values)]
+
+
 @dataclass
 class ProduceProgress:
     sent: int = 0
@@ -351,18 +361,35 @@ class ProduceProgress:
         return self.sent / self.elapsed if self.elapsed > 0 else 0.0
 
 
+def _encoder(value_format: str, generator: str | None, topic: str):
+    """None for JSON (`encode`); else the generator's `ValueEncoder` for that format."""
+    from statekit.generator_schemas import ValueEncoder, check_format
+
+    if check_format(value_format) == "json":
+        return None
+    if generator is None:
+        from statekit.errors import StatekitError
+
+        raise StatekitError(f"--format {value_format} needs --generator: each generator has a "
+                            f"schema, a file's records have none")
+    return ValueEncoder(value_format, generator, topic)
+
+
 def produce(topic: str, records: Iterable[Record], bootstrap: str | None = None, *,
             partitions: int = 4, rate: float | None = None, limit: int | None = None,
             stop: threading.Event | None = None, batch_size: int = 500,
             progress: Callable[[ProduceProgress], None] | None = None,
-            kafka=None) -> ProduceProgress:
+            kafka=None, value_format: str = "json", generator: str | None = None) -> ProduceProgress:
     """Send `records` to `topic` (created with `partitions` partitions if missing), keyed records
     to Kafka's default-partitioner partition, at most `rate` records/s, at most `limit` records,
-    until `stop` is set. Returns the final progress."""
+    until `stop` is set. Returns the final progress. `value_format` "avro", "protobuf" or
+    "json_schema" writes the values of `generator`'s records in that format with its schema
+    (`statekit.generator_schemas`), registered under ``<topic>-value``."""
     from statekit.bootstrap import resolve_bootstrap
     from statekit.kafka import Kafka
     from statekit.partition import partition_for
 
+    encoder = _encoder(value_format, generator, topic)
     own = kafka is None
     if own:
         kafka = Kafka(resolve_bootstrap(bootstrap))
@@ -389,8 +416,7 @@ def produce(topic: str, records: Iterable[Record], bootstrap: str | None = None,
             if not chunk:
                 break
             by_part: dict[int, list] = {}
-            for rec in chunk:
-                key, value = encode(rec)
+            for key, value in _encoded(chunk, encoder):
                 p = partition_for(key, n) if key is not None else next(rr) % n
                 by_part.setdefault(p, []).append((key, value))
             for p, recs in sorted(by_part.items()):
@@ -460,12 +486,11 @@ def _account_partitions(keys: int, partitions: int):
 
 
 def _accounts_encoded(seed: int, start: int, stop: int, partitions: int, ts: int,
-                      keys: int = 1_000_000) -> list:
+                      keys: int = 1_000_000, encoder=None) -> list | None:
     """[(partition, batch bytes, count)] for records [start, stop) of `accounts`: the records of
-    each partition in generation order, byte for byte what `encode(record)` gives."""
+    each partition in generation order, byte for byte what `encode(record)` gives (`encoder`:
+    its format's bytes; None when that format has no column-wise path)."""
     import numpy as np
-
-    from statekit.wire import encode_batches_flat
 
     keys = _check_keys(keys)
     ids, amounts = _accounts_range(seed, keys, start, stop)
@@ -474,6 +499,15 @@ def _accounts_encoded(seed: int, start: int, stop: int, partitions: int, ts: int
     ids, amounts, part = ids[order], amounts[order], part[order]
     kmat = _account_keys(ids, keys)
     n, klen = kmat.shape
+    if encoder is not None and encoder.format not in ("avro", "json_schema"):
+        return None
+    first = {"account": kmat[0].tobytes().decode("ascii"), "amount": int(amounts[0])}
+    if encoder is not None and encoder.format == "avro":
+        got = encoder.accounts_columns(first, kmat, amounts)
+        if got is None:
+            return None
+        vflat, vlen = got
+        return _column_batches(kmat, vflat, vlen, part, partitions, ts)
     # value: {"account":"<key>","amount":<a>} (json.dumps, compact, sorted keys)
     head = np.frombuffer(b'{"account":"', np.uint8)
     mid = np.frombuffer(b'","amount":', np.uint8)
@@ -500,7 +534,26 @@ def _accounts_encoded(seed: int, start: int, stop: int, partitions: int, ts: int
     chars = np.where(cols[None, :] == alen[:, None], ord("}"), chars)
     vmat[:, p0:] = chars
     vlen = p0 + alen + 1
+    if encoder is not None:             # json_schema: the registry header, then the same JSON
+        if encoder.header is None:
+            encoder.encode_many([first])
+        h = len(encoder.header)
+        vmat = np.concatenate([np.broadcast_to(np.frombuffer(encoder.header, np.uint8), (n, h)),
+                               vmat], axis=1)
+        vlen = vlen + h
+        width += h
     vflat = vmat[np.arange(width)[None, :] < vlen[:, None]]
+    return _column_batches(kmat, vflat, vlen, part, partitions, ts)
+
+
+def _column_batches(kmat, vflat, vlen, part, partitions: int, ts: int) -> list:
+    """Record batches per partition from the keys' matrix and the values' flat buffer, the
+    records sorted by partition."""
+    import numpy as np
+
+    from statekit.wire import encode_batches_flat
+
+    n, klen = kmat.shape
     kflat = kmat.ravel()
     klens = np.full(n, klen, np.int64)
     out = []
@@ -516,14 +569,13 @@ def _accounts_encoded(seed: int, start: int, stop: int, partitions: int, ts: int
     return out
 
 
-def _records_encoded(records: list, partitions: int, ts: int, rr) -> list:
+def _records_encoded(records: list, partitions: int, ts: int, rr, encoder=None) -> list:
     """The general path: records walked in Python, encoded in bulk per partition."""
     from statekit.wire import encode_batches
     from statekit.partition import partition_for
 
     by_part: dict[int, list] = {}
-    for rec in records:
-        key, value = encode(rec)
+    for key, value in _encoded(records, encoder):
         p = partition_for(key, partitions) if key is not None else next(rr) % partitions
         by_part.setdefault(p, []).append((key, value))
     return [(p, data, c) for p, recs in sorted(by_part.items())
@@ -537,14 +589,15 @@ def produce_fast(topic: str, generator: str = "accounts", seed: int = 42, limit:
                  bootstrap: str | None = None, *, keys: int | None = None, partitions: int = 4,
                  stop: threading.Event | None = None,
                  progress: Callable[[ProduceProgress], None] | None = None, kafka=None,
-                 chunk: int = FAST_CHUNK, **kwargs) -> ProduceProgress:
+                 chunk: int = FAST_CHUNK, value_format: str = "json", **kwargs) -> ProduceProgress:
     """Write the first `limit` records of generator `generator` (seeded; `keys`: see `generate`)
     to `topic` (created with `partitions` partitions if missing) as fast as the broker takes
     them: exactly the records `generate(generator, seed, limit, keys)` yields, each in the
     partition `produce` would pick, in the same order per partition. Rounds of `chunk` records
     are built and encoded column-wise (vectorized for `accounts`) and written as pre-encoded
     record batches with raw Produce requests; the next round is encoded while the broker writes
-    the previous one. Returns the final progress (also given to `progress` after each round)."""
+    the previous one. Returns the final progress (also given to `progress` after each round).
+    `value_format`: as for `produce`."""
     from statekit.errors import StatekitError
     from statekit.bootstrap import resolve_bootstrap
     from statekit.kafka import Kafka
@@ -553,6 +606,7 @@ def produce_fast(topic: str, generator: str = "accounts", seed: int = 42, limit:
         raise StatekitError(f"limit must be a whole number of records >= 1 (got {limit!r})")
     kw = _generator_kwargs(generator, keys, kwargs)
     fast = FAST_GENERATORS.get(generator)
+    encoder = _encoder(value_format, generator, topic)
     own = kafka is None
     if own:
         kafka = Kafka(resolve_bootstrap(bootstrap))
@@ -564,16 +618,18 @@ def produce_fast(topic: str, generator: str = "accounts", seed: int = 42, limit:
             kafka.ensure_topic(topic, partitions, {})
         n = len(kafka.end_offsets(topic)) or partitions
         rr = itertools.count()
-        it = None if fast is not None else GENERATORS[generator](seed=seed, **kw)
+        it = None
         for start in range(0, limit, chunk):
             if stop is not None and stop.is_set():
                 break
             stop_at = min(limit, start + chunk)
             ts = int(time.time() * 1000)
-            if fast is not None:
-                batches = fast(seed, start, stop_at, n, ts, **kw)
-            else:
-                batches = _records_encoded(list(itertools.islice(it, stop_at - start)), n, ts, rr)
+            batches = None if fast is None else fast(seed, start, stop_at, n, ts, encoder=encoder, **kw)
+            if batches is None:          # walked in Python (this generator, or this format)
+                if it is None:
+                    it = itertools.islice(GENERATORS[generator](seed=seed, **kw), start, None)
+                batches = _records_encoded(list(itertools.islice(it, stop_at - start)), n, ts, rr,
+                                           encoder)
             sent = kafka.send_encoded(topic, batches, wait=False)
             if pending is not None:
                 pending.wait()

@@ -21,6 +21,9 @@ GOOD = {
         ("produce", {"rate": 1500.0, "seed": 7, "wait": True}),
     "produce acc --generator accounts --limit 2000000 --keys 1000000 --wait":
         ("produce", {"generator": "accounts", "limit": 2000000, "keys": 1000000, "wait": True}),
+    "produce c --generator clicks --limit 10 --format avro":
+        ("produce", {"generator": "clicks", "value_format": "avro"}),
+    "produce c --generator clicks --limit 10": ("produce", {"value_format": "json"}),
     "apps": ("apps", {}),
     "wait wc": ("wait", {"name": "wc", "timeout": None}),
     "wait wc --timeout 30": ("wait", {"timeout": 30.0}),
@@ -114,6 +117,8 @@ BAD = {
     "produce words --generator words --limit 0": ">= 1",
     "produce words --from f.jsonl --seed 3": "--seed only applies",
     "produce words --from f.jsonl --keys 3": "--keys only applies",
+    "produce words --from f.jsonl --format avro": "--format avro needs --generator",
+    "produce words --generator words --format xml": "invalid choice",
     "produce acc --generator accounts --keys 0": ">= 1",
     "produce 'bad name!' --generator words": "not a valid name",
     "app wc": "needs a cell body",
