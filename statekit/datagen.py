@@ -338,6 +338,24 @@ def encode(rec: Record) -> tuple[bytes | None, bytes]:
     return key, value
 
 
+class _SerdeEncoder:
+    """Values through a schema serde (`statekit.serdes.avro(schema=...)`, ...), bound to the
+    topic it writes (the subject of its schema)."""
+
+    def __init__(self, serde, topic: str) -> None:
+        from statekit.errors import StatekitError
+        from statekit.schemas.serdes import SchemaSerde
+
+        if not isinstance(serde, SchemaSerde):
+            raise StatekitError(f"value_serde= takes statekit.serdes.avro(...), protobuf(...) or "
+                                f"json_schema(...), not {serde!r}")
+        self.to_bytes = serde.bind(topic).to_bytes
+
+    def encode_many(self, values: list) -> list:
+        enc = self.to_bytes
+        return [None if v is None else enc(v) for v in values]
+
+
 def _encoded(records: list, encoder) -> list:
     """[(key bytes, value bytes)] of `records`: `encode`, or keys as text and the values through
     `encoder` in bulk."""
@@ -379,17 +397,20 @@ def produce(topic: str, records: Iterable[Record], bootstrap: str | None = None,
             partitions: int = 4, rate: float | None = None, limit: int | None = None,
             stop: threading.Event | None = None, batch_size: int = 500,
             progress: Callable[[ProduceProgress], None] | None = None,
-            kafka=None, value_format: str = "json", generator: str | None = None) -> ProduceProgress:
+            kafka=None, value_format: str = "json", generator: str | None = None,
+            value_serde=None) -> ProduceProgress:
     """Send `records` to `topic` (created with `partitions` partitions if missing), keyed records
     to Kafka's default-partitioner partition, at most `rate` records/s, at most `limit` records,
     until `stop` is set. Returns the final progress. `value_format` "avro", "protobuf" or
     "json_schema" writes the values of `generator`'s records in that format with its schema
-    (`statekit.generator_schemas`), registered under ``<topic>-value``."""
+    (`statekit.generator_schemas`), registered under ``<topic>-value``; `value_serde` writes
+    them with that serde instead (e.g. ``statekit.serdes.avro(schema=...)``)."""
     from statekit.bootstrap import resolve_bootstrap
     from statekit.kafka import Kafka
     from statekit.partition import partition_for
 
-    encoder = _encoder(value_format, generator, topic)
+    encoder = _encoder(value_format, generator, topic) if value_serde is None \
+        else _SerdeEncoder(value_serde, topic)
     own = kafka is None
     if own:
         kafka = Kafka(resolve_bootstrap(bootstrap))

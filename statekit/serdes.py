@@ -22,7 +22,7 @@ from typing import Any
 
 from statekit.schemas.serdes import AvroSerde, JsonSchemaSerde, ProtobufSerde, SchemaDict
 
-__all__ = ["avro", "protobuf", "json_schema", "SchemaDict"]
+__all__ = ["avro", "protobuf", "json_schema", "SchemaDict", "registry_client"]
 
 
 def avro(schema: Any = None, registry: Any = None, *, subject: str | None = None,
@@ -44,3 +44,12 @@ def json_schema(schema: Any = None, registry: Any = None, *, subject: str | None
                 auto_register: bool = True) -> JsonSchemaSerde:
     """JSON documents checked against a JSON Schema (text or a dict) when written."""
     return JsonSchemaSerde(schema, registry, subject=subject, auto_register=auto_register)
+
+
+def registry_client(registry: Any = None):
+    """confluent-kafka's ``SchemaRegistryClient`` for the configured registry (or ``registry``):
+    subjects, versions, ``test_compatibility``, ``register_schema``... The same client, and cache,
+    as the serdes of this process use."""
+    from statekit.schemas.client import client_for, settings_for
+
+    return client_for(settings_for(registry))

@@ -268,3 +268,20 @@ def test_produce_in_a_registry_format_refuses_a_file_and_an_unknown_format(broke
         datagen.produce("f", iter([]), broker.bootstrap, value_format="avro")
     with pytest.raises(StatekitError, match="unknown format 'xml'"):
         datagen.produce_fast("f", "words", 1, 10, broker.bootstrap, value_format="xml")
+
+
+def test_produce_with_a_schema_serde_writes_its_values(broker, mock_registry):
+    import statekit.serdes
+
+    schema = {"type": "record", "name": "Move", "fields": [{"name": "account", "type": "string"},
+                                                           {"name": "amount", "type": "long"}]}
+    recs = [datagen.Record(f"a{i}", {"account": f"a{i}", "amount": i - 5}, 0) for i in range(40)]
+    with Kafka(broker.bootstrap) as k:
+        datagen.produce("moves", recs, kafka=k, partitions=2,
+                        value_serde=statekit.serdes.avro(schema=schema))
+        got = {(kb.decode(), json.dumps(statekit.serdes.avro().from_bytes(vb), sort_keys=True))
+               for p, v in _read_all(k, "moves").items() for kb, vb in v}
+    assert got == {(r.key, json.dumps(r.value, sort_keys=True)) for r in recs}
+    assert statekit.serdes.registry_client().get_versions("moves-value") == [1]
+    with pytest.raises(StatekitError, match="value_serde= takes statekit.serdes.avro"):
+        datagen.produce("moves", recs, broker.bootstrap, value_serde="json")
