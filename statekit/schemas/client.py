@@ -8,11 +8,12 @@ no request per record.
 
 Where the settings come from, first found:
 1. the serde's own ``registry=``: a URL (``https://user:secret@host:8081`` carries basic auth), a
-   dict of settings, or anything with a ``.url`` (the embedded registry's handle);
+   dict of settings, or the embedded registry's handle (its ``client_config``: URL and auth);
 2. ``STATEKIT_SCHEMA_REGISTRY_URL``;
 3. ``schema.registry.url`` in ``STATEKIT_KAFKA_CONFIG``, with ``basic.auth.user.info`` (Java's
    ``schema.registry.basic.auth.user.info`` too) and ``schema.registry.ssl.*`` beside it;
-4. the embedded registry of ``STATEKIT_HOME`` when it runs (``%statekit up`` starts it).
+4. the embedded registry of ``STATEKIT_HOME`` when it runs (``%statekit up`` starts it), with its
+   basic auth when it has one (``statekit.registry.client_config``: found from any process).
 Settings use the Java clients' names or confluent-kafka's (``url``, ``basic.auth.user.info``,
 ``ssl.ca.location``, ``ssl.certificate.location``, ``ssl.key.location``).
 """
@@ -77,10 +78,13 @@ def _from_kafka_config() -> dict | None:
     return _normalize(picked, "STATEKIT_KAFKA_CONFIG")
 
 
-def _embedded_url() -> str | None:
-    """The URL of the embedded registry of ``STATEKIT_HOME`` when it runs (never starts one:
-    a Spark worker or an instance process must not)."""
-    return None
+def _embedded() -> dict | None:
+    """The settings of the embedded registry of ``STATEKIT_HOME`` when it runs (its URL, and its
+    basic auth when it has one); never starts one: a Spark worker or an instance process must
+    not."""
+    from statekit import registry as embedded
+
+    return embedded.client_config()
 
 
 def settings_for(registry: Any = None) -> dict:
@@ -91,6 +95,9 @@ def settings_for(registry: Any = None) -> dict:
             return _normalize({"url": registry}, "registry=")
         if isinstance(registry, dict):
             return _normalize(registry, "registry=")
+        conf = getattr(registry, "client_config", None)   # the embedded registry's handle
+        if isinstance(conf, dict):
+            return _normalize(conf, "registry=")
         url = getattr(registry, "url", None)
         if isinstance(url, str):
             return _normalize({"url": url}, "registry=")
@@ -102,9 +109,9 @@ def settings_for(registry: Any = None) -> dict:
     found = _from_kafka_config()
     if found is not None:
         return found
-    url = _embedded_url()
-    if url:
-        return {"url": url}
+    found = _embedded()
+    if found:
+        return _normalize(found, "the embedded registry")
     raise StatekitError(f"no schema registry is running or configured: {HINT}")
 
 

@@ -101,7 +101,7 @@ class SchemaSerde:
                  auto_register: bool = True, topic: str | None = None, key: bool = False) -> None:
         self.schema = None if schema is None else self._schema_text(schema)
         if registry is not None and not isinstance(registry, (str, dict)):
-            registry = registry_client.settings_for(registry)["url"]   # a handle: its URL
+            registry = registry_client.settings_for(registry)   # a handle: its settings (text)
         self.registry = registry
         self.subject = subject
         self.auto_register = bool(auto_register)
