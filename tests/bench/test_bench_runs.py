@@ -44,6 +44,8 @@ SMALL = {
     "ingest": (["--records", "20000", "--latency-seconds", "3"], {},
                ["ingest_count_vs_rocksdb", "ingest_aggregate", "ingest_keyed_count", "ingest_start",
                 "ingest_latency_p50", "ingest_count"]),
+    "serdes": (["--records", "20000", "--rounds", "1"], {},
+               ["serdes_produce", "serdes_aggregate", "serdes_count"]),
     "footprint": (["--seconds", "2", "--idle-wait", "2"], {},
                   ["footprint_rss", "footprint_idle_cpu"]),
     "cluster": (["--batches", "3", "--keys", "2000", "--per-batch", "500", "--kill-keys", "5000",
