@@ -3,8 +3,8 @@
     .venv/bin/python notebooks/_build.py          # rewrites every notebooks/NN_*.ipynb
     .venv/bin/python notebooks/_build.py 02_crash_and_restore
 
-Edit the cells here (01–05), in _build_tour.py (06–08, 10), _build_09.py, _build_11.py and
-_build_12.py, never the .ipynb files. Every notebook is written for a learner: it says what you will
+Edit the cells here (01–05), in _build_tour.py (06–08, 10), _build_09.py, _build_11.py,
+_build_12.py, _build_13.py and _build_14.py, never the .ipynb files. Every notebook is written for a learner: it says what you will
 see, shows it, and says what happened. It starts from a clean slate (`%statekit up --fresh`), ends
 with `%statekit down`, and checks its results against plain Python in a cell that prints OK. What
 `make demo` needs beyond that comes from the app's own figures, in a short cell tagged `remove-cell`
@@ -698,10 +698,11 @@ def all_notebooks() -> dict:
     import _build_11
     import _build_12
     import _build_13
+    import _build_14
     import _build_tour
 
     out = dict(NOTEBOOKS)
-    for mod in (_build_tour, _build_09, _build_11, _build_12, _build_13):
+    for mod in (_build_tour, _build_09, _build_11, _build_12, _build_13, _build_14):
         out.update(mod.NOTEBOOKS)
     return dict(sorted(out.items()))
 
