@@ -22,7 +22,9 @@ as the broker takes them (millions per run): records are built and encoded colum
 into record batches per partition and written with raw, pipelined Produce requests
 (`Kafka.send_encoded`); `accounts` is defined block-wise with numpy, so it is vectorized end to
 end, the other generators are walked in Python and encoded in bulk. `%statekit produce --limit N`
-without `--rate` uses it.
+without `--rate` uses it. Both take `value_format="avro"` (`protobuf`, `json_schema`): the values
+in that registry format with the generator's schema (`statekit.generator_schemas`); `produce` also
+takes `value_serde=` (a schema serde) for records of your own.
 """
 from __future__ import annotations
 
