@@ -278,3 +278,17 @@ def test_produce_with_a_schema_serde_writes_its_values(kafka, mock_registry):
     assert statekit.serdes.registry_client().get_versions(f"{t}-value") == [1]
     with pytest.raises(StatekitError, match="value_serde= takes statekit.serdes.avro"):
         datagen.produce(t, recs, kafka=kafka, value_serde="json")
+
+
+def test_statekit_produce_command_in_avro(kafka, shared_broker, mock_registry, capsys):
+    from statekit.cli import main
+    from statekit.stores.serdes import get_serde
+
+    t = f"cli-avro-{uuid.uuid4().hex[:8]}"
+    assert main(["produce", t, "--generator", "sensors", "--limit", "300", "--format", "avro",
+                 "--partitions", "2", "--bootstrap", shared_broker.bootstrap]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote 300 sensors records in avro (seed 42) to {t} ")
+    got = [get_serde("avro").from_bytes(vb) for v in _read_all(kafka, t).values() for _, vb in v]
+    want = [r.value for r in datagen.generate("sensors", seed=42, limit=300)]
+    assert sorted(json.dumps(v, sort_keys=True) for v in got) == \
+        sorted(json.dumps(v, sort_keys=True) for v in want)
