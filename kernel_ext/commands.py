@@ -150,7 +150,8 @@ class Session:
         if self.registry is not None and self.registry.alive:
             return
         try:
-            self.registry = registry_mod.start(dir=self.broker.dir, auth=self.broker.auth)
+            self.registry = registry_mod.start(dir=self.broker.dir, auth=self.broker.auth,
+                                               tls=self.broker.tls)
             self.registry_error = None
         except StatekitError as err:
             self.registry, self.registry_error = None, one_line(err)

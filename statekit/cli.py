@@ -166,12 +166,15 @@ def _registry_dir(args) -> str:
 def _registry_start(args) -> int:
     from statekit import registry
 
-    h = registry.start(dir=args.dir, host=args.host, port=args.port, detach=True, auth=args.auth)
+    h = registry.start(dir=args.dir, host=args.host, port=args.port, detach=True, auth=args.auth,
+                       tls=args.tls)
     if not h.owned:
         print(f"statekit registry already running on {h.dir} (pid {h.pid}); reusing it", file=sys.stderr)
     if h.auth:
         print(f"basic auth required; credentials in {os.path.join(h.dir, 'registry-credentials.json')}",
               file=sys.stderr)
+    if h.tls:
+        print(f"HTTPS; clients trust {h.ca} (ssl.ca.location)", file=sys.stderr)
     print(h.url)
     return 0
 
@@ -180,7 +183,7 @@ def _registry_run(args) -> int:
     from statekit.registry.__main__ import main as run_main
 
     argv = ["--host", args.host, "--port", str(args.port)] + (["--dir", args.dir] if args.dir else [])
-    return run_main(argv + (["--auth"] if args.auth else []))
+    return run_main(argv + (["--auth"] if args.auth else []) + (["--tls"] if args.tls else []))
 
 
 def _registry_status(args) -> int:

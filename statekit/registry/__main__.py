@@ -31,6 +31,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=_port, default=8081, help="port to listen on; 0 picks a free one (default 8081)")
     p.add_argument("--auth", action="store_true",
                    help="require HTTP basic auth with credentials generated into DIR/registry-credentials.json")
+    p.add_argument("--tls", action="store_true",
+                   help="serve HTTPS with the certificate of the broker's TLS listener in DIR/tls "
+                        "(made there, with its CA, when missing); clients trust DIR/tls/ca.pem")
 
 
 def _skip_slow_imports() -> None:
@@ -73,21 +76,33 @@ def main(argv=None) -> int:
         print(f"statekit registry: cannot read {data_dir}/_schemas.jsonl ({e}); move it away to start empty",
               file=sys.stderr)
         return 2
+    ctx, ca = None, None
+    if args.tls:
+        from statekit.broker import tls as tls_mod
+
+        try:
+            files = tls_mod.ensure_files(data_dir, tls_mod.broker_names(args.host, args.host))
+            ctx = tls_mod.server_context(files, require_client_cert=False)
+        except (tls_mod.TlsError, OSError) as e:
+            print(f"statekit registry: {e}", file=sys.stderr)
+            return 2
+        ca = files.ca
     try:
-        server = RegistryServer(store, args.host, args.port, users)
+        server = RegistryServer(store, args.host, args.port, users, ssl_context=ctx)
     except OSError as e:
         why = "already in use" if e.errno == errno.EADDRINUSE else e.strerror
         print(f"statekit registry: cannot listen on {args.host}:{args.port} ({why}): pick another --port "
               f"(0 picks a free one)", file=sys.stderr)
         return 2
     host, port = server.server_address[:2]
-    url = f"http://{host}:{port}"
+    url = f"{'https' if ctx else 'http'}://{host}:{port}"
     path = info_path(data_dir)
     with open(path + ".tmp", "w") as f:
         json.dump({"pid": os.getpid(), "host": host, "port": port, "url": url, "dir": data_dir,
-                   "auth": users is not None}, f)
+                   "auth": users is not None, "tls": ctx is not None, "ca": ca}, f)
     os.replace(path + ".tmp", path)
-    print(f"statekit registry listening on {url} (data in {data_dir}{', basic auth required' if users else ''})",
+    print(f"statekit registry listening on {url} (data in {data_dir}{', basic auth required' if users else ''}"
+          f"{f', clients trust {ca}' if ca else ''})",
           file=sys.stderr, flush=True)
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

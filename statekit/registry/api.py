@@ -263,8 +263,29 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class RegistryServer(ThreadingHTTPServer):
-    daemon_threads = True
+    """With ``ssl_context`` it serves HTTPS: each accepted connection is wrapped and its handshake
+    runs in that connection's own thread, bounded by ``HANDSHAKE_TIMEOUT_S`` (a slow or silent
+    client holds its own thread, never the accept loop); a failed handshake is one log line."""
 
-    def __init__(self, store: SchemaStore, host: str, port: int, users: dict | None = None):
+    daemon_threads = True
+    HANDSHAKE_TIMEOUT_S = 10.0
+
+    def __init__(self, store: SchemaStore, host: str, port: int, users: dict | None = None,
+                 ssl_context=None):
         self.store, self.users = store, users or {}
+        self.ssl_context = ssl_context
         super().__init__((host, port), _Handler)
+
+    def finish_request(self, request, client_address):
+        if self.ssl_context is not None:
+            import ssl
+
+            request.settimeout(self.HANDSHAKE_TIMEOUT_S)
+            try:
+                request = self.ssl_context.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as e:
+                log.warning("TLS handshake with %s:%s failed (%s): the client must use https:// "
+                            "and trust the registry's CA (ssl.ca.location)", client_address[0],
+                            client_address[1], getattr(e, "reason", None) or e)
+                return
+        super().finish_request(request, client_address)

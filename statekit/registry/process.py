@@ -33,12 +33,14 @@ def info_path(data_dir: str) -> str:
     return os.path.join(data_dir, INFO_NAME)
 
 
-def _answers(url: str, timeout: float = 1.0) -> bool:
+def _answers(url: str, ca: str | None = None, timeout: float = 1.0) -> bool:
+    import ssl
     import urllib.error
     import urllib.request
 
+    context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(url + "/schemas/types", timeout=timeout):
+        with urllib.request.urlopen(url + "/schemas/types", timeout=timeout, context=context):
             return True
     except urllib.error.HTTPError:
         return True  # it answered (401 with auth on)
@@ -53,7 +55,8 @@ def running_info(data_dir: str) -> dict | None:
             info = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(info, dict) or not pid_alive(int(info.get("pid", -1))) or not _answers(info.get("url", "")):
+    if (not isinstance(info, dict) or not pid_alive(int(info.get("pid", -1)))
+            or not _answers(info.get("url", ""), info.get("ca"))):
         return None
     return info
 
@@ -84,12 +87,14 @@ class RegistryHandle:
         self.url = info["url"]
         self.host, self.port, self.pid = info["host"], int(info["port"]), int(info["pid"])
         self.auth = bool(info.get("auth"))
+        self.tls = bool(info.get("tls"))
+        self.ca = info.get("ca")  # the CA that signed its certificate, with tls
         self.owned = owned
         self._proc = proc
 
     def __repr__(self):
         return (f"RegistryHandle(url={self.url!r}, dir={self.dir!r}, pid={self.pid}, owned={self.owned}"
-                f"{', auth=True' if self.auth else ''})")
+                f"{', auth=True' if self.auth else ''}{', tls=True' if self.tls else ''})")
 
     @property
     def credentials(self) -> str | None:
@@ -104,6 +109,8 @@ class RegistryHandle:
         conf = {"url": self.url}
         if self.auth:
             conf["basic.auth.user.info"] = self.credentials
+        if self.tls and self.ca:
+            conf["ssl.ca.location"] = self.ca
         return conf
 
     def __enter__(self):
@@ -156,10 +163,11 @@ class RegistryHandle:
 
 
 def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
-          detach: bool = False, auth: bool = False) -> RegistryHandle:
+          detach: bool = False, auth: bool = False, tls: bool = False) -> RegistryHandle:
     """Start a registry on dir (or return a handle to the one already running there, as it runs).
     ``auth=True`` requires HTTP basic auth with credentials generated into
-    ``DIR/registry-credentials.json`` (0600)."""
+    ``DIR/registry-credentials.json`` (0600). ``tls=True`` serves HTTPS with the certificate of the
+    broker's TLS listener in ``DIR/tls`` (``client_config`` then names its CA)."""
     data_dir = os.path.abspath(dir or default_dir())
     info = running_info(data_dir)
     if info is not None:
@@ -169,6 +177,9 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, timeou
             logging.getLogger("statekit.registry").warning(
                 "the registry already running on %s does not require authentication; stop it and start it "
                 "again with auth=True to require it", data_dir)
+        if tls and not info.get("tls"):
+            raise StatekitError(f"the schema registry running on {data_dir} ({info['url']}) serves plain "
+                                f"HTTP: stop it (statekit registry stop --dir {data_dir}) and start it with TLS")
         return RegistryHandle(data_dir, info, owned=False)
     try:
         os.makedirs(data_dir, exist_ok=True)
@@ -181,6 +192,8 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, timeou
     cmd = [sys.executable, "-m", "statekit.registry", "--dir", data_dir, "--host", host, "--port", str(port)]
     if auth:
         cmd.append("--auth")
+    if tls:
+        cmd.append("--tls")
     log_path = os.path.join(data_dir, "registry.log")
     with open(log_path, "ab") as logf:
         start_pos = logf.tell()

@@ -469,6 +469,11 @@ def test_up_tls_starts_a_tls_broker_and_a_mismatch_is_one_line(ip, capsys):
         assert "over-tls" in k.topics()
     finally:
         k.close()
+    # the registry beside it serves HTTPS with the broker's certificate, one CA for both
+    from statekit import registry as registry_mod
+
+    assert sess.registry.url.startswith("https://")
+    assert registry_mod.client_config(sess.broker.dir)["ssl.ca.location"] == sess.broker.credentials["ssl.ca.location"]
     capsys.readouterr()
     ip.run_line_magic("statekit", "up --no-spark --mtls")   # the running broker lacks client certificates
     line = _one_red_line(capsys.readouterr().err)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from statekit import registry as registry_mod
@@ -117,3 +118,50 @@ def test_cli(tmp_path):
         sp = _cli("stop", "--dir", d)
     assert sp.returncode == 0 and "stopped" in sp.stdout
     assert registry_mod.status(d) is None
+
+
+def test_tls_serves_https_with_the_broker_s_certificate_and_refuses_what_does_not_trust_it(tmp_path):
+    """`start(tls=True)` serves HTTPS with the certificate of the broker's TLS listener in DIR/tls
+    (made there when missing); its client_config names the CA, and confluent-kafka's client works with
+    it; a client that does not trust the CA, or speaks plain HTTP, is refused, and a silent TLS client
+    holds no one else up."""
+    import base64
+    import socket
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    d = str(tmp_path / "reg")
+    h = registry_mod.start(dir=d, tls=True, auth=True)
+    silent = socket.create_connection((h.host, h.port))  # connects and never says hello
+    try:
+        assert h.url.startswith("https://") and h.tls and h.ca == os.path.join(d, "tls", "ca.pem")
+        conf = registry_mod.client_config(d)
+        assert conf["ssl.ca.location"] == h.ca and conf["url"] == h.url
+        c = SchemaRegistryClient(conf)
+        sid = c.register_schema("s-value", _schema(1))
+        assert json.loads(c.get_schema(sid).schema_str) == json.loads(_schema(1).schema_str)
+        with pytest.raises(Exception) as untrusted:   # the system's CAs do not know ours
+            SchemaRegistryClient({"url": h.url, "basic.auth.user.info": h.credentials}).get_subjects()
+        assert "certificate verify failed" in str(untrusted.value).lower() or "ssl" in str(untrusted.value).lower()
+        with pytest.raises(OSError) as plain_http:     # plain HTTP at the HTTPS port: no answer
+            urllib.request.urlopen(h.url.replace("https:", "http:") + "/subjects", timeout=5).read()
+        assert not isinstance(plain_http.value, urllib.error.HTTPError)
+        assert c.get_subjects() == ["s-value"]         # still serving, the silent client aside
+        req = urllib.request.Request(h.url + "/schemas/types", headers={
+            "Authorization": "Basic " + base64.b64encode(h.credentials.encode()).decode()})
+        with urllib.request.urlopen(req, timeout=5, context=ssl.create_default_context(cafile=h.ca)) as r:
+            assert sorted(json.loads(r.read())) == ["AVRO", "JSON", "PROTOBUF"]
+        # a second start on the directory reuses it; asking for TLS of a plain one is refused
+        assert not registry_mod.start(dir=d, tls=True).owned
+    finally:
+        silent.close()
+        h.stop()
+    plain = registry_mod.start(dir=str(tmp_path / "plain"))
+    try:
+        with pytest.raises(Exception, match="serves plain HTTP"):
+            registry_mod.start(dir=str(tmp_path / "plain"), tls=True)
+    finally:
+        plain.stop()
+    log = open(os.path.join(d, "registry.log")).read()
+    assert "TLS handshake with 127.0.0.1" in log
