@@ -194,13 +194,16 @@ class StandbyPromoted(Event):
 @_register
 @dataclass
 class RestoreQueued(Event):
-    """An instance was given a task and will open it; ``to_replay`` is known before it starts."""
+    """An instance was given a task and will open it; ``to_replay`` is known before it starts:
+    the changelog offsets its restore will read, per store in ``stores`` (``{store: [start,
+    end]}``; the task's internal store is not counted), so its lag is known while it waits."""
 
     type: ClassVar[str] = "restore_queued"
     task: str = ""
     instance: int = -1
     source: str = "scratch"
     to_replay: Optional[int] = None
+    stores: dict = field(default_factory=dict)   # store -> [start offset, end offset]
 
 
 @_register

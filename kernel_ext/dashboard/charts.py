@@ -14,8 +14,13 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from kernel_ext.dashboard.model import layout_topology
 
-PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
-           "#CCB974", "#64B5CD"]
+# The colours of tasks (the lag chart's lines) and instances (the ownership bars, the chips' badges):
+# none of them near a marker's colour (red: crash, green: restored, black and grey: restarts,
+# rebalances, instances coming and going) nor a status's: a crash line must never read as a task's
+# line (tests/notebook/test_dashboard_property.py measures the distance, CIE76 ΔE >= MIN_DELTA_E).
+PALETTE = ["#4C72B0", "#DD8452", "#8172B3", "#17A2B8", "#DA8BC3", "#CCB974", "#1F3A93", "#E6AB02",
+           "#6A3D9A", "#0B4F6C"]
+MIN_DELTA_E = 30.0
 KIND_COLORS = {"source": "#DCEBFA", "processor": "#FFF3D6", "store": "#DDF2E3", "changelog": "#F3E1F5",
                "sink": "#FBE0E0"}
 KIND_EDGES = {"source": "#4C72B0", "processor": "#C99A2E", "store": "#55A868", "changelog": "#8172B3",
@@ -29,17 +34,41 @@ def to_png(fig: Figure, dpi: int = 100) -> bytes:
     return buf.getvalue()
 
 
-INSTANCE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#C44E52", "#937860", "#DA8BC3",
-                   "#64B5CD", "#CCB974", "#8C8C8C"]
+INSTANCE_COLORS = PALETTE
+CRASH, RESTORED, INK, SOFT = "#C62828", "#2E7D32", "#212121", "#9E9E9E"
 MARKER_STYLE = {  # kind -> (colour, line style, legend label)
-    "crash": ("#C62828", "-", "crash"),
-    "restart": ("#1565C0", "--", "restart"),
-    "restored": ("#2E7D32", "-", "restored"),
-    "rebalance": ("#757575", ":", "rebalance"),
-    "join": ("#6A1B9A", "--", "instance joined"),
-    "revive": ("#6A1B9A", "--", "instance revived"),
-    "leave": ("#6A1B9A", ":", "instance left"),
+    "crash": (CRASH, "-", "crash"),
+    "restart": (INK, "--", "restart"),
+    "restored": (RESTORED, "-", "restored"),
+    "rebalance": (SOFT, ":", "rebalance"),
+    "join": (INK, "-.", "instance joined"),
+    "revive": (INK, "-.", "instance revived"),
+    "leave": (INK, ":", "instance left"),
 }
+# the ownership chart's point markers: kind -> (colour, symbol)
+POINT_STYLE = {"crash": (CRASH, "x"), "promoted": (INK, "^"), "restored": (RESTORED, "o"),
+               "caught-up": (SOFT, "D")}
+MARKER_COLORS = sorted({c for c, _s, _l in MARKER_STYLE.values()} | {c for c, _s in POINT_STYLE.values()})
+
+
+def delta_e(a: str, b: str) -> float:
+    """How far apart two colours look (CIE76 ΔE in Lab; 2.3 is just noticeable, 30 is another
+    colour), for the check that no marker wears a task's colour."""
+    def lab(h):
+        h = h.lstrip("#")
+        rgb = [int(h[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+        r, g, b_ = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        x = (0.4124 * r + 0.3576 * g + 0.1805 * b_) / 0.95047
+        y = 0.2126 * r + 0.7152 * g + 0.0722 * b_
+        z = (0.0193 * r + 0.1192 * g + 0.9505 * b_) / 1.08883
+
+        def f(t):
+            return t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
+
+        fx, fy, fz = f(x), f(y), f(z)
+        return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+    return sum((p - q) ** 2 for p, q in zip(lab(a), lab(b))) ** 0.5
 
 
 def instance_color(i) -> str:

@@ -16,6 +16,7 @@ Two inputs, one output:
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import threading
@@ -354,6 +355,12 @@ class DashboardModel:
 
     def _apply(self, e) -> None:
         ts = e.ts
+        if isinstance(e, ev.InstanceDied) and e.tasks:
+            # its tasks already opened elsewhere (Spark ran them on another executor before the
+            # death was noticed) are not queued again: not in the board, the round or the timeline
+            keep = self.board.orphans(e)
+            if len(keep) != len(e.tasks):
+                e = dataclasses.replace(e, tasks=[t for t in e.tasks if task_id(t) in keep])
         self.board.apply(e)
         if not isinstance(e, NOISY_EVENTS):
             self.events.append(e)
@@ -468,6 +475,8 @@ class DashboardModel:
         self._sampled_at = now
         b = self.board
         for t, f in b.tasks.items():
+            if any(sf.lag is None and sf.end is not None for sf in f.stores.values()):
+                continue    # not known now (its instance died, no new owner told): a gap, not a guess
             lags = [sf.lag for sf in f.stores.values() if sf.lag is not None]
             if lags and f.state != "closed":
                 self.lag_history.setdefault(t, deque(maxlen=self._history_points)).append((now, sum(lags)))
@@ -517,7 +526,7 @@ class DashboardModel:
         srows, total, held, changed, hidden, stale = self._store_view(store, tasks)
         t0 = self.t0 if self.t0 is not None else now
         alive = sum(r["status"] in LIVE_STATUSES for r in instances)
-        header = self._header(state, tasks, instances, alive)
+        header = self._header(state, chips, tasks, instances, alive)
         pic = Picture(
             t=now, version=self.version, state=state, reason="", app_error=self.app_error,
             last_error=self.last_error, error=self.panel_error, has_events=self.has_events,
@@ -568,16 +577,19 @@ class DashboardModel:
             elif row is not None and row.status == "failed":
                 state = "failed"
             names = b.store_names(t)
-            lag = 0
+            lag, unknown = 0, False
+            batch = f.last_batch if f.last_batch is not None and f.last_batch >= 0 else None
             for s in names or [None]:
                 sf = f.stores.get(s) if s is not None else None
                 r = {"task": t, "instance": inst, "role": "active", "state": state, "store": s,
                      "rows": sf.rows if sf else None, "dirty": sf.dirty if sf else None,
                      "checkpoint": sf.checkpoint if sf else None, "changelog_end": sf.end if sf else None,
-                     "lag": sf.lag if sf else None, "backlog": f.backlog}
+                     "lag": sf.lag if sf else None, "backlog": f.backlog,
+                     "records": f.records, "batch": batch}
                 if r["rows"] is None and (t, s) in self.task_rows:
                     r["rows"] = self.task_rows[(t, s)]
                 lag += r["lag"] or 0
+                unknown = unknown or (r["lag"] is None and s is not None and sf is not None and sf.end is not None)
                 rows.append(r)
             for rep in sorted(replicas_of.get(t, ()), key=lambda x: (order.get(x.role, 3), x.instance)):
                 for s in names or [None]:
@@ -588,7 +600,10 @@ class DashboardModel:
                                  "changelog_end": sf.end if sf else None,
                                  "lag": b.replica_lag(rep, s) if s is not None else rep.lag, "backlog": None})
             chips.append({"task": t, "instance": inst, "state": state or "unknown", "lag": lag,
-                          "backlog": f.backlog or 0, "fraction": fraction})
+                          # its lag is not known yet (its instance died, no new owner told)
+                          "lag_unknown": unknown and state == "queued",
+                          "backlog": f.backlog or 0, "fraction": fraction,
+                          "records": f.records, "batch": batch})
         return chips, rows
 
     def _instances(self, chips: list, now: float) -> list:
@@ -614,7 +629,11 @@ class DashboardModel:
             })
         return out
 
-    def _header(self, state: str, tasks: list, instances: list, alive: int) -> dict:
+    def _header(self, state: str, chips: list, tasks: list, instances: list, alive: int) -> dict:
+        """The header's figures, each the total of what a panel of the same picture shows: store
+        rows and lag of the Tasks tab (a queued task's lag included), records and batches of the
+        tasks' commits, the committed rate of the Instances panel. An app without events (Spark's
+        own state store) has only the engine's metrics."""
         m = self.metrics or {}
 
         def pick(*names):
@@ -623,21 +642,34 @@ class DashboardModel:
                     return num(m[n], m[n])
             return None
 
-        rate = self.input.rate
-        if rate is None:
-            rate = pick("input_rate")
-        if state in ("NOT_RUNNING", "ERROR", "PENDING_SHUTDOWN") and rate is not None:
-            rate = 0.0                        # stopped or failed: nothing comes in
-        processed = pick("records_processed")
-        if not processed and self.board.committed_records:
-            processed = self.board.committed_records
+        stopped = state in ("NOT_RUNNING", "ERROR", "PENDING_SHUTDOWN")
+        if self.has_events:
+            rates = [r["rate"] for r in instances if r["rate"] is not None]
+            rate = sum(rates) if rates else None
+            processed = sum(c["records"] or 0 for c in chips)
+            batches = [c["batch"] for c in chips if c["batch"] is not None]
+            batch = max(batches) if batches else None
+            # the engine's last micro-batch time, only beside the batch it timed
+            batch_ms = pick("last_batch_latency_ms") if batch is not None and pick("last_batch_id") == batch else None
+        else:
+            rate = self.input.rate
+            if rate is None:
+                rate = pick("input_rate")
+            if stopped and rate is not None:
+                rate = 0.0                        # stopped or failed: nothing comes in
+            processed = pick("records_processed")
+            if not processed and self.board.committed_records:
+                processed = self.board.committed_records
+            batch, batch_ms = pick("last_batch_id"), pick("last_batch_latency_ms")
         active = [r for r in tasks if r["role"] == "active"]
         rows = [r["rows"] for r in active if r["rows"] is not None]
         return {
             "state": state, "reason": "", "input_rate": rate, "records": processed,
-            "batch_ms": pick("last_batch_latency_ms"), "batch_id": pick("last_batch_id"),
+            "batch_ms": batch_ms, "batch_id": batch,
             "rows": sum(rows) if rows else None,
             "lag": sum(r["lag"] or 0 for r in active),
+            # queued tasks whose lag is not known yet (no new owner told): the lag is at least that
+            "lag_unknown": sum(bool(c.get("lag_unknown")) for c in chips),
             "instances": (alive, len(instances)) if instances else None,
             # the newest of the metrics' (polled) and the events' (a rebalance the poll has not seen)
             "generation": max((g for g in (pick("generation"), self.board.generation) if g is not None),
@@ -804,42 +836,5 @@ class DashboardModel:
         return self.picture().changelog
 
 
-def disagreements(p: Picture) -> list[str]:
-    """What two panels of one picture say differently about the same thing (empty: they agree):
-    a task's state and instance in the Restoration panel, its chip and the Tasks tab; the live
-    instances in the header and in the Instances panel; a task running on an instance the
-    Instances panel calls dead; anything live after the app stopped."""
-    out = []
-    chips = {c["task"]: c for c in p.chips}
-    for t, c in chips.items():
-        for r in p.tasks:
-            if r["task"] == t and r["role"] == "active" and (r["state"], r["instance"]) != (c["state"], c["instance"]):
-                out.append(f"task {t}: chip {c['state']}@{c['instance']} vs Tasks tab {r['state']}@{r['instance']}")
-                break
-    if p.round is not None:
-        for t, row in p.round.rows.items():
-            c = chips.get(t)
-            if c is None:
-                out.append(f"task {t}: in the Restoration panel ({row.status}) without a chip")
-            elif not row.final and (row.status, row.instance) != (c["state"], c["instance"]):
-                out.append(f"task {t}: Restoration {row.status}@{row.instance} vs chip {c['state']}@{c['instance']}")
-            elif row.final and c["state"] in ("queued", "restoring"):
-                out.append(f"task {t}: Restoration {row.status} vs chip {c['state']}")
-    alive = {r["instance"] for r in p.instances if r["status"] in LIVE_STATUSES}
-    if p.header.get("instances") is not None and p.header["instances"][0] != len(alive):
-        out.append(f"header {p.header['instances'][0]} alive vs Instances panel {len(alive)}")
-    for c in p.chips:
-        if c["state"] in ("queued", "restoring", "running") and c["instance"] is not None \
-                and p.instances and c["instance"] not in alive:
-            out.append(f"task {c['task']}: {c['state']} on instance {c['instance']}, which is not alive")
-    for r in p.instances:
-        for t in r["active"]:
-            if chips.get(t, {}).get("instance") != r["instance"]:
-                out.append(f"Instances panel: {t} active on {r['instance']}, chip says {chips.get(t, {}).get('instance')}")
-    if p.state == "NOT_RUNNING":
-        if alive:
-            out.append(f"the app is stopped but {len(alive)} instance(s) alive")
-        live = [c["task"] for c in p.chips if c["state"] in ("queued", "restoring", "running")]
-        if live:
-            out.append(f"the app is stopped but tasks {live} are live")
-    return out
+# what two panels of one picture say differently (kept here: the model's public API)
+from kernel_ext.dashboard.invariants import disagreements  # noqa: E402,F401

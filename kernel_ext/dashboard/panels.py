@@ -12,6 +12,7 @@ import time
 from kernel_ext.dashboard import charts
 from kernel_ext.dashboard.formats import clip, fmt_eta, fmt_num, fmt_rate, fmt_secs
 from kernel_ext.dashboard.forecast import forecast_by_instance, forecast_seconds
+from kernel_ext.dashboard.restore import SKIPPED_WHY
 from kernel_ext.dashboard.model import DashboardModel, Picture
 
 
@@ -25,6 +26,9 @@ STATE_COLORS = {"RUNNING": "#2e7d32", "RESTORING": "#ef6c00", "REBALANCING": "#f
                 "PENDING_SHUTDOWN": "#8d6e63"}
 CHIP_COLORS = {"running": "#43a047", "restoring": "#ef6c00", "queued": "#b0bec5", "failed": "#c62828",
                "closed": "#9e9e9e", "unknown": "#cfd8dc"}
+# a Restoration row's class: red only for a failed task (a promoted or done row of a task whose
+# instance died is a success, drawn as one)
+ROW_CLASSES = {"failed": "dead", "queued": "waiting"}
 
 CSS = """
 <style>
@@ -59,6 +63,7 @@ table.sk tr.standby td, table.sk tr.warmup td { color: #667; font-style: italic;
 table.sk tr.new td { background: #e6f6ea; }
 table.sk tr.changed td { background: #fff6d9; }
 table.sk tr.dead td { color: #b71c1c; }
+table.sk tr.waiting td { color: #546e7a; }
 table.sk tr.stale td { color: #8a5a00; background: #fff3e0; font-style: italic; }
 .sk-stale { color: #8a5a00; background: #fff3e0; border: 1px solid #ffd8a8; border-radius: 4px; padding: 2px 6px; margin: 2px 0 4px 0; }
 table.sk td.lagbad { color: #c62828; font-weight: 600; }
@@ -70,6 +75,7 @@ table.sk td.lagbad { color: #c62828; font-weight: 600; }
 .sk-bar.nothing > div, .sk-bar.moved > div { background: #b0bec5; }
 .sk-bar.failed > div, .sk-bar.interrupted > div { background: #c62828; }
 .sk-sum { background: #eef8ef; border: 1px solid #cfe8d2; border-radius: 6px; padding: 5px 9px; margin-top: 6px; overflow-wrap: anywhere; }
+.sk-sum.bad { background: #fdecea; border-color: #f5c6c2; color: #b71c1c; }
 .sk-fc { background: #f3f6fb; border: 1px solid #dde4ee; border-radius: 6px; padding: 5px 9px; margin-top: 6px; }
 .sk-hist td.cur { background: #e3f0ff; font-weight: 600; }
 .sk-empty { color: #888; font-style: italic; padding: 6px; white-space: normal; }
@@ -139,11 +145,13 @@ def render_header(name: str, m, note: str = "") -> str:
     state = h["state"]
     color = STATE_COLORS.get(state, "#455a64")
     rate = h["input_rate"]
-    kpis = [("input (5 s)", f"{fmt_num(round(rate)) if isinstance(rate, (int, float)) else '–'} rec/s"),
+    # with events, the rate is the Instances panel's committed records/s summed (the same window)
+    kpis = [("committed (5 s)" if m.has_events else "input (5 s)",
+             f"{fmt_num(round(rate)) if isinstance(rate, (int, float)) else '–'} rec/s"),
             ("processed", fmt_num(h["records"])),
             ("batch", f"{fmt_num(h['batch_id'])}" + (f" · {fmt_num(h['batch_ms'])} ms" if h["batch_ms"] is not None else "")),
             ("store rows", fmt_num(h["rows"])),
-            ("changelog lag", fmt_num(h["lag"]))]
+            ("changelog lag", ("≥ " if h.get("lag_unknown") else "") + fmt_num(h["lag"]))]
     if h["instances"] is not None:
         alive, total = h["instances"]
         kpis.append(("instances", f"{alive} alive" + (f" / {total}" if total != alive else "")))
@@ -194,6 +202,8 @@ def render_chips(m) -> str:
 
 
 TASK_TITLES = {
+    "processed": "input records the task's commits processed (their sum is the header's)",
+    "batch": "the last micro-batch the task committed",
     "store rows": "keys in the task's store (after its last commit)",
     "dirty": "dirty record-cache entries flushed to the changelog at the last commit",
     "offset": "changelog offset of the task's last commit (a replica: the offset it has applied)",
@@ -207,16 +217,19 @@ def render_tasks(m) -> str:
     tasks = _pic(m).tasks
     if not tasks:
         return _dash("<div class='sk-empty'>no tasks yet</div>")
-    headers = ["task", "instance", "role", "state", "store", "store rows", "dirty", "offset",
-               "changelog end", "lag", "waiting"]
+    headers = ["task", "instance", "role", "state", "store", "processed", "batch", "store rows", "dirty",
+               "offset", "changelog end", "lag", "waiting"]
     rows, classes = [], []
     for r in tasks:
         lag = r["lag"]
         lag_html = fmt_num(lag) if lag is None or lag < 1000 else f"<span class='lagbad'>{fmt_num(lag)}</span>"
-        backlog = r.get("backlog") if r["role"] == "active" else None
+        active = r["role"] == "active"
+        backlog = r.get("backlog") if active else None
         rows.append([_e(r["task"]), fmt_num(r["instance"]), r["role"], _e(str(r.get("state") or "–").lower()),
-                     _e(r["store"] or "–"), fmt_num(r["rows"]), fmt_num(r["dirty"]), fmt_num(r["checkpoint"]),
-                     fmt_num(r["changelog_end"]), lag_html, fmt_num(backlog) if backlog else ""])
+                     _e(r["store"] or "–"), fmt_num(r.get("records")) if active else "",
+                     fmt_num(r.get("batch")) if active else "", fmt_num(r["rows"]), fmt_num(r["dirty"]),
+                     fmt_num(r["checkpoint"]), fmt_num(r["changelog_end"]), lag_html,
+                     fmt_num(backlog) if backlog else ""])
         classes.append(r["role"])
     return _dash(table(headers, rows, classes, left={2, 3, 4}, titles=TASK_TITLES))
 
@@ -265,7 +278,17 @@ def render_restore_table(rnd, forecast=None) -> str:
         bar = (f"<span class='sk-bar {r.status}' title='{pct:.0f}%'>"
                f"<div style='width:{pct:.1f}%'></div></span>")
         total = r.total
-        replayed = f"{fmt_num(r.restored)} / {fmt_num(total)}" if total is not None or r.restored else "–"
+        if total is None and not r.restored:
+            replayed = "–"
+        elif r.exact or r.final:
+            # done: what it read, both sides; the offsets without a record are said, not hidden
+            why = (f" title='{r.skipped:,} of the offsets it crossed held no record ({SKIPPED_WHY})'"
+                   if r.skipped else "")
+            replayed = f"<span{why}>{fmt_num(r.restored)} / {fmt_num(total)}</span>"
+        else:
+            replayed = (f"<span title='changelog offsets to cross: at most this many records (a "
+                        f"compacted log holds fewer, a transaction marker takes an offset)'>"
+                        f"{fmt_num(r.restored)} / ≤ {fmt_num(total)}</span>")
         if r.status in ("nothing",):
             replayed = "0 / 0"
         if r.status == "done":
@@ -283,7 +306,7 @@ def render_restore_table(rnd, forecast=None) -> str:
             fc = forecast_seconds(forecast, r.task, r.source, r.total)
             line.insert(7, f"≈ {fmt_secs(fc)}" if fc is not None else "–")
         body.append(line)
-        classes.append("dead" if r.status == "failed" or r.died is not None else "")
+        classes.append(ROW_CLASSES.get(r.status, ""))
     return table(headers, body, classes, left={2, len(headers) - 1},
                  titles={"from": "checkpoint: local state, replays its tail; standby / warmup: a promoted "
                                  "replica, replays its lag; scratch: the whole changelog",
@@ -343,7 +366,8 @@ def render_restore(m) -> str:
             fcs = [x for x in fcs if x is not None]
             if fcs:
                 extra = f" · forecast before: ≈ {fmt_secs(sum(fcs))} of replay"
-        summary = f"<div class='sk-sum'>✔ {_e(s.line())}{_e(extra)}</div>"
+        mark, cls = ("✔", "sk-sum") if s.ok else ("✖", "sk-sum bad")
+        summary = f"<div class='{cls}'>{mark} {_e(s.line())}{_e(extra)}</div>"
     fc = render_forecast(m) if rnd.final else ""
     return _dash(f"{head}<span class='sk-note'>{_e(note)}</span></div>{t}{summary}{fc}")
 
@@ -387,7 +411,7 @@ def render_instances(m) -> str:
         body.append([f"{sw}{fmt_num(r['instance'])}", f"{dot}{_e(r['status'])}",
                      _e(" ".join(r["active"]) or "–"), _e(" ".join(r["standby"]) or "–"),
                      _e(" ".join(r["warmup"]) or "–"),
-                     fmt_rate(r["rate"]) if r["status"] in ("alive", "leaving") else "–"])
+                     fmt_rate(r["rate"])])
         classes.append("dead" if r["status"] == "dead" else "")
     t = table(["instance", "status", "active", "standby", "warmup", "committed"], body, classes,
               left={0, 1, 2, 3, 4},

@@ -37,16 +37,43 @@ STATUS_LABELS = {
     "promoted": "promoted", "failed": "failed", "moved": "moved away",
 }
 RESTORE_TYPES = (ev.RestoreQueued, ev.RestoreStarted, ev.RestoreProgress, ev.RestoreEnded,
-                 ev.TaskOpened, ev.StandbyPromoted, ev.TaskFailed, ev.TaskClosed, ev.InstanceDied)
+                 ev.TaskOpened, ev.StandbyPromoted, ev.TaskFailed, ev.TaskClosed, ev.InstanceDied,
+                 ev.Rebalance)
+# why a restore read fewer records than the offsets it crossed
+SKIPPED_WHY = "compacted away, or transaction markers"
 
 
 @dataclass
 class StoreProgress:
-    total: int = 0
-    restored: int = 0
+    """One store's restore. Counted in changelog offsets until it ends (``span``: the offsets to
+    cross, an upper bound of the records: a compacted log holds fewer, and a transaction's end
+    marker takes an offset), then in the records it read: a done store's ``total`` is what it read,
+    and ``skipped`` the offsets that held no record."""
+
+    total: int = 0           # offsets to cross (span); once done: the records read
+    restored: int = 0        # records read so far
     done: bool = False
     start_offset: Optional[int] = None
     end_offset: Optional[int] = None
+    remaining: Optional[int] = None   # offsets left to cross (the last progress report)
+    skipped: int = 0         # offsets that held no record (known once done)
+
+    @property
+    def crossed(self) -> int:
+        """Offsets crossed so far (the progress bar's measure)."""
+        if self.done:
+            return self.total + self.skipped
+        if self.remaining is not None:
+            return max(0, self.total - self.remaining)
+        return min(self.restored, self.total)
+
+    def finish(self, read: int) -> None:
+        span = max(self.total, int(read))
+        self.restored = int(read)
+        self.skipped = max(0, span - self.restored)
+        self.total = self.restored
+        self.remaining = 0
+        self.done = True
 
 
 @dataclass
@@ -85,32 +112,54 @@ class RestoreRow:
 
     @property
     def total(self) -> Optional[int]:
+        """"To replay": the offsets its restore will cross (an upper bound of the records) until
+        it is done, then the records it read."""
         if self.stores:
             return sum(s.total for s in self.stores.values())
+        if self.replayed is not None and self.final:
+            return self.replayed
         return self.to_replay
 
     @property
+    def exact(self) -> bool:
+        """Whether ``total`` counts records (done), not offsets (an upper bound)."""
+        if self.stores:
+            return all(s.done for s in self.stores.values())
+        return self.final
+
+    @property
+    def skipped(self) -> int:
+        """Offsets its restore crossed that held no record (compacted away, transaction markers)."""
+        return sum(s.skipped for s in self.stores.values())
+
+    @property
     def restored(self) -> int:
-        if self.replayed is not None and self.final:
-            return self.replayed
-        return sum(s.restored for s in self.stores.values())
+        if self.stores:
+            return sum(s.restored for s in self.stores.values())
+        return self.replayed or 0 if self.final else 0
 
     @property
     def remaining(self) -> Optional[int]:
-        total = self.total
-        return None if total is None else max(0, total - self.restored)
+        """Offsets left to cross (None: unknown)."""
+        if self.stores:
+            return sum(0 if s.done else max(0, s.total - s.crossed) for s in self.stores.values())
+        if self.final:
+            return 0
+        return None if self.to_replay is None else self.to_replay
 
     @property
     def fraction(self) -> float:
         if self.status in ("done", "nothing", "promoted"):
             return 1.0
-        total = self.total
-        if not total:
+        if not self.stores:
+            return 0.0
+        span = sum(s.total + s.skipped if s.done else s.total for s in self.stores.values())
+        if not span:
             return 0.0
         # every record read is not a finished restore (the last write, the checkpoint): a bar reaches
         # 100% when the task is done, not before
         top = 0.99 if self.status == "restoring" else 1.0
-        return max(0.0, min(top, self.restored / total))
+        return max(0.0, min(top, sum(s.crossed for s in self.stores.values()) / span))
 
     @property
     def rate(self) -> Optional[float]:
@@ -182,6 +231,12 @@ class RoundSummary:
     by_source: dict            # source -> tasks that replayed from it
     throttle: Optional[float]
     task_seconds: dict = field(default_factory=dict)  # task -> (seconds, records, records/s)
+    skipped: int = 0           # offsets the restores crossed that held no record
+
+    @property
+    def ok(self) -> bool:
+        """No task of the round failed (its summary is drawn as a success)."""
+        return not self.failed
 
     @property
     def seconds(self) -> float:
@@ -204,8 +259,10 @@ class RoundSummary:
             src = ", ".join(f"{n} from {s}" for s, n in sorted(self.by_source.items()))
             rate = f" at {self.rate:,.0f} records/s" if self.rate else ""
             work = f" ({self.replay_seconds:.1f} s replaying)" if self.replay_seconds else ""
+            skipped = (f"; {self.skipped:,} offsets held no record ({SKIPPED_WHY})"
+                       if self.skipped else "")
             parts.append(f"restored {self.restored_tasks} task(s) in {self.seconds:.1f} s{work}: "
-                         f"{self.records:,} records{rate} ({src})")
+                         f"{self.records:,} records{rate} ({src}{skipped})")
         if self.promoted:
             parts.append(f"{self.promoted} promoted replica(s)")
         if self.nothing:
@@ -334,6 +391,12 @@ class RestoreRound:
         self.events.append(e)
         if isinstance(e, ev.RestoreQueued) and e.generation is not None:
             self.generations.add(e.generation)
+        if isinstance(e, ev.Rebalance):
+            # the rebalance that moved this round's tasks names its generation (an executors
+            # placement publishes no restore_queued)
+            if e.generation is not None and any(str(m.get("task")) in self.rows for m in e.moves or ()):
+                self.generations.add(e.generation)
+            return
         apply_event(self.rows, e)
         if isinstance(e, (ev.RestoreStarted, ev.RestoreProgress, ev.RestoreEnded, ev.TaskOpened)):
             inst = e.instance
@@ -370,7 +433,8 @@ class RestoreRound:
             nothing=sum(r.status == "nothing" for r in rows),
             failed=sum(r.status == "failed" for r in rows), by_source=by_source,
             throttle=max(throttles) if throttles else None,
-            task_seconds={r.task: (r.seconds or 0.0, r.restored, r.rate or 0.0) for r in restored})
+            task_seconds={r.task: (r.seconds or 0.0, r.restored, r.rate or 0.0) for r in restored},
+            skipped=sum(r.skipped for r in restored))
 
 
 def apply_event(rows: dict, e) -> None:
@@ -379,8 +443,9 @@ def apply_event(rows: dict, e) -> None:
     if isinstance(e, ev.InstanceDied):
         for r in rows.values():
             if r.instance == e.instance and not r.final:
+                # waiting for a new owner: what it will replay is known once one is told
                 r.status, r.instance, r.died, r.samples = "queued", None, e.instance, []
-                r.stores = {k: StoreProgress(total=s.total) for k, s in r.stores.items()}
+                r.stores, r.to_replay = {}, None
         for t in e.tasks or ():
             t = str(t)
             if t not in rows or rows[t].final:
@@ -394,8 +459,15 @@ def apply_event(rows: dict, e) -> None:
     row = rows.get(task)
     if isinstance(e, ev.RestoreQueued):
         waiting = row is not None and not row.final and row.instance is None
-        rows[task] = RestoreRow(task=task, instance=inst, source=str(e.source or "checkpoint"),
-                                to_replay=e.to_replay, queued_at=row.queued_at if waiting else ts)
+        row = rows[task] = RestoreRow(task=task, instance=inst, source=str(e.source or "checkpoint"),
+                                      to_replay=e.to_replay, queued_at=row.queued_at if waiting else ts)
+        for store, span in (e.stores or {}).items():
+            try:
+                start, end = int(span[0]), int(span[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            row.stores[str(store)] = StoreProgress(total=max(0, end - start), start_offset=start,
+                                                   end_offset=end)
         return
     if row is None:
         if not isinstance(e, (ev.RestoreStarted, ev.RestoreProgress, ev.RestoreEnded, ev.TaskOpened,
@@ -412,9 +484,12 @@ def apply_event(rows: dict, e) -> None:
         row.promoted_lag = e.lag
         row.source = row.promoted
     elif isinstance(e, ev.RestoreStarted):
-        sp = row.stores.setdefault(str(e.store), StoreProgress())
+        sp = row.stores.get(str(e.store))
+        if sp is None or sp.done:
+            sp = row.stores[str(e.store)] = StoreProgress()
         sp.total = int(e.to_replay or 0) or max(0, int(e.end_offset or 0) - int(e.start_offset or 0))
         sp.start_offset, sp.end_offset = e.start_offset, e.end_offset
+        sp.restored, sp.remaining = 0, sp.total
         row.status = "restoring"
         row.started = ts if row.started is None else min(row.started, ts)
         row.throttle = e.throttle_rps or row.throttle
@@ -423,9 +498,13 @@ def apply_event(rows: dict, e) -> None:
         row.samples.append((ts, row.restored))
     elif isinstance(e, ev.RestoreProgress):
         sp = row.stores.setdefault(str(e.store), StoreProgress())
+        if sp.done:
+            return
         sp.restored = int(e.restored or 0)
         if e.remaining is not None:
-            sp.total = max(sp.total, sp.restored + int(e.remaining))
+            sp.remaining = int(e.remaining)
+            if not sp.total:   # its start not seen: the offsets crossed so far are at least its records
+                sp.total = sp.restored + sp.remaining
         row.status = "restoring" if not row.final else row.status
         if row.started is None:
             row.started = ts
@@ -433,9 +512,10 @@ def apply_event(rows: dict, e) -> None:
         row.samples.append((ts, row.restored))
     elif isinstance(e, ev.RestoreEnded):
         sp = row.stores.setdefault(str(e.store), StoreProgress())
-        sp.restored = int(e.restored or 0)
-        sp.total = max(sp.total, sp.restored)
-        sp.done = True
+        if e.end_offset is not None and e.start_offset is not None and e.end_offset > e.start_offset:
+            sp.start_offset, sp.end_offset = e.start_offset, e.end_offset
+            sp.total = max(0, int(e.end_offset) - int(e.start_offset))
+        sp.finish(int(e.restored or 0))
         secs = float(e.seconds or 0.0)
         row.seconds = (row.seconds or 0.0) + secs
         if row.started is None or row.started > ts - secs:
@@ -449,14 +529,18 @@ def apply_event(rows: dict, e) -> None:
         replayed = int(e.restored or 0)
         row.replayed = replayed
         row.finished = ts
+        for sp in row.stores.values():
+            if not sp.done:   # a store whose end was not seen: what it read so far is all it read
+                sp.finish(sp.restored)
         if row.promoted is None and e.source not in (None, "none"):
             row.source = str(e.source)
-        if row.promoted is not None and not replayed:
-            row.status = "promoted"
-        elif replayed or any(s.restored for s in row.stores.values()):
+        read = any(sp.restored for sp in row.stores.values())
+        if read or (replayed and not row.stores and row.promoted is None):
             row.status = "done"
             if row.seconds is None and row.started is not None:
                 row.seconds = max(0.0, ts - row.started)
+        elif row.promoted is not None:
+            row.status = "promoted"
         else:
             row.status = "nothing"
     elif isinstance(e, ev.TaskFailed):
@@ -502,6 +586,10 @@ class RestoreBoard:
             return None
         opened = None
         cur = self.current
+        if isinstance(e, ev.Rebalance):
+            if cur is not None and (not cur.final or e.ts - cur.finished <= self.episode_gap):
+                cur.feed(e)
+            return None
         opens = isinstance(e, ev.RestoreQueued) or (isinstance(e, ev.InstanceDied) and e.tasks)
         if opens and (cur is None or (cur.final and not self._same_episode(cur, e))):
             cur = opened = RestoreRound(e.ts, e.generation, forecast)

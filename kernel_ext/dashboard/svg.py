@@ -7,12 +7,12 @@ from __future__ import annotations
 import html
 import math
 
-from kernel_ext.dashboard.charts import MARKER_STYLE, PALETTE, axis_limit, instance_color
+from kernel_ext.dashboard.charts import MARKER_STYLE, PALETTE, POINT_STYLE, axis_limit, instance_color
 
 W, H = 441, 211                      # pixels: the width the layout reserves for each chart
 LEFT, RIGHT, TOP, BOTTOM = 52, 116, 22, 34   # plot margins (the legend sits right of the plot)
 FONT = "font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif"
-DASH = {"-": "", "--": "5,3", ":": "1.5,2.5"}
+DASH = {"-": "", "--": "5,3", ":": "1.5,2.5", "-.": "6,2,1.5,2"}
 MAX_POINTS = 300                     # per line: more than the plot's width in pixels is not seen
 
 
@@ -70,6 +70,14 @@ def _line_swatch(color: str, dash: str = "", width: float = 1.8) -> str:
     return f"<line x1='0' y1='4' x2='16' y2='4' stroke='{color}' stroke-width='{width}'{d}/>"
 
 
+def task_colors(tasks) -> dict:
+    """task -> its colour in the lag chart: by its place among every task shown, so a task's
+    standby line wears its colour."""
+    from kernel_ext.dashboard.formats import task_order
+
+    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(sorted(set(tasks), key=task_order))}
+
+
 def lag_chart(series: dict, standby: dict | None = None, markers=()) -> str:
     """The lag-over-time chart: `series` and `standby` map a task to (seconds, lag) lists;
     `markers` are (seconds, kind, label): crash, restart, restored, rebalance, join, revive, leave."""
@@ -112,11 +120,12 @@ def lag_chart(series: dict, standby: dict | None = None, markers=()) -> str:
         if kind not in kinds:
             kinds.append(kind)
     legend = []
+    colors = task_colors(list(series) + list(standby))
     for dash, group in ((False, series), (True, standby)):
-        for i, (task, (xs, ys)) in enumerate(group.items()):
+        for task, (xs, ys) in group.items():
             if not xs:
                 continue
-            color = PALETTE[i % len(PALETTE)]
+            color = colors[task]
             xs, ys = _thin(xs, ys)
             pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys))
             extra = " stroke-dasharray='5,3'" if dash else ""
@@ -137,8 +146,7 @@ def lag_chart(series: dict, standby: dict | None = None, markers=()) -> str:
     return "".join(out)
 
 
-_POINT = {"crash": ("#C62828", "x"), "promoted": ("#6A1B9A", "^"), "restored": ("#2E7D32", "o"),
-          "caught-up": ("#00838F", "D")}
+_POINT = POINT_STYLE
 _POINT_LABELS = {"crash": "crash", "promoted": "replica promoted", "restored": "restored",
                  "caught-up": "warmup caught up"}
 

@@ -145,10 +145,12 @@ class TaskBoard:
             f = self.instance(e.instance)
             f.status, f.at, f.from_events = "dead", ts, True
             f.active, f.standby, f.warmup, f.lists_at = [], [], [], ts
-            held = {task_id(t) for t in (e.tasks or ())}
+            held = self.orphans(e)
             for t in self.tasks.values():
                 if t.task in held or (t.instance == e.instance and t.state not in ("closed",)):
                     self._set(t, "queued", ts, None)
+                    for sf in t.stores.values():   # its lag is known once a new owner is told
+                        sf.checkpoint, sf.at = None, max(sf.at, ts)
             for k in [k for k in self.replicas if k[1] == e.instance]:
                 del self.replicas[k]
         elif isinstance(e, ev.InstanceLeft):
@@ -161,6 +163,13 @@ class TaskBoard:
             f = self.task(e.task)
             self._set(f, "queued", ts, e.instance)
             f.source = e.source
+            for store, span in (e.stores or {}).items():   # what its restore will read: its lag
+                try:
+                    start, end = int(span[0]), int(span[1])
+                except (TypeError, ValueError, IndexError):
+                    continue
+                sf = f.stores.setdefault(str(store), StoreFigures())
+                sf.checkpoint, sf.end, sf.at = start, end, max(sf.at, ts)
         elif isinstance(e, ev.RestoreStarted):
             f = self.task(e.task)
             self._set(f, "restoring", ts, e.instance)
@@ -210,6 +219,17 @@ class TaskBoard:
             r.lag, r.at = e.lag, ts
         elif isinstance(e, ev.ReplicaStopped):
             self.replicas.pop((task_id(e.task), e.instance), None)
+
+    def orphans(self, e) -> set:
+        """The tasks an `InstanceDied` leaves without an owner: those it names that still run (or
+        wait) there, not one already opened on another instance (an executor's death is noticed
+        after Spark ran its tasks elsewhere)."""
+        out = set()
+        for t in e.tasks or ():
+            f = self.tasks.get(task_id(t))
+            if f is None or f.instance in (None, e.instance):
+                out.add(task_id(t))
+        return out
 
     def _all_stopped(self, ts: float) -> None:
         for f in self.instances.values():
@@ -342,7 +362,10 @@ class TaskBoard:
             if r.get("role", "active") == "active":
                 f = self.task(t)
                 sf = f.stores.setdefault(store, StoreFigures())
-                if at > sf.at:
+                # a task waiting or restoring: its position is what its restore events said (the
+                # Restoration panel reads the same), not an instance's status of a moment before
+                opening = f.from_events and f.state in ("queued", "restoring")
+                if at > sf.at and not opening:
                     if r.get("checkpoint") is not None:
                         sf.checkpoint = r["checkpoint"]
                     if r.get("changelog_end") is not None:

@@ -40,7 +40,9 @@ def lag_rows(application: str, assignment, statuses: dict, plans: dict, kafka, l
             for s in stores.get(t.subtopology, ()):
                 end = ends.get(s, {}).get(t.partition)
                 off = positions.get(s)
-                lag = None if end is None else max(0, end - (off or 0))
+                # no position reported yet (a task just promoted or assigned): unknown, not the
+                # whole changelog (a dashboard would draw the end as a lag spike)
+                lag = None if end is None or off is None else max(0, end - off)
                 rows.append({"task": str(t), "instance": inst, "role": role,
                              "state": row.get("state", role if row else "unknown"), "store": s,
                              "checkpoint_offset": off, "changelog_end": end, "lag": lag})

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 from statekit import events as ev
 from statekit.contracts import TaskId, has_state, task_dir
 from statekit.worker.exchange import Spool, range_records
-from statekit.worker.task import StreamTask, WorkerSpec, one_line, store_specs
+from statekit.worker.task import StreamTask, WorkerSpec, is_task_store, one_line, store_specs
 
 log = logging.getLogger("statekit.worker")
 
@@ -121,33 +121,40 @@ class TaskHost:
                 # a replica is promoted; local state restores from its checkpoint; none: from scratch
                 slot.source = rep[0] if rep is not None else \
                     ("checkpoint" if has_state(self._dir(t)) else "scratch")
-                slot.to_replay = self._replay_estimate(t, rep)
+                plan = self._replay_plan(t, rep)
+                slot.to_replay = None if plan is None else sum(e - s for s, e in plan.values())
                 self.slots[t] = slot
                 opening[str(t)] = slot.source
                 self.publish(ev.RestoreQueued(task=str(t), instance=self.instance, source=slot.source,
-                                              to_replay=slot.to_replay, generation=self.generation))
+                                              to_replay=slot.to_replay, stores=plan or {},
+                                              generation=self.generation))
                 self._open_queue.put(slot)
         return opening
 
-    def _replay_estimate(self, task: TaskId, rep) -> Optional[int]:
-        """Changelog records the task's restore will read (None when unknown)."""
+    def _replay_plan(self, task: TaskId, rep) -> Optional[dict]:
+        """``{store: [start, end]}``: the changelog offsets the task's restore will read, per store
+        (its internal store left out, as the restore's events leave it out): from a replica's
+        position, the checkpoint, or the log start. None when unknown."""
         try:
-            if rep is not None:
-                return rep[1].lag()
-            from statekit.state import checkpoint as ckpt
             from statekit.contracts import changelog_topic
+            from statekit.state import checkpoint as ckpt
 
-            cp = ckpt.read(self._dir(task), warn=lambda m: None) or {}
+            if rep is not None:
+                held = rep[1].positions()
+            else:
+                held = {k: v.changelog_offset
+                        for k, v in (ckpt.read(self._dir(task), warn=lambda m: None) or {}).items()}
             k = self._kafka()
-            total = 0
+            plan = {}
             for spec in store_specs(self.spec.plan(task.subtopology), task.subtopology):
-                if not getattr(spec, "logging", True):
+                if not getattr(spec, "logging", True) or is_task_store(spec.name):
                     continue
                 topic = changelog_topic(self.spec.application, spec.name)
                 begin, end = k.offsets_many([topic], task.partition)[topic]
-                start = cp[spec.name].changelog_offset if spec.name in cp else begin
-                total += max(0, end - max(start, begin))
-            return total
+                start = held.get(spec.name)
+                start = begin if start is None or start < begin else min(int(start), end)
+                plan[spec.name] = [start, end]
+            return plan
         except Exception:  # noqa: BLE001 - an estimate; a missing topic means nothing to replay
             return None
 

@@ -104,19 +104,45 @@ def test_input_rate_follows_the_processed_counter_and_drops_to_zero():
     assert r.rate == 0.0
     r.add(10, 10)  # a counter that goes down: a new app, start over
     assert r.rate is None
+    # an app without events (Spark's own state store): the engine's counter
     m = DashboardModel(rate_window=5)
     for t, n in [(0, 0), (1, 800), (2, 1600)]:
-        m.update(Snapshot(t=t, metrics={"records_processed": n, "input_rate": 5555.0}))
+        m.update(Snapshot(t=t, metrics={"records_processed": n, "input_rate": 5555.0}, has_events=False))
     assert m.header()["input_rate"] == pytest.approx(800.0)  # the counter's rate, not Spark's last figure
     for t in range(3, 9):
-        m.update(Snapshot(t=t, metrics={"records_processed": 1600, "input_rate": 5555.0}))
+        m.update(Snapshot(t=t, metrics={"records_processed": 1600, "input_rate": 5555.0}, has_events=False))
     assert m.header()["input_rate"] == 0.0
     m = DashboardModel(rate_window=5)                         # a stopped app reads 0 at once
     for t, n in [(0, 0), (1, 800), (2, 1600)]:
-        m.update(Snapshot(t=t, state="RUNNING", metrics={"records_processed": n, "input_rate": 55.0}))
+        m.update(Snapshot(t=t, state="RUNNING", metrics={"records_processed": n, "input_rate": 55.0},
+                          has_events=False))
     m.update(Snapshot(t=2.5, state="NOT_RUNNING", metrics={"records_processed": 1600,
-                                                          "input_rate": 55.0}))
+                                                          "input_rate": 55.0}, has_events=False))
     assert m.header()["input_rate"] == 0.0
+
+
+def test_the_header_is_the_total_of_the_panels_beside_it():
+    """With events, the header's rate, records, batch and lag are the sums of what the Instances
+    panel, the chips and the Tasks tab show, whatever the engine's progress says (a browser
+    picture showed 0 rec/s, batch 0 and 2,000 processed beside tripled offsets and 171/s)."""
+    from kernel_ext.dashboard.model import disagreements
+
+    E = Events()
+    m = DashboardModel(rate_window=5)
+    evs = [E(ev.Rebalance, 1.0, live=[0, 1], active={"0_0": 0, "0_1": 1}, generation=1)]
+    for i, t in enumerate((2.0, 3.0, 4.0)):
+        evs += [E(ev.Committed, t, task="0_0", instance=0, batch=i, records=300, rows={"c": 10 * (i + 1)},
+                  offsets={"c": 11 * (i + 1)}),
+                E(ev.Committed, t + 0.1, task="0_1", instance=1, batch=i, records=200, rows={"c": 5 * (i + 1)},
+                  offsets={"c": 6 * (i + 1)})]
+    m.update(Snapshot(t=5.0, state="RUNNING", events=evs,
+                      metrics={"records_processed": 2000, "last_batch_id": 0, "input_rate": 0.0},
+                      instances=[{"instance": 0, "status": "alive"}, {"instance": 1, "status": "alive"}]))
+    p = m.picture()
+    h = p.header
+    assert (h["records"], h["batch_id"], h["rows"], h["lag"]) == (1500, 2, 45, 0)
+    assert h["input_rate"] == pytest.approx((900 + 600) / 5) == sum(r["rate"] for r in p.instances)
+    assert disagreements(p) == []
 
 
 def test_restore_round_queued_restoring_done_with_eta_and_summary():
