@@ -587,8 +587,11 @@ class Session:
         except Exception:
             tasks = app.partitions
         n = getattr(app, "instances", 1)
-        return (f"{tasks} task{'s' * (tasks != 1)} on {n} instance{'s' * (n != 1)}"
-                if hasattr(app, "instances") else f"{tasks} task{'s' * (tasks != 1)} in Spark's own state store")
+        if not hasattr(app, "instances"):
+            return f"{tasks} task{'s' * (tasks != 1)} in Spark's own state store"
+        if getattr(app, "placement", None) == "executors":   # Spark places them: no instance count
+            return f"{tasks} task{'s' * (tasks != 1)} on Spark's executors"
+        return f"{tasks} task{'s' * (tasks != 1)} on {n} instance{'s' * (n != 1)}"
 
     @staticmethod
     def _source_topics(app) -> list[str]:

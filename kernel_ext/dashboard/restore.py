@@ -590,7 +590,10 @@ class RestoreBoard:
             if cur is not None and (not cur.final or e.ts - cur.finished <= self.episode_gap):
                 cur.feed(e)
             return None
-        opens = isinstance(e, ev.RestoreQueued) or (isinstance(e, ev.InstanceDied) and e.tasks)
+        # a restore or a promotion nobody queued (an executor opens a task where Spark runs it)
+        # is an episode too
+        opens = isinstance(e, (ev.RestoreQueued, ev.StandbyPromoted, ev.RestoreStarted)) or (
+            isinstance(e, ev.InstanceDied) and e.tasks)
         if opens and (cur is None or (cur.final and not self._same_episode(cur, e))):
             cur = opened = RestoreRound(e.ts, e.generation, forecast)
             self.rounds.append(cur)

@@ -179,7 +179,9 @@ class ExecutorsCoordinator:
         self.members: dict = {}
         self.rebalances: list = []
         self.stopped = True
-        self.generation = int(generation or 0)   # +1 per start or restart (no rebalances here)
+        # +1 per start or restart, and per set of moves the commits show (Spark placed tasks
+        # elsewhere: a new assignment took effect, as a rebalance's generation says elsewhere)
+        self.generation = int(generation or 0)
         self._lock = threading.Lock()
         self._last: dict = {}      # task -> its last commit {instance, batch, offsets, at}
         self._opens: dict = {}     # task -> its last open {instance, source, restored}
@@ -365,6 +367,8 @@ class ExecutorsCoordinator:
             if not moves and (set(now) == set(self._announced) or len(now) < len(self.tasks)):
                 return                      # nothing moved, or not every task has committed yet
             self._announced = dict(now)
+            if moves:
+                self.generation += 1
             live = [i for i, x in self._executors.items() if i is not None and x.get("status") == "alive"]
             standbys = {str(t): list(v) for t, v in self.standbys.items()}
         reason = "; ".join(f"task {m['task']}: executor {m['from']} -> {m['to']} ({m['reason']})"

@@ -711,3 +711,65 @@ def test_a_poll_that_sees_a_death_before_its_event_changes_nothing():
     p = m.picture()
     assert [r["status"] for r in p.instances] == ["dead", "alive"] and disagreements(p) == []
     assert [(c["task"], c["state"], c["instance"]) for c in p.chips] == [("0_0", "queued", None)]
+
+
+def test_a_done_row_replayed_what_it_says_it_had_to_and_says_what_compaction_saved():
+    """A restore crosses more offsets than it reads records (compaction, transaction markers):
+    while it runs "to replay" is the offsets, drawn as an upper bound; done, it is the records
+    read, both sides equal, the offsets without a record said apart (a browser picture showed
+    "629,701 / 634,666" and "191 / 172" on done rows)."""
+    from kernel_ext.dashboard import panels
+    from kernel_ext.dashboard.model import disagreements
+
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=10.0, state="RESTORING", events=[
+        E(ev.RestoreQueued, 1.0, task="0_0", instance=0, source="scratch", to_replay=634_666,
+          stores={"counts": [0, 634_666]}, generation=2),
+        E(ev.RestoreStarted, 1.1, task="0_0", instance=0, store="counts", source="scratch",
+          start_offset=0, end_offset=634_666, to_replay=634_666),
+        E(ev.RestoreProgress, 2.0, task="0_0", instance=0, store="counts", offset=300_000,
+          restored=298_000, remaining=334_666)]))
+    row = m.restores.current.rows["0_0"]
+    assert (row.restored, row.total, row.exact) == (298_000, 634_666, False)
+    assert row.fraction == pytest.approx(300_000 / 634_666)       # the offsets crossed
+    assert "298,000 / ≤ 634,666" in panels.render_restore(m)
+    assert m.header()["lag"] == 334_666 and disagreements(m.picture()) == []
+    m.update(Snapshot(t=11.0, state="RUNNING", events=[
+        E(ev.RestoreEnded, 4.0, task="0_0", instance=0, store="counts", source="scratch", start_offset=0,
+          end_offset=634_666, restored=629_701, seconds=2.9),
+        E(ev.TaskOpened, 4.1, task="0_0", instance=0, source="scratch", restored=629_720)]))   # + _task
+    row = m.restores.current.rows["0_0"]
+    assert (row.status, row.restored, row.total, row.skipped) == ("done", 629_701, 629_701, 4_965)
+    html = panels.render_restore(m)
+    assert "629,701 / 629,701" in html and "4,965 of the offsets it crossed held no record" in html
+    assert "4,965 offsets held no record (compacted away, or transaction markers)" in html   # the summary
+    assert disagreements(m.picture()) == []
+
+
+def test_an_executors_death_noticed_after_its_tasks_reopened_elsewhere_queues_nothing():
+    """On a cluster Spark runs a dead executor's tasks on another before the driver notices the
+    death: the death must not queue them again (notebook 13 showed "2 queued" for 10 s); the
+    rebalance that announced the moves names the generation the header shows."""
+    from kernel_ext.dashboard import panels
+    from kernel_ext.dashboard.model import disagreements
+
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=2.0, state="RUNNING", events=[
+        E(ev.InstanceStarted, 1.0, instance=1), E(ev.InstanceStarted, 1.0, instance=2),
+        E(ev.Committed, 1.2, task="0_0", instance=1, batch=0, records=5, offsets={"c": 6}),
+        E(ev.Committed, 1.2, task="0_1", instance=2, batch=0, records=5, offsets={"c": 6}),
+        E(ev.Rebalance, 1.3, live=[1, 2], active={"0_0": 1, "0_1": 2}, generation=1)]))
+    m.update(Snapshot(t=9.0, state="RUNNING", events=[
+        E(ev.StandbyPromoted, 5.0, task="0_0", instance=2, role="standby", lag=0),
+        E(ev.TaskOpened, 5.1, task="0_0", instance=2, source="standby", restored=0),
+        E(ev.InstanceDied, 6.0, instance=1, tasks=["0_0"], generation=1),
+        E(ev.Rebalance, 6.1, live=[2], active={"0_0": 2, "0_1": 2}, generation=2,
+          moves=[{"task": "0_0", "from": 1, "to": 2, "reason": "owner-died"}])]))
+    p = m.picture()
+    assert [(c["task"], c["state"], c["instance"]) for c in p.chips] == [("0_0", "running", 2),
+                                                                         ("0_1", "running", 2)]
+    assert "queued" not in p.reason and p.header["generation"] == 2
+    assert disagreements(p) == []
+    assert "promoted standby" in panels.render_restore(m) and "<tr class='dead'>" not in panels.render_restore(m)

@@ -177,3 +177,22 @@ def test_produce_with_a_limit_takes_the_fast_path_and_writes_the_generators_reco
         assert (counts, sums) == datagen.accounts_reference(3, 70_000, 5_000)
     finally:
         sess.bootstrap = old
+
+
+def test_the_start_line_counts_executors_as_spark_places_them():
+    """On a cluster (placement executors) the app's instance setting says nothing about where its
+    tasks run: the line names Spark's executors (notebook 13 said "4 tasks on 1 instance" beside
+    three executors)."""
+    from kernel_ext.commands import Session
+
+    class App:
+        partitions, instances = 4, 1
+
+        def __init__(self, placement):
+            self.placement = placement
+
+        def tasks(self):
+            return ["0_0", "0_1", "0_2", "0_3"]
+
+    assert Session._tasks_on(App("executors")) == "4 tasks on Spark's executors"
+    assert Session._tasks_on(App("instances")) == "4 tasks on 1 instance"

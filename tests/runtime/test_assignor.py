@@ -199,3 +199,23 @@ def test_round_trip_dict():
     assert Assignment.from_dict(a.to_dict()) == Assignment(
         a.generation, a.active, {k: v for k, v in a.standbys.items() if v}, a.warmups)
     assert a.for_instance(0)["active"] == [str(x) for x in a.active_tasks(0)]
+
+
+def test_lag_of_a_copy_whose_position_is_not_reported_yet_is_unknown(tmp_path):
+    """A task just assigned (a promoted standby, a new owner) has no position in its instance's
+    status yet and no checkpoint: its lag is unknown, not the whole changelog (a dashboard drew
+    that as a 250k spike for a promotion that replayed nothing)."""
+    from types import SimpleNamespace
+
+    from statekit.contracts import Layout, TaskId
+    from statekit.runtime.lag import lag_rows
+    from statekit.stores import StoreSpec
+
+    plan = SimpleNamespace(stores=[StoreSpec("counts")], needs_task_store=False)
+    a = Assignment(generation=2, active={TaskId(0, 0): 1, TaskId(0, 1): 1})
+    statuses = {1: {"tasks": {"0_0": {"state": "running", "positions": {"counts": 40}},
+                              "0_1": {"state": "restoring"}}}}
+    kafka = SimpleNamespace(end_offsets=lambda topic: {0: 50, 1: 250_000})
+    rows = {r["task"]: r for r in lag_rows("a", a, statuses, {0: plan}, kafka, Layout(str(tmp_path), "a"))}
+    assert (rows["0_0"]["checkpoint_offset"], rows["0_0"]["lag"]) == (40, 10)
+    assert (rows["0_1"]["checkpoint_offset"], rows["0_1"]["changelog_end"], rows["0_1"]["lag"]) == (None, 250_000, None)

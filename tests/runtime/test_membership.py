@@ -123,11 +123,17 @@ def test_kill_one_of_three_mid_batch_and_the_others_keep_committing(broker, own_
         # no copy anywhere: the moved tasks restored their whole changelog, throttled
         ends = {e.task: e for e in app.events(types="restore_end") if e.ts >= died.ts}
         begins = own_kafka.begin_offsets(topic)
+        # the new owner said, when it was given the task, which offsets its restore would cross:
+        # the dashboard counts a queued task's lag from them (the internal store is not counted)
+        queued = {e.task: e for e in app.events(types="restore_queued") if e.ts >= died.ts}
         for t in moved:
             e = ends[t]
             assert e.source == "scratch" and e.restored > 0, e
             assert e.start_offset <= begins[TaskId.parse(t).partition], (e, begins)
             assert e.end_offset >= before[t], (e, before[t])
+            q = queued[t]
+            assert q.stores == {"counts": [e.start_offset, e.end_offset]}, (q, e)
+            assert q.to_replay == e.end_offset - e.start_offset >= e.restored, (q, e)
         assert app.process_all_available(timeout=120)
         assert "ERROR" not in states and set(states) <= {"RESTORING", "RUNNING", "REBALANCING"}
         want = reference(feed.sent)

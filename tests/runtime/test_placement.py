@@ -336,3 +336,29 @@ def test_session_master_choice(monkeypatch):
     assert resolve_master("local[4]") == "local[4]"
     assert is_local_master("local[2,3]") and not is_local_master("spark://h:7077")
     assert not is_local_master("yarn")
+
+
+def test_moves_the_commits_show_are_a_new_generation(tmp_path):
+    """Spark moving a task to another executor is a new assignment: the Rebalance event that
+    announces it carries the next generation (notebook 13's dashboard kept generation 1 after the
+    moves)."""
+    from statekit.contracts import Layout
+    from statekit.runtime.placement import ExecutorsCoordinator
+    from statekit.worker.task import WorkerSpec
+
+    spec = WorkerSpec(application="a", bootstrap="b:1", plans={}, partitions=2,
+                      control_dir=str(tmp_path / "control"))
+    out = []
+    co = ExecutorsCoordinator(application="a", layout=Layout(str(tmp_path), "a"), spec=spec,
+                              tasks=[TaskId(0, 0), TaskId(0, 1)], extra={}, generation=1,
+                              publish=out.append, subscribe=lambda cb: None, unsubscribe=lambda cb: None)
+    co.stopped = False
+    for task, inst in (("0_0", 1), ("0_1", 2)):
+        co._on_event(ev.Committed(task=task, instance=inst, batch=0, offsets={"c": 3}))
+    co._announce_moves()
+    assert [(type(e).__name__, e.generation, e.moves) for e in out] == [("Rebalance", 1, [])]
+    co._on_event(ev.Committed(task="0_0", instance=2, batch=1, offsets={"c": 5}))
+    co._announce_moves()
+    co._announce_moves()    # nothing moved since: no event, no generation
+    assert [(e.generation, [m["task"] for m in e.moves]) for e in out[1:]] == [(2, ["0_0"])]
+    assert co.generation == 2 and co.assignment.generation == 2
