@@ -106,8 +106,8 @@ shuffle uses (Kafka's murmur2), and the task's RocksDB is read through a seconda
 
 **What you will see:** a word count on two instances; which task and instance hold a key; one key,
 a range of keys and the whole store read while the app runs, and checked against plain Python; then
-a key queried while its store is rebuilt after a crash: refused, read stale with its lag, read
-current once the restore is done.
+a key queried while its store is rebuilt after a crash — the restore held halfway until you let it
+go: refused, read stale with its lag, read current once the restore is done.
 """),
     SETUP,
     code("%statekit produce words --from ../sample_data/words.jsonl --partitions 4 --wait"),
@@ -151,9 +151,13 @@ dead) and how many changelog records it is behind. `stale=True` answers at once 
 copy there is, and `with_lag=True` says which copy that was and how far behind it is.
 
 Both instances crash and lose their disks; the restart brings them back empty, and every task
-replays its whole changelog, throttled to 10 records a second so that there is time to ask.
+replays its whole changelog, throttled to 10 records a second. So that there is time to ask, however
+long you take to read, the restore of the word's task **waits for you** halfway through its changelog
+(`app.hold_restores`) until you let it go (`app.release_restores()`, three cells down).
 """),
     code("""
+word_task = app.key_owner("counts", "record").task
+app.hold_restores(word_task, at=0.5)
 %statekit crash iq --mode disk-loss --instance 0
 %statekit crash iq --mode disk-loss --instance 1
 %statekit restart iq --restore-rate 10/s --no-watch
@@ -171,8 +175,9 @@ except StaleRead as refusal:
 """),
     md("""
 The freshest copy there is, read anyway: its value, and how far behind it is (`wait=10`: if the
-restarted instance has not yet opened an empty store to restore into, give it up to 10 s). The magic
-reads the same way and says the same.
+restarted instance has not yet opened an empty store to restore into, give it up to 10 s). Half of
+the task's changelog is in it: the count may be short, or not there yet. The magic reads the same
+way and says the same.
 """),
     code("""
 answer = app.query("counts", "record", stale=True, wait=10, with_lag=True)
@@ -180,9 +185,11 @@ print(answer.value, "from", answer.copy)
 %statekit query iq counts record
 """),
     md("""
-Now let the query wait for the restore (up to a minute): the answer is current again.
+Now let the restore go on, and let the query wait for it (up to a minute): the answer is current
+again.
 """),
     code("""
+app.release_restores()
 answer = app.query("counts", "record", wait=60, with_lag=True)
 print(answer.value, "from", answer.copy)
 assert answer.current and answer.value == expected["record"]
@@ -195,9 +202,9 @@ assert answer.current and answer.value == expected["record"]
 A key's task is fixed by hashing the key, the same way the records were partitioned, so a query for
 one key goes straight to the one task (and instance) that holds it; a range or the whole store asks
 every task. The answers came from the live RocksDB stores while the app ran. While a store was
-rebuilt from its changelog, a query did not pretend: it refused, naming the task, its state and its
-lag; read stale, it said how far behind its copy was; once the restore was done it answered the
-count plain Python counts.
+rebuilt from its changelog (held halfway for as long as you read), a query did not pretend: it
+refused, naming the task, its state and its lag; read stale, it said how far behind its copy was;
+once the restore was let go and done, it answered the count plain Python counts.
 """),
 ]
 
@@ -317,8 +324,10 @@ while sum(e.records for e in app.events(types="commit", since=t0)) < 1500:
 """),
     md("""
 Eight seconds later, what did each instance commit since the producer started? Instance 1's line
-stops at the kill. The grey line, all instances together, goes on rising through it: the app keeps
-pace with the input, instances 0 and 2 now doing instance 1's share too.
+stops at the kill. The grey line, all instances together, stands still for a moment at the kill —
+the micro-batch in flight waits until the dead instance's part of it is set aside for its tasks' new
+owners, and the next one waits for it — then rises again at the pace of the input, instances 0 and 2
+now doing instance 1's share too. The cell says how long the pause lasted.
 """),
     code("""
 import matplotlib.pyplot as plt
@@ -352,6 +361,9 @@ for s in ("top", "right"):
 plt.show()
 after = sum(e.records for e in commits if e.ts >= kill.ts and e.instance in (0, 2))
 moves = [m for r in app.rebalances if r["generation"] > kill.generation for m in r["moves"]]
+around = sorted(e.ts for e in commits if kill.ts - 2 <= e.ts)
+pause = max((b - a for a, b in zip(around, around[1:]) if b >= kill.ts), default=0.0)
+print(f"the commits of all instances paused {pause:.1f} s at the kill, then went on")
 print(f"since the kill, instances 0 and 2 committed {after:,} records; the kill moved "
       + ", ".join(f"{m['task']} from instance {m['from']} to {m['to']}" for m in moves))
 """),
@@ -417,8 +429,8 @@ print("OK")
 ## What happened
 
 When instance 1 was killed, its tasks went to the instances holding their standbys, and those two
-instances kept committing the movements that kept arriving — the kill cost a promotion, not a
-pause. Instance 1 came back with a stale disk and the new instance 3 with none; neither got a task
+instances kept committing the movements that kept arriving — the kill cost a promotion and a pause
+of a moment while the micro-batch in flight was handed over, not a restore. Instance 1 came back with a stale disk and the new instance 3 with none; neither got a task
 before a warmup replica had caught up on it, so no task ever moved to a copy far behind. The store
 matched plain Python after all of it.
 """),

@@ -515,6 +515,8 @@ class App:
     crash = _delegate(Crashes, "_crashes", "crash")
     pending_crash = _forward("_crashes.pending", Crashes.pending.__doc__)
     cancel_crash = _delegate(Crashes, "_crashes", "cancel", "cancel_crash")
+    hold_restores = _delegate(Crashes, "_crashes", "hold_restores")
+    release_restores = _delegate(Crashes, "_crashes", "release_restores")
 
     # ------------------------------------------------------------------ inspection (read-only)
     lag = _delegate(Inspection, "_inspect", "lag")

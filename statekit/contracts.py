@@ -30,6 +30,7 @@ Directories under an application's state dir (``$STATEKIT_HOME/apps/<app>`` by d
       authkey                    the secret instances and routers authenticate with (0600)
       runspec.pkl                what an instance process needs to run tasks
       crash.json                 a pending crash directive
+      restore-hold.json          restores held for a learner (statekit.worker.hold)
       spool/<task>/<batch>.arrow micro-batches a task received while it could not process them
       output/<task>/<batch>.bin  the memory sink: each task's outputs of each batch
     deployment                   placement "executors": a random id in the executors' state paths

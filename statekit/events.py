@@ -233,6 +233,7 @@ class RestoreProgress(Event):
     restored: int = 0          # records read so far
     remaining: int = 0
     rate_rps: float = 0.0
+    held: bool = False         # stopped here until App.release_restores() (App.hold_restores)
 
 
 @_register

@@ -98,6 +98,7 @@ class RestoreRow:
     replayed: Optional[int] = None               # records replayed (task_opened)
     error: Optional[str] = None
     died: Optional[int] = None                   # the instance that died under it (queued again)
+    held: bool = False                           # stopped for a learner (App.hold_restores)
 
     @property
     def final(self) -> bool:
@@ -181,6 +182,8 @@ class RestoreRow:
             return f"promoted {self.promoted or 'standby'}{lag}"
         if self.status == "queued" and self.died is not None:
             return f"queued: instance {self.died} died"
+        if self.status == "restoring" and self.held:
+            return "held: app.release_restores()"
         return STATUS_LABELS.get(self.status, self.status)
 
 
@@ -501,6 +504,7 @@ def apply_event(rows: dict, e) -> None:
         if sp.done:
             return
         sp.restored = int(e.restored or 0)
+        row.held = bool(getattr(e, "held", False))
         if e.remaining is not None:
             sp.remaining = int(e.remaining)
             if not sp.total:   # its start not seen: the offsets crossed so far are at least its records
@@ -516,6 +520,7 @@ def apply_event(rows: dict, e) -> None:
             sp.start_offset, sp.end_offset = e.start_offset, e.end_offset
             sp.total = max(0, int(e.end_offset) - int(e.start_offset))
         sp.finish(int(e.restored or 0))
+        row.held = False
         secs = float(e.seconds or 0.0)
         row.seconds = (row.seconds or 0.0) + secs
         if row.started is None or row.started > ts - secs:

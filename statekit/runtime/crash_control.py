@@ -1,5 +1,6 @@
 """The crashes a notebook asks for: every request on record (``App.crashes``), the directive that
-has not fired yet, its withdrawal, and one armed for a restart.
+has not fired yet, its withdrawal, and one armed for a restart; and restores held for a learner
+(``hold_restores``/``release_restores``: ``statekit.worker.hold``).
 
 How a crash happens depends on where the tasks run (an instance process, or a Python worker on an
 executor): the placement does that part (``runtime.deployment``). What is kept about crashes is the
@@ -13,6 +14,7 @@ from typing import Optional
 from statekit import events as ev
 from statekit.errors import StatekitError
 from statekit.worker import crash as crash_mod
+from statekit.worker import hold as hold_mod
 
 CRASH_MODES = ("process", "disk-loss")
 
@@ -120,3 +122,37 @@ class Crashes:
                                  cd.get("after_records") or 0, cd.get("mode", "process"))
         self.record({**cd, "id": d["id"], "status": "pending", "requested_at": time.time()},
                     directive=True)
+
+    def hold_restores(self, tasks=None, at: float = 0.5) -> dict:
+        """Hold the next restore of ``tasks`` (task ids or a list of them; None: every task) once
+        it has crossed ``at`` (0 <= at < 1) of its changelog, until ``release_restores()``: a
+        restore that waits for the learner, however long they take to read (notebook 07). A
+        held task is restoring: queries refuse it, ``stale=True`` reads it half restored."""
+        from statekit.contracts import TaskId
+
+        try:
+            at = float(at)
+        except (TypeError, ValueError):
+            at = float("nan")
+        if not 0.0 <= at < 1.0:
+            raise StatekitError(f"hold_restores(at=...) is the share of a changelog to restore "
+                                f"first: 0 <= at < 1 (got {at!r})")
+        names = None
+        if tasks is not None:
+            given = [tasks] if isinstance(tasks, (str, TaskId)) else list(tasks)
+            known = {str(t) for t in self.app.tasks()}
+            names = []
+            for t in given:
+                try:
+                    name = str(TaskId.parse(t))
+                except (TypeError, ValueError):
+                    name = None
+                if name not in known:
+                    raise StatekitError(f"app '{self.app.name}' has no task {t!r} (tasks: "
+                                        f"{', '.join(sorted(known))})")
+                names.append(name)
+        return hold_mod.write(self.control_dir, names, at)
+
+    def release_restores(self) -> bool:
+        """Let every held restore go on (True if one was held)."""
+        return hold_mod.clear(self.control_dir)

@@ -43,6 +43,7 @@ from typing import Callable, Optional
 from statekit import events as ev
 from statekit.contracts import ControlDir, TaskId
 from statekit.errors import ProcessorError, StatekitError
+from statekit.worker import hold
 
 _Q = struct.Struct(">q")
 
@@ -187,8 +188,11 @@ class _RestoreEvents:
 
     INTERVAL_S = 0.2
 
-    def __init__(self, publish, task, instance, source, throttle=None, cancel=None) -> None:
+    def __init__(self, publish, task, instance, source, throttle=None, cancel=None,
+                 control_dir=None) -> None:
         self.cancel = cancel
+        self.control_dir = control_dir    # where App.hold_restores() writes (statekit.worker.hold)
+        self.held_s: dict = {}            # store -> seconds its restore was held
         self.publish = publish
         self.task = str(task)
         self.instance = instance
@@ -218,15 +222,41 @@ class _RestoreEvents:
         if self.cancel is not None and self.cancel():
             raise RestoreCancelled(f"task {self.task} was revoked while it restored")
         self.restored[store] = self.restored.get(store, 0) + num_restored
+        if is_task_store(store):
+            return
         now = time.perf_counter()
-        if now - self.last_emit.get(store, 0.0) < self.INTERVAL_S or is_task_store(store):
+        t0, start, end = self.starts.get(store, (now, 0, 0))
+        if hold.holds(self.control_dir, self.task, batch_end_offset - start, end - start):
+            self._hold(store, batch_end_offset, end, t0)
+            return
+        if now - self.last_emit.get(store, 0.0) < self.INTERVAL_S:
             return
         self.last_emit[store] = now
-        t0, start, end = self.starts.get(store, (now, 0, 0))
+        self._progress(store, batch_end_offset, end, t0)
+
+    def _progress(self, store, offset, end, t0, held: bool = False) -> None:
+        took = max(time.perf_counter() - t0 - self.held_s.get(store, 0.0), 1e-9)
         self.publish(ev.RestoreProgress(task=self.task, instance=self.instance, store=store,
-                                        offset=batch_end_offset, restored=self.restored[store],
-                                        remaining=max(0, end - batch_end_offset),
-                                        rate_rps=self.restored[store] / max(now - t0, 1e-9)))
+                                        offset=offset, restored=self.restored[store],
+                                        remaining=max(0, end - offset),
+                                        rate_rps=self.restored[store] / took, held=held))
+
+    def _hold(self, store, offset, end, t0) -> None:
+        """Stop here until the hold is released (``App.release_restores()``) or the task is
+        taken away; the time held is not the restore's."""
+        self._progress(store, offset, end, t0, held=True)
+        since = time.perf_counter()
+        try:
+            while os.path.exists(hold.path(self.control_dir)) and \
+                    hold.holds(self.control_dir, self.task, offset - self.starts[store][1],
+                               end - self.starts[store][1]):
+                if self.cancel is not None and self.cancel():
+                    raise RestoreCancelled(f"task {self.task} was revoked while its restore was held")
+                time.sleep(0.1)
+        finally:
+            self.held_s[store] = self.held_s.get(store, 0.0) + time.perf_counter() - since
+        self.last_emit[store] = time.perf_counter()
+        self._progress(store, offset, end, t0)
 
     def on_restore_end(self, store, partition, total_restored) -> None:
         self.restored[store] = total_restored  # the RestoreEnded event carries TaskState's metrics
@@ -375,7 +405,8 @@ class StreamTask:
         self._sink_partitions = dict(sink_partitions or {})
         t0 = time.perf_counter()
         self.notices: list = []
-        listener = _RestoreEvents(publish, self.task, instance, source, restore_rate, cancel)
+        listener = _RestoreEvents(publish, self.task, instance, source, restore_rate, cancel,
+                                  control_dir=spec.control_dir)
         self._own_kafka = None
         self.producer = None
         if kafka is None:
@@ -406,11 +437,14 @@ class StreamTask:
             restored += int(md.get("records_restored") or 0)
             if is_task_store(name) or not (md.get("lag") or md.get("records_restored")):
                 continue
+            held = listener.held_s.get(name, 0.0)   # a learner's hold is not restore time
+            secs = max(0.0, (md.get("duration_s") or 0.0) - held)
+            rate = (md.get("records_restored") or 0) / secs if held and secs > 0 else md.get("rate") or 0.0
             evs.append(ev.RestoreEnded(
                 task=str(self.task), instance=instance, store=name, source=self.source,
                 start_offset=md.get("start_offset") or 0, end_offset=md.get("end_offset") or 0,
                 restored=md.get("records_restored") or 0, applied=md.get("records_applied") or 0,
-                seconds=md.get("duration_s") or 0.0, rate_rps=md.get("rate") or 0.0,
+                seconds=secs, rate_rps=rate,
                 dropped_uncommitted=md.get("dropped_uncommitted") or 0,
                 throttle_rps=md.get("throttled_to")))
         self.restored = restored

@@ -134,3 +134,36 @@ def test_ctrl_c_stops_the_runner_and_everything_it_started(tmp_path):
     while (pid_alive(broker_pid) or pid_alive(registry_pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not pid_alive(broker_pid) and not pid_alive(registry_pid)
+
+
+@pytest.mark.slow   # a learner's pace: a minute more than the notebook's own run
+def test_notebook_07_waits_for_a_learner_who_reads_before_each_query(tmp_path, monkeypatch):
+    """Read at a learner's pace (8 s on the markdown before each query of the restore), notebook
+    07 still shows the refusal and the stale read: the restore of the word's task waits halfway
+    until the learner lets it go (a restore of ~3 s was over before a reader got there)."""
+    import time
+
+    import nbformat
+
+    path = next(p for p in PATHS if os.path.basename(p).startswith("07_"))
+    paused = []
+
+    def reader(cell):
+        if any(w in cell.source for w in ("StaleRead", "stale=True", "release_restores")):
+            paused.append(cell.source.splitlines()[0])
+            time.sleep(8)
+
+    monkeypatch.setenv("STATEKIT_TOUR_KEYS", "20000")
+    r = run_notebook(path, out_dir=str(tmp_path / "build"), timeout=240, home=str(tmp_path / "home"),
+                     before_cell=reader)
+    assert not r.errors and r.ok_checks >= 1, r.errors
+    assert len(paused) == 3, paused
+    nb = nbformat.read(r.executed_path, as_version=4)
+    out = {i: "".join(o.get("text", "") for o in c.get("outputs", []))
+           for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    refusal = next(t for i, t in out.items() if "StaleRead" in nb.cells[i].source)
+    stale = next(t for i, t in out.items() if "stale=True" in nb.cells[i].source)
+    current = next(t for i, t in out.items() if "release_restores" in nb.cells[i].source)
+    assert "restoring" in refusal and "changelog records behind" in refusal, refusal
+    assert "from the restoring active" in stale and "records behind" in stale, stale
+    assert "current" in current, current

@@ -191,3 +191,20 @@ def test_native_engine_still_takes_what_it_runs(tmp_path):
     # table, the windowed count and the count by word are its stores
     assert not plan.repartition_topics
     assert sorted((s.name, s.kind) for s in plan.stores) == [("c", "kv"), ("users", "kv"), ("w", "window")]
+
+
+def test_a_hold_on_restores_names_real_tasks_and_a_share_below_one(tmp_path):
+    import statekit
+    from statekit.worker import hold
+
+    app = statekit.App("held", bootstrap="127.0.0.1:9", partitions=2, state_dir=str(tmp_path))
+    app.stream("words").group_by_key().count(store="counts")
+    for bad, words in (({"tasks": ["0_7"]}, "has no task '0_7' (tasks: 0_0, 0_1)"),
+                       ({"at": 1.0}, "0 <= at < 1 (got 1.0)"), ({"at": "half"}, "0 <= at < 1")):
+        with pytest.raises(StatekitError) as ei:
+            app.hold_restores(**bad)
+        msg = str(ei.value)
+        assert "\n" not in msg and words in msg, msg
+    assert hold.read(app.layout.control_dir) is None            # nothing held by a refusal
+    assert app.hold_restores("0_1", at=0.25) == {"tasks": ["0_1"], "at": 0.25}
+    assert app.release_restores() and not app.release_restores()
