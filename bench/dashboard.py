@@ -22,6 +22,11 @@ poll, which no refresh waits for), the kernel CPU the dashboard spends per secon
 the crash the dashboard drew the instance dead, and the user loop's speed. The idle CPU and memory
 of a started app are measured by the engine's own benchmark, not here.
 
+Before each round without a dashboard, the restore forecast a notebook cell makes
+(`App.restore_forecast()`), set against the restore that follows: forecast / measured, per round
+and as ``FIGURE name=restore_forecast_over_measured_<quiet|loaded> value=<median> unit=x
+baseline=<the same without the load of the moment: the calibration's rate alone>``.
+
 Last lines: ``FIGURE name=dashboard_refresh_<p50|p95>_<idle|restoring>_<quiet|loaded> value=<ms>
 unit=ms baseline=<old ms> ratio=<new/old>``, and the p95 while restoring beside the hog as the one
 summary line, ``RESULT name=dashboard_refresh_p95_restoring_loaded ...``.
@@ -164,12 +169,36 @@ def spin_until(done) -> float:
 OPENED = [0]   # task_opened events seen (counted by an App.on_event callback)
 
 
-def restore_round(app, dash) -> float:
+FORECASTS: dict = {}   # condition -> [(forecast s, forecast s without the load of the moment, measured s)]
+
+
+def forecast_then_measure(app, cond: str) -> None:
+    """The restore forecast a notebook cell makes before a crash (`App.restore_forecast()`), set
+    against the restore from scratch that follows it (the next round's, measured by its tasks)."""
+    fc = app.restore_forecast()
+    f = fc.frame[fc.frame.source == "scratch"]
+    FORECASTS.setdefault(cond, []).append([float(f.seconds.sum()), float((f.seconds / f.load).sum()), None])
+
+
+def measured_restore(app, cond: str) -> None:
+    rows = FORECASTS.get(cond) or []
+    if rows and rows[-1][2] is None:
+        rs = app.restore_summary()   # since the restart: every task's restore time, summed
+        rows[-1][2] = float(rs.seconds.sum())
+        f, flat, took = rows[-1]
+        print(f"[{cond}] restore forecast {f:.2f} s (without the load of the moment {flat:.2f} s), "
+              f"measured {took:.2f} s: forecast / measured {f / took:.2f}", flush=True)
+
+
+def restore_round(app, dash, cond: str | None = None) -> float:
     """A disk-loss crash and a restart (every task restores from scratch) with the user loop
-    running; returns the loop's speed meanwhile."""
+    running; returns the loop's speed meanwhile. With `cond`, the forecast made before the crash
+    is set against the restore."""
     from statekit.app import AppState
 
     app.wait_for_state([AppState.RUNNING], timeout=120)
+    if cond is not None:
+        forecast_then_measure(app, cond)
     if dash is not None:
         dash.crash_at = time.time()
     app.crash(mode="disk-loss", instance=0)
@@ -177,7 +206,10 @@ def restore_round(app, dash) -> float:
     time.sleep(1.5)   # the dashboard shows the crash (and the old one its ERROR)
     opened = OPENED[0]
     app.restart()
-    return spin_until(lambda: app.state == AppState.RUNNING and OPENED[0] >= opened + app.partitions)
+    speed = spin_until(lambda: app.state == AppState.RUNNING and OPENED[0] >= opened + app.partitions)
+    if cond is not None:
+        measured_restore(app, cond)
+    return speed
 
 
 def main(argv=None) -> int:
@@ -232,7 +264,7 @@ def main(argv=None) -> int:
                     for kind in kinds:
                         r, dash = res[(cond, kind)], dashes[kind]
                         if dash is None:
-                            r["speeds"].append(restore_round(app, None))
+                            r["speeds"].append(restore_round(app, None, cond))
                             continue
                         dash.start()
                         n, np_ = len(dash.times), len(dash.polls) if kind == "new" else 0
@@ -269,6 +301,13 @@ def main(argv=None) -> int:
                     b = q(old[phase], f) * 1000 if old else float("nan")
                     results.append((f"dashboard_refresh_p{int(f * 100)}_{phase}_{cond}", v, b))
         results.sort(key=lambda r: r[0] == "dashboard_refresh_p95_restoring_loaded")
+        for cond in ("quiet", "loaded"):
+            rows = [r for r in FORECASTS.get(cond, []) if r[2]]
+            if rows:   # the median forecast / measured, beside the calibration's without the load now
+                v = statistics.median(f / took for f, _flat, took in rows)
+                b = statistics.median(flat / took for _f, flat, took in rows)
+                print(f"FIGURE name=restore_forecast_over_measured_{cond} value={v:.2f} unit=x "
+                      f"baseline={b:.2f} ratio={v / b:.4f}")
         for i, (name, v, b) in enumerate(results):
             kind = "RESULT" if i == len(results) - 1 else "FIGURE"
             print(f"{kind} name={name} value={v:.2f} unit=ms baseline={b:.2f} ratio={v / b:.4f}")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 FIGURES_ENV = "STATEKIT_DEMO_FIGURES"
+FORECAST_HOLDS = 1.5   # a forecast holds within this factor of the restore it forecast, either way
 SOLUTIONS_ENV = "STATEKIT_SOLUTIONS"
 
 
@@ -191,8 +192,9 @@ def _widget_pngs(nb, result: NotebookResult, charts_dir: str | None) -> None:
 
 
 def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home: str | None = None,
-                 keep_home: bool = False) -> NotebookResult:
-    """Execute one notebook in a fresh kernel; never raises for a notebook failure (see .errors)."""
+                 keep_home: bool = False, before_cell=None) -> NotebookResult:
+    """Execute one notebook in a fresh kernel; never raises for a notebook failure (see .errors).
+    ``before_cell(cell)``, called before each code cell runs: a learner's pace (the tests)."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
@@ -212,6 +214,8 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
                             store_widget_state=True, record_timing=True,
                             resources={"metadata": {"path": NOTEBOOKS}})
+    if before_cell is not None:
+        client.on_cell_execute = lambda cell, cell_index: before_cell(cell)
     t0 = time.monotonic()
     try:
         client.execute()
@@ -290,10 +294,15 @@ def format_report(results: list[NotebookResult], wall: float | None = None) -> s
         for e in r.errors[:3]:
             lines.append(f"         {e}")
     restores = [(r.name, p) for r in results for p in r.reports if p.get("name") == "restore"]
+    held = []   # forecast / measured of every restore with a forecast
     for name, p in restores:
         fc, took = p.get("forecast_seconds"), p.get("restore_seconds")
-        ratio = (f", measured {took / fc:.2f}x the forecast"
-                 if isinstance(took, (int, float)) and isinstance(fc, (int, float)) and fc > 0 else "")
+        ratio = ""
+        if isinstance(took, (int, float)) and isinstance(fc, (int, float)) and took > 0:
+            held.append(fc / took)
+            ratio = (f"; forecast / measured = {fc / took:.2f}, "
+                     f"{'within' if 1 / FORECAST_HOLDS <= fc / took <= FORECAST_HOLDS else 'NOT within'} "
+                     f"{FORECAST_HOLDS:g}x")
         lines += ["", f"  {name}: restore from scratch after a disk loss: {took} s of "
                       f"restore work, {p.get('records_replayed'):,} changelog records replayed"
                       + (f" (forecast before the crash: {fc} s{ratio})" if fc is not None else "")]
@@ -311,6 +320,10 @@ def format_report(results: list[NotebookResult], wall: float | None = None) -> s
     took = f"{sum(r.seconds for r in results):.0f} s of notebook time" + \
         (f", {wall:.0f} s wall time" if wall is not None else "")
     lines += ["", f"  {n_ok}/{len(results)} notebooks passed; {took}"]
+    if held:
+        ok = sum(1 / FORECAST_HOLDS <= x <= FORECAST_HOLDS for x in held)
+        lines.append(f"  restore forecasts within {FORECAST_HOLDS:g}x of the measured restore: {ok}/{len(held)} "
+                     f"(forecast / measured: {', '.join(f'{x:.2f}' for x in held)})")
     return "\n".join(lines)
 
 

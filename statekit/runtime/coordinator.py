@@ -597,9 +597,9 @@ class Coordinator:
                 self._refresh_statuses()
             return dict(self._statuses)
 
-    def calibrate(self, topic: str, partition: int, settle: float = 0.0) -> Optional[float]:
-        """Restore records/s as the instance owning ``partition``'s task measures it (None when
-        no live instance answers). On a connection of its own: a calibration takes a second or
+    def calibrate(self, topic: str, partition: int, settle: float = 0.0) -> Optional[tuple]:
+        """``(records/s, load)`` of a restore now, as the instance owning ``partition``'s task
+        measures it (None when no live instance answers). On a connection of its own: a calibration takes a second or
         more, and status calls must not wait for it."""
         with self._lock:
             owners = [i for t, i in (self.assignment.active.items() if self.assignment else ())
@@ -618,7 +618,7 @@ class Coordinator:
             finally:
                 conn.close()
             if reply[0] == "ok":
-                return float(reply[1])
+                return float(reply[1]), float(reply[2]) if len(reply) > 2 else 1.0
         return None
 
     def tasks_ready(self, fresh: bool = False) -> bool:

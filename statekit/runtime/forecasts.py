@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 COLUMNS = ["task", "instance", "source", "from_instance", "records", "seconds", "apply_rate",
-           "rate_source", "exact"]
+           "rate_source", "load", "exact"]
 
 
 @dataclass
@@ -88,6 +88,7 @@ def forecast(application: str, assignment, statuses: dict, plans: dict, kafka, l
 
     made_at = time.time()
     rows = []
+    load = None   # the load of the one calibration every task's seconds are based on
     if assignment is None:
         return _remember(application, RestoreForecast(pd.DataFrame(columns=COLUMNS), made_at=made_at))
     for t in assignment.tasks:
@@ -107,9 +108,10 @@ def forecast(application: str, assignment, statuses: dict, plans: dict, kafka, l
                               calibrator=calibrator)
             rows.append({"task": str(t), "instance": owner, "source": source, "from_instance": inst,
                          "records": f.records, "seconds": f.seconds, "apply_rate": f.apply_rate,
-                         "rate_source": f.rate_source, "exact": f.exact})
+                         "rate_source": f.rate_source, "load": f.load if load is None else load,
+                         "exact": f.exact})
             if apply_rate is None and f.records:   # one calibration is enough
-                apply_rate, rate_source = f.apply_rate, f.rate_source
+                apply_rate, rate_source, load = f.apply_rate, f.rate_source, f.load
     df = pd.DataFrame(rows, columns=COLUMNS)
     lines = {}
     for inst in sorted(set(assignment.active.values())):

@@ -56,19 +56,23 @@ class Inspection:
         """Before anything crashes: how long each task's restore would take now — from its
         checkpoint, from a standby or warmup (a promotion), from scratch — and, per instance, what
         its death would cost ("if instance 0 died now: ≈ 4.1 s from scratch, 0.2 s from its
-        standby"). ``apply_rate`` (records/s) defaults to the last full-speed restore's, else to
-        a calibration the task's instance makes (a real restore of the changelog), which waits up
-        to ``settle`` seconds for a quiet machine when it has no rate measured on one yet."""
+        standby"). ``apply_rate`` (records/s) defaults to the rate a restore runs at now on this
+        machine, measured by the task's instance: its calibration (a real restore of the
+        changelog, measured once; it waits up to ``settle`` seconds for the instance's own
+        micro-batches to pause) at the load of the moment (a short restore set against it), so
+        a busy machine's forecast is a busy machine's; without instances to ask, the last
+        full-speed restore's rate."""
         from statekit.runtime.forecasts import forecast, last_apply_rate
 
         app = self.app
         co = app._require_started("restore_forecast")
         rate, source = apply_rate, "given"
-        if rate is None:
+        calibrator = self._calibrator(co, settle)
+        if rate is None and calibrator is None:
             rate, source = last_apply_rate(app.events(types="restore_end")), "last restore"
         return forecast(app.name, co.assignment, co.statuses(fresh=True), app.subplans, app.kafka,
                         app.layout, apply_rate=rate, rate_source=source if rate else None,
-                        calibrator=self._calibrator(co, settle))
+                        calibrator=calibrator)
 
     @staticmethod
     def _calibrator(co, settle: float):

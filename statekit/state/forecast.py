@@ -14,16 +14,17 @@ applies what it reads at a rate that depends on this machine and on the records.
 * seconds = records / apply rate, where the rate is the one given, else the rate of the last
   full-speed restore of this process (``restore.last_restore_rate``), else a calibration: a real
   restore (``restore_stores``) of up to ``CALIBRATE_RECORDS`` offsets of the task's own changelog
-  into a throw-away RocksDB, timed as a restore times itself (cached per process and changelog).
-  A sample much smaller than the task would overstate the rate: RocksDB takes the first memtables
-  two to four times faster than the rest, once flushes and level-0 compactions begin.
+  into a throw-away RocksDB, timed as a restore times itself (cached per process and changelog),
+  scaled to the machine's load now (``rate_now``: a restore of the same changelog for a fraction
+  of a second, set against the calibration's first records). A sample much smaller than the task
+  would overstate the rate: RocksDB takes the first memtables two to four times faster than the
+  rest, once flushes and level-0 compactions begin.
 
 ``forecast_task`` is what ``App.restore_forecast()`` calls once per task and source (scratch,
 checkpoint, standby).
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import threading
@@ -39,14 +40,12 @@ from statekit.state.restore import (NO_BATCH, RESTORE_FETCH_BYTES, StoreReplay,
 
 CALIBRATE_RECORDS = 1_000_000  # offsets: a restore of up to this many is measured whole
 CALIBRATE_MIN = 40_000       # a changelog shorter than this is calibrated on synthetic records
-# the rest of the machine busier than this (cores): no calibration now. An idle app costs about
-# 0.4 of a core here (Spark polling its source, the broker), a cleaner pass or a compaction one.
-BUSY_CORES = 0.4 * (os.cpu_count() or 1)
-QUIET_PROBE_S = 0.25
-SETTLE_AGAIN_S = 30.0        # after waiting in vain for a quiet machine, no waiting for this long
+PROBE_S = 0.4                # seconds of the restore that measures the machine's load now
+LOAD_TTL = 10.0              # seconds a load measured stands (a dashboard forecasts every few)
+LOAD_MAX = 30.0              # a load figure stays within [1/30, 30]
 SCAN_MAX = 2_000_000  # offsets: a range up to this long is counted from batch headers
-_calibrated: dict = {}  # (bootstrap, topic, partition) -> (records/s, offsets measured, busy)
-_waited_in_vain: dict = {}  # (bootstrap, topic, partition) -> when a wait for quiet began
+_calibrated: dict = {}  # (bootstrap, topic, partition) -> Calibration
+_load: dict = {}        # (bootstrap, topic, partition) -> (load, when measured)
 _lock = threading.Lock()
 
 
@@ -69,6 +68,7 @@ class TaskForecast:
     apply_rate: float        # records/s the seconds are based on
     rate_source: str         # "given" | "last restore" | "calibrated"
     per_store: dict = field(default_factory=dict)  # store -> StoreForecast
+    load: float = 1.0        # a calibrated rate: how much slower a restore runs now than then
 
     @property
     def exact(self) -> bool:
@@ -105,7 +105,8 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
     positions ("checkpoint" by default, "standby", ...); without positions it is "scratch".
     ``apply_rate``: records/s (default: the last restore's, else a calibration), labelled
     ``rate_source`` ("given" by default). ``calibrator(topic, partition)``: the calibration, done
-    where the restore would run (an instance); None or no answer: in this process.
+    where the restore would run (an instance): records/s, or ``(records/s, load)``; None or no
+    answer: in this process.
     ``log_figures(topics, partition)``: the records each partition holds, for exact counts
     (default: the default embedded broker's, when ``kafka`` talks to it; see
     ``statekit.kafka.log_figures``)."""
@@ -145,6 +146,7 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
             n, exact = kafka.count_records(t, task, start, end), True
         per_store[spec.name] = StoreForecast(spec.name, t, start, end, max(0, n), exact)
     records = sum(s.records for s in per_store.values())
+    load = 1.0
     if apply_rate is not None:
         rate, rate_source = float(apply_rate), rate_source or "given"
     elif last_restore_rate() is not None:
@@ -153,8 +155,10 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
         biggest = max(per_store.values(), key=lambda s: s.end_offset - s.start_offset, default=None)
         topic = biggest.topic if biggest else None
         rate = calibrator(topic, task) if calibrator is not None and topic is not None else None
+        if isinstance(rate, tuple):
+            rate, load = rate
         if rate is None:
-            rate = calibrate(kafka, topic, task)
+            rate, load = rate_now(kafka, topic, task)
         rate_source = "calibrated"
     if records == 0:
         src = "none"
@@ -163,7 +167,18 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
     else:
         src = source or "checkpoint"
     return TaskForecast(task, src, records, records / rate if rate > 0 else 0.0, rate,
-                        rate_source, per_store)
+                        rate_source, per_store, load)
+
+
+@dataclass
+class Calibration:
+    """A restore of a changelog partition into a throw-away RocksDB, measured: its rate, the
+    offsets it covered and how it went (``curve``: seconds and records read at each WriteBatch)."""
+
+    rate: float
+    span: int
+    busy: bool                 # measured beside the caller's own work (measured again when idle)
+    curve: list = field(default_factory=list)
 
 
 def calibrate(kafka, topic: Optional[str], partition: int = 0,
@@ -175,14 +190,11 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
 
     The whole partition is the sample: RocksDB takes the first few memtables at two to four times
     the rate of the rest (flushes, then level-0 compactions share the CPU), so a sample smaller
-    than the task would promise a restore much faster than the real one. And the machine must be
-    quiet: beside a micro-batch, the broker's cleaner or a store's compaction a calibration
-    measured a third of the rate. So a rate is measured when the machine is quiet (``busy``, a
-    bool or a callable: the caller knows it is not), cached per process and changelog until the
-    changelog grows by a quarter; when it is not quiet, the cached rate stands; with none cached,
-    or only one measured while busy, this waits up to ``settle`` seconds for quiet, then measures
-    anyway (and will measure again when it is quiet). After a wait in vain, it does not wait again for
-    ``SETTLE_AGAIN_S``: a machine busy with a steady producer would hold up every forecast."""
+    than the task would promise a restore much faster than the real one. It is measured once per
+    process and changelog, again when the changelog has grown by a quarter, whatever the machine's
+    load (``rate_now`` scales it to the load of the moment). Beside the caller's own work (``busy``,
+    a bool or a callable: a micro-batch, which a restore would not have beside it) it waits up to
+    ``settle`` seconds for it to pause, then measures anyway, and measures again next time."""
     begin = end = 0
     if topic is not None:
         try:
@@ -193,58 +205,108 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     key = (kafka.bootstrap, topic, partition)
     with _lock:
         hit = _calibrated.get(key)
-    if hit is not None and not hit[2] and span <= hit[1] * 5 // 4:
-        return hit[0]
-    # a short changelog restores in milliseconds whatever the load: not worth waiting for; and
-    # a machine that stayed busy through one wait is not waited for again for a while
-    wait = settle if (hit is None or hit[2]) and span >= CALIBRATE_MIN else 0.0
-    with _lock:
-        if time.monotonic() - _waited_in_vain.get(key, float("-inf")) < SETTLE_AGAIN_S:
-            wait = 0.0
-    t_wait = time.monotonic()
-    deadline = t_wait + wait
-    while True:
-        if busy() if callable(busy) else busy:
-            quiet = False
-            time.sleep(QUIET_PROBE_S)
-        else:
-            quiet = _others_busy(QUIET_PROBE_S) <= BUSY_CORES
-        if quiet or time.monotonic() >= deadline:
-            break
-    if wait and not quiet:
-        with _lock:
-            _waited_in_vain[key] = t_wait
-    if hit is not None and not quiet:
-        return hit[0]
+    if hit is not None and not hit.busy and span <= hit.span * 5 // 4:
+        return hit.rate
+    deadline = time.monotonic() + (settle if span >= CALIBRATE_MIN else 0.0)
+    while (busy() if callable(busy) else busy) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    now_busy = bool(busy() if callable(busy) else busy)
+    if hit is not None and now_busy and span <= hit.span * 5 // 4:
+        return hit.rate
+    curve: list = []
     if span >= CALIBRATE_MIN:
-        rate = _measure_restore(kafka, topic, partition, begin, begin + span)
+        rate = _measure_restore(kafka, topic, partition, begin, begin + span, curve=curve)
     else:
         rate = _measure(lambda: _decoding(_synthetic(CALIBRATE_MIN)))
     with _lock:
-        _calibrated[key] = (rate, span, not quiet)
+        _calibrated[key] = Calibration(rate, span, now_busy, curve)
+        _load[key] = (1.0, time.monotonic())   # measured just now: the load of the moment
     return rate
 
 
-def _others_busy(window: float) -> float:
-    """Cores the machine spent over ``window`` seconds on anything but this thread (Linux
-    ``/proc/stat``; elsewhere 0: nothing known)."""
-    def used():
-        try:
-            with open("/proc/stat") as f:
-                v = [int(x) for x in f.readline().split()[1:9]]
-            return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError):
-            return None
+def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False, settle: float = 0.0,
+             probe_s: float = PROBE_S) -> tuple:
+    """``(records/s, load)``: the rate a restore of the partition would run at now — the
+    calibration's (``calibrate``) divided by ``load``, how much slower than during the calibration a
+    restore runs now. ``load`` is measured by a short restore of the same partition (``probe_s``
+    seconds) set against the calibration's first seconds: the same code, broker and disk, in the
+    same process group, so a busy machine (other notebooks, CPU hogs, a shared server) and a
+    quiet one are both seen as a restore sees them. Remembered for ``LOAD_TTL`` seconds (a
+    dashboard's forecasts do not measure it each time), and not measured beside the caller's own
+    work (``busy``): the last figure stands."""
+    rate = calibrate(kafka, topic, partition, busy=busy, settle=settle)
+    key = (kafka.bootstrap, topic, partition)
+    with _lock:
+        cal = _calibrated.get(key)
+        last = _load.get(key)
+    if cal is None or len(cal.curve) < 2:
+        return rate, 1.0
+    if last is not None and (time.monotonic() - last[1] < LOAD_TTL or (busy() if callable(busy) else busy)):
+        return rate / last[0], last[0]
+    try:
+        begin, _end = kafka.offsets_many([topic], partition)[topic]
+    except UnknownTopic:
+        return rate, 1.0
+    took, read = _probe(kafka, topic, partition, begin, begin + cal.span, probe_s)
+    then = _seconds_at(cal.curve, read)
+    load = min(LOAD_MAX, max(1.0 / LOAD_MAX, took / then)) if then and read else 1.0
+    with _lock:
+        _load[key] = (load, time.monotonic())
+    return rate / load, load
 
-    u0, t0, w0 = used(), time.thread_time(), time.monotonic()
-    time.sleep(window)
-    u1 = used()
-    if u0 is None or u1 is None:
-        return 0.0
-    return max(0.0, (u1 - u0) - (time.thread_time() - t0)) / max(1e-3, time.monotonic() - w0)
+
+def _seconds_at(curve: list, records: int) -> Optional[float]:
+    """When the calibration had read ``records`` (linear between its WriteBatches)."""
+    prev = (0.0, 0)
+    for t, n in curve:
+        if n >= records:
+            if n == prev[1]:
+                return t
+            return prev[0] + (t - prev[0]) * (records - prev[1]) / (n - prev[1])
+        prev = (t, n)
+    return None
 
 
-def _measure_restore(kafka, topic: str, partition: int, start: int, end: int) -> float:
+class _Enough(Exception):
+    pass
+
+
+class _Timeline:
+    """A restore listener keeping (seconds, records read) at each WriteBatch; with ``stop_after``,
+    it ends the restore after that many seconds."""
+
+    def __init__(self, stop_after: Optional[float] = None):
+        self.t0 = time.perf_counter()
+        self.read = 0
+        self.curve: list = []
+        self.stop_after = stop_after
+
+    def on_restore_start(self, store, partition, start, end):
+        pass
+
+    def on_batch_restored(self, store, partition, offset, n):
+        self.read += n
+        t = time.perf_counter() - self.t0
+        self.curve.append((t, self.read))
+        if self.stop_after is not None and t >= self.stop_after:
+            raise _Enough()
+
+    def on_restore_end(self, store, partition, total):
+        pass
+
+
+def _probe(kafka, topic: str, partition: int, start: int, end: int, seconds: float) -> tuple:
+    """(seconds, records) of a restore of ``[start, end)`` cut after ``seconds``."""
+    tl = _Timeline(stop_after=seconds)
+    try:
+        _measure_restore(kafka, topic, partition, start, end, listener=tl)
+    except _Enough:
+        pass
+    return (tl.curve[-1] if tl.curve else (0.0, 0))
+
+
+def _measure_restore(kafka, topic: str, partition: int, start: int, end: int,
+                     curve: Optional[list] = None, listener=None) -> float:
     from statekit.state.restore import restore_stores
     from statekit.stores import StoreSpec, build_stores
 
@@ -253,11 +315,15 @@ def _measure_restore(kafka, topic: str, partition: int, start: int, end: int) ->
         _stores, db = build_stores([StoreSpec("calibrate", logging=False)], task_dir=d,
                                    cache_bytes=0, sync=False)
         try:
+            tl = listener or _Timeline()
+            tl.t0 = time.perf_counter()
             metrics, _batch = restore_stores(db, kafka, partition,
                                              {"calibrate": (topic, start, end, NO_BATCH, "scratch")},
-                                             remember=False)
+                                             listener=tl, remember=False)
         finally:
             db.close()
+        if curve is not None:
+            curve[:] = tl.curve
         m = metrics["calibrate"]
         return m.rate if m.rate > 0 else 1_000_000.0
     finally:
@@ -329,11 +395,11 @@ def _measure(make_reader) -> float:
 
 
 def clear_calibration() -> None:
-    """Forget calibrated rates (tests; or after the machine's load changed)."""
+    """Forget calibrated rates and loads (tests)."""
     with _lock:
         _calibrated.clear()
-        _waited_in_vain.clear()
+        _load.clear()
 
 
-__all__ = ["forecast_task", "calibrate", "clear_calibration", "TaskForecast", "StoreForecast",
-           "CALIBRATE_RECORDS"]
+__all__ = ["forecast_task", "calibrate", "rate_now", "clear_calibration", "TaskForecast",
+           "StoreForecast", "CALIBRATE_RECORDS"]

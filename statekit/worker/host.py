@@ -158,18 +158,19 @@ class TaskHost:
         except Exception:  # noqa: BLE001 - an estimate; a missing topic means nothing to replay
             return None
 
-    def calibrate(self, topic: str, partition: int, settle: float = 0.0) -> float:
-        """Restore records/s measured in this process, where a restore would run: a forecast
-        measured in the notebook's kernel competes with the dashboard for the GIL."""
+    def calibrate(self, topic: str, partition: int, settle: float = 0.0) -> tuple:
+        """``(records/s, load)`` of a restore now, measured in this process, where a restore would
+        run (a forecast measured in the notebook's kernel competes with the dashboard for the
+        GIL): the calibration's rate at the machine's load of the moment (``state.forecast.rate_now``)."""
         from statekit.kafka import Kafka
-        from statekit.state.forecast import calibrate
+        from statekit.state.forecast import rate_now
 
         k = Kafka(self.spec.bootstrap)
         def busy():   # batches share the CPU with it
             return time.monotonic() - self._last_fragment < 2.0
 
         try:
-            return calibrate(k, topic, partition, busy=busy, settle=settle)
+            return rate_now(k, topic, partition, busy=busy, settle=settle)
         finally:
             k.close()
 

@@ -141,7 +141,7 @@ class InstanceServer:
                 return ("ok",)
             if op == "calibrate":
                 _, topic, partition, settle = msg
-                return ("ok", self.host.calibrate(topic, int(partition), float(settle)))
+                return ("ok",) + tuple(self.host.calibrate(topic, int(partition), float(settle)))
             if op == "ping":
                 return ("ok", os.getpid())
             return ("error", f"unknown call {op!r}")

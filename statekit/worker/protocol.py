@@ -15,8 +15,8 @@ drive an instance. A message is a pickled tuple; the first element names the cal
         -> ("ok", {...}) (see TaskHost.status)
     ("pause_replicas", paused)                           App -> instance
         -> ("ok", [task])
-    ("calibrate", topic, partition, settle)              App -> instance: a restore rate
-        -> ("ok", records_per_second)
+    ("calibrate", topic, partition, settle)              App -> instance: a restore rate now
+        -> ("ok", records_per_second, load)
     ("stop",)                                            App -> instance: close every task, exit
         -> ("ok",)
 """

@@ -34,7 +34,8 @@ SMALL = {
                       "pipeline_first_batch", "pipeline_join", "pipeline_session",
                       "pipeline_wordcount"]),
     "dashboard": (["--keys", "20000", "--rounds", "1", "--idle-s", "5"], {},
-                  [f"dashboard_refresh_p{p}_{phase}_{cond}" for cond in ("quiet", "loaded")
+                  ["restore_forecast_over_measured_quiet", "restore_forecast_over_measured_loaded"]
+                  + [f"dashboard_refresh_p{p}_{phase}_{cond}" for cond in ("quiet", "loaded")
                    for phase in ("idle", "restoring") for p in (50, 95)
                    if (p, phase, cond) != (95, "restoring", "loaded")]
                   + ["dashboard_refresh_p95_restoring_loaded"]),

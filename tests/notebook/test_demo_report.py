@@ -23,12 +23,18 @@ def test_the_report_puts_the_forecast_beside_the_measured_restore():
                                     "forecast s": 2.0}]})
     text = format_report([r])
     assert ("02_crash_and_restore: restore from scratch after a disk loss: 5.0 s of restore work, "
-            "2,520,008 changelog records replayed (forecast before the crash: 4.0 s, measured "
-            "1.25x the forecast)") in text
+            "2,520,008 changelog records replayed (forecast before the crash: 4.0 s; forecast / "
+            "measured = 0.80, within 1.5x)") in text
+    assert "restore forecasts within 1.5x of the measured restore: 1/1 (forecast / measured: 0.80)" in text
     assert ("task 0_0 (instance 0, from scratch): 2.50 s, 1,260,004 records, 504,002 records/s; "
             "forecast 2.00 s") in text
     assert "invariant (store == plain-Python reference after the crashes): OK" in text
     assert "1/1 notebooks passed" in text
+    r.reports.append(dict(r.reports[0], restore_seconds=9.0))
+    text = format_report([r])
+    assert "forecast / measured = 0.44, NOT within 1.5x" in text
+    assert "restore forecasts within 1.5x of the measured restore: 1/2 (forecast / measured: 0.80, 0.44)" in text
+    del r.reports[1]
     r.reports[0].pop("forecast_seconds")
     assert "forecast before the crash" not in format_report([r])
     r.errors.append("cell 3: AssertionError: 2 keys differ")

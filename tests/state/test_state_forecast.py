@@ -154,9 +154,6 @@ def test_the_rate_comes_from_the_last_restore_else_a_calibration(broker, tmp_pat
     k = Kafka(broker.bootstrap)
     try:
         monkeypatch.setattr(R, "_last_rate", None)
-        # a quiet machine, whatever runs beside this test: a rate measured while busy is measured
-        # again once quiet (another test's subject), which would make the cache check below moot
-        monkeypatch.setattr(F, "_others_busy", lambda window: 0.0)
         F.clear_calibration()
         with TaskState("rt", 0, SPECS, state_dir=str(tmp_path / "a"), kafka=k) as t:
             commit_batches(t, range(0, 20))
@@ -212,19 +209,26 @@ def test_the_forecast_is_within_a_factor_of_two_of_a_real_restore(broker, tmp_pa
         k.close()
 
 
-def test_a_calibration_is_measured_on_a_quiet_machine_and_again_when_the_changelog_grows(
-        broker, monkeypatch):
+def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(broker, monkeypatch):
+    """The whole partition is measured once (again when the changelog grew by a quarter, or
+    when it was measured beside the caller's own work), whatever the machine's load; a forecast
+    scales it by the load of the moment: a short restore of the same partition set against the
+    calibration's first records (a forecast of 0.4 s and one of 2.8 s for the same records, from
+    rates measured on a quiet and a busy machine, was the same cell's)."""
     k = Kafka(broker.bootstrap)
     topic = "cal-counts-changelog"
-    measured, others = [], {"cores": 0.0}
+    measured, probes = [], []
+    probe = {"took": 0.4, "read": 20_000}
 
-    def fake_measure(kafka, t, partition, start, end):
+    def fake_measure(kafka, t, partition, start, end, curve=None, listener=None):
         measured.append(end - start)
+        if curve is not None:   # 100,000 records a second, whatever the size
+            curve[:] = [(0.1 * i, 10_000 * i) for i in range(1, 11)]
         return 1000.0 * len(measured)
 
-    def fake_others(window):
-        time.sleep(0.02)  # stands in for the real one's measuring window
-        return others["cores"]
+    def fake_probe(kafka, t, partition, start, end, seconds):
+        probes.append((start, end, seconds))
+        return probe["took"], probe["read"]
 
     def grow_to(n):
         have = k.end_offsets(topic)[0]
@@ -234,34 +238,34 @@ def test_a_calibration_is_measured_on_a_quiet_machine_and_again_when_the_changel
     try:
         k.ensure_topic(topic, 1)
         monkeypatch.setattr(F, "_measure_restore", fake_measure)
-        monkeypatch.setattr(F, "_others_busy", fake_others)
+        monkeypatch.setattr(F, "_probe", fake_probe)
         F.clear_calibration()
         n = F.CALIBRATE_MIN
         grow_to(n)
-        others["cores"] = 1.5                                    # the machine is busy
-        assert F.calibrate(k, topic, 0) == 1000.0                # nothing cached: measured anyway
+        assert F.rate_now(k, topic, 0) == (1000.0, 1.0)           # measured just now: its load
         grow_to(2 * n)
-        assert F.calibrate(k, topic, 0) == 1000.0                # still busy: it stands
+        assert F.calibrate(k, topic, 0) == 2000.0                 # grown by more than a quarter
+        assert F.calibrate(k, topic, 0) == 2000.0                 # cached
         t0 = time.monotonic()
-        assert F.calibrate(k, topic, 0, settle=0.5) == 1000.0    # waited for quiet, in vain
-        assert time.monotonic() - t0 >= 0.5
+        assert F.calibrate(k, topic, 0, busy=True, settle=0.3) == 2000.0   # cached: no wait
+        assert time.monotonic() - t0 < 0.2
+        grow_to(3 * n)
         t0 = time.monotonic()
-        assert F.calibrate(k, topic, 0, settle=5) == 1000.0      # and does not wait again soon
-        assert time.monotonic() - t0 < 1.0
-        others["cores"] = 0.1
-        assert F.calibrate(k, topic, 0, busy=True) == 1000.0     # the caller has batches to run
-        assert F.calibrate(k, topic, 0) == 2000.0                # quiet: measured again
-        grow_to(2 * n + n // 2)                                  # grown by a quarter
-        assert F.calibrate(k, topic, 0) == 2000.0
-        grow_to(3 * n)                                           # by half ...
-        others["cores"] = 1.5
-        t0 = time.monotonic()
-        assert F.calibrate(k, topic, 0, settle=5) == 2000.0      # ... on a busy machine: no wait
-        assert time.monotonic() - t0 < 1.0
-        others["cores"] = 0.1
-        assert F.calibrate(k, topic, 0) == 3000.0
-        # every measurement restored the whole partition, from its first offset
-        assert measured == [n, 2 * n, 3 * n]
+        busy = {"on": True}
+        assert F.calibrate(k, topic, 0, busy=lambda: busy["on"], settle=0.3) == 3000.0
+        assert time.monotonic() - t0 >= 0.3                       # waited for its own work, in vain
+        busy["on"] = False
+        assert F.calibrate(k, topic, 0) == 4000.0                 # measured beside it: again, idle
+        assert F.calibrate(k, topic, 0) == 4000.0
+        # later, on a machine twice as busy as during the calibration: 20,000 records took 0.4 s
+        # where the calibration read them in 0.2 s
+        monkeypatch.setattr(F, "LOAD_TTL", 0.0)
+        assert F.rate_now(k, topic, 0) == (2000.0, 2.0)
+        assert probes == [(0, 3 * n, F.PROBE_S)]                  # the partition from its start
+        probe.update(took=0.1)                                    # quieter than then
+        assert F.rate_now(k, topic, 0, busy=True) == (2000.0, 2.0)   # beside its own work: stands
+        assert F.rate_now(k, topic, 0) == (8000.0, 0.5)
+        assert measured == [n, 2 * n, 3 * n, 3 * n] and len(probes) == 2
     finally:
         F.clear_calibration()
         k.close()
