@@ -370,6 +370,8 @@ class DashboardModel:
                 self.store_commits[store] = self.store_commits.get(store, 0) + 1
             self.instance_rates.feed(e)
             return
+        if isinstance(e, (ev.RestoreQueued, ev.InstanceDied, ev.StandbyPromoted, ev.RestoreStarted)):
+            self._take_latest_forecast()   # the one a cell printed just before the crash, if any
         opened = self.restores.feed(e, self.forecast)
         if opened is not None:
             opened.forecast_at = self.forecast_at
@@ -392,6 +394,19 @@ class DashboardModel:
         elif isinstance(e, ev.InstanceStarted) and e.reason in ("add", "revive"):
             self.markers.append(ChartMarker(ts, "join" if e.reason == "add" else "revive",
                                             f"instance {e.instance}"))
+
+    def _take_latest_forecast(self) -> None:
+        """The latest forecast made for the app in this process (`statekit.runtime.forecasts`), when
+        it is newer than the one shown: a round opened a moment after a cell made one keeps that
+        figure, not the dashboard's older one (the poll has not brought it yet)."""
+        if not self.name or self.restores.restoring:
+            return
+        from statekit.runtime import forecasts
+
+        fc = forecasts.latest(self.name)
+        made = getattr(fc, "made_at", None)
+        if fc is not None and made is not None and (self.forecast_at is None or made > self.forecast_at):
+            self.forecast, self.forecast_at = forecast_data(fc), made
 
     def _round_finished(self) -> None:
         cur = self.restores.current

@@ -184,17 +184,20 @@ class TaskHost:
             self._k = Kafka(self.spec.bootstrap)
         return self._k
 
-    @staticmethod
-    def _close_slot(slot: _Slot, reason: str) -> None:
+    def _close_slot(self, slot: _Slot, reason: str) -> None:
         if slot.state == "queued" and not slot.opened.is_set():
             slot.opened.wait(timeout=0.5)   # the opener may be picking it up right now
         if slot.state != "queued":
             slot.opened.wait()
         with slot.lock:
+            never_opened = slot.stream is None and slot.state == "queued"
             if slot.stream is not None:
                 slot.stream.close(reason=reason)
                 slot.stream = None
             slot.state = "closed"
+        if never_opened:   # its restore_queued is answered: it will not open here
+            self.publish(ev.TaskClosed(task=str(slot.task), instance=self.instance, reason=reason,
+                                       generation=self.generation))
 
     def _start_replica(self, t: TaskId, role: str) -> None:
         from statekit.state.standby import StandbyReplica

@@ -349,3 +349,35 @@ def test_an_urgent_event_is_drawn_before_the_next_tick():
     assert time.monotonic() - t < 2 and d.refreshes > n
     assert "1 queued" in d.view.header.value      # its task waits for a new owner
     d.stop()
+
+
+def test_the_forecast_follows_the_changelogs_as_commits_grow_them():
+    """A forecast made at the first commits must not stay on the dashboard once the changelogs
+    have grown (a browser picture showed "(60 records)" beside changelogs holding 477)."""
+    app = FakeApp()
+    app.name = f"grow-{time.monotonic_ns()}"
+    app._events = []
+    size = {"records": 0}
+
+    def restore_forecast(settle: float = 5.0):
+        from statekit.runtime import forecasts
+
+        n = size["records"]
+        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": n,
+                               "seconds": n / 1000}])
+        return forecasts._remember(app.name, forecasts.RestoreForecast(
+            frame, {0: f"if instance 0 died now: ≈ {n / 1000:.1f} s from scratch for 0_0 ({n} records)"}))
+
+    app.restore_forecast = restore_forecast
+    d = LiveDashboard(app, interval=0.1, heavy_interval=0.3)
+    try:
+        d.start()
+        for b in range(8):
+            size["records"] += 60
+            app.push(ev.Committed(task="0_0", instance=0, batch=b, records=100, offsets={"counts": size["records"]},
+                                  ts=time.time()))
+            time.sleep(0.15)
+        wait_until(lambda: f"({size['records']} records)" in html.unescape(d.view.restore.value), 10,
+                   f"the forecast of the {size['records']} records the changelog holds")
+    finally:
+        d.stop()
