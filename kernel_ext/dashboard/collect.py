@@ -454,9 +454,9 @@ class Poller:
             got = self.forecast_fn()
             if got is not None:
                 self._fc_made = got
-        except Exception:  # no forecast now: the panel keeps the last one
-            pass
-        finally:
+        except Exception:  # no forecast now: the panel keeps the last one, and it is tried again
+            self._fc_sig = None   # at the next round, not only after the next commit (an idle app
+        finally:                  # kept a forecast of its first commits for good)
             self._fc_busy = False
 
     # -- the thread --------------------------------------------------------------------------

@@ -381,3 +381,30 @@ def test_the_forecast_follows_the_changelogs_as_commits_grow_them():
                    f"the forecast of the {size['records']} records the changelog holds")
     finally:
         d.stop()
+
+
+def test_a_forecast_that_failed_is_made_again_though_nothing_committed_since():
+    app = FakeApp()
+    app.name = f"retry-{time.monotonic_ns()}"
+    app._events = []
+    calls = []
+
+    def restore_forecast(settle: float = 5.0):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("no instance answered")
+        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 477, "seconds": 0.5}])
+        from statekit.runtime import forecasts
+
+        return forecasts._remember(app.name, forecasts.RestoreForecast(
+            frame, {0: "if instance 0 died now: ≈ 0.5 s from scratch for 0_0 (477 records)"}))
+
+    app.restore_forecast = restore_forecast
+    d = LiveDashboard(app, interval=0.1, heavy_interval=0.3)
+    try:
+        d.start()
+        wait_until(lambda: "(477 records)" in html.unescape(d.view.restore.value), 10,
+                   "the forecast made again after the first one failed")
+    finally:
+        d.stop()
+    assert len(calls) >= 2
