@@ -7,7 +7,7 @@ STAMP := $(VENV)/.statekit-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: lab demo test test-slow test-native test-cluster test-browser bench java clean venv
+.PHONY: lab demo test test-slow test-native test-cluster test-browser test-browser-cluster bench java clean venv
 
 venv: $(STAMP)
 
@@ -52,13 +52,17 @@ test-native: $(STAMP) java
 	$(PY) -m pytest -m "native and not cluster" -q
 
 test-cluster: $(STAMP) java
-	$(PY) -m pytest -m "cluster" -q -s
+	$(PY) -m pytest -m "cluster and not browser" -q -s
 
 test-slow: $(STAMP) java
 	$(PY) -m pytest -m "slow" -q
 
 test-browser: $(STAMP) java
-	$(PY) -m pytest -m "browser" -q
+	$(PY) -m pytest -m "browser and not cluster" -q
+
+# notebook 13 in JupyterLab, on the standalone cluster it starts (needs both: Chromium and ~2 GB)
+test-browser-cluster: $(STAMP) java
+	$(PY) -m pytest -m "browser and cluster" -q
 
 # every bench at its defaults, each to its RESULT line; one that fails does not hide the others
 bench: $(STAMP) java

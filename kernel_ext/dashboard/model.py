@@ -640,7 +640,10 @@ class DashboardModel:
                 "active": active.get(i, []) if f.status in LIVE_STATUSES else [],
                 "standby": sorted(repl.get((i, "standby"), []), key=task_order),
                 "warmup": sorted(repl.get((i, "warmup"), []), key=task_order),
-                "rate": self.instance_rates.rate(i, latest) if self.has_events else None,
+                # what it commits now: nothing once it is dead, stopped or gone (its last commits
+                # are not "now"; the header, their sum, reads 0 for a stopped app)
+                "rate": (self.instance_rates.rate(i, latest) if f.status in LIVE_STATUSES else 0.0)
+                if self.has_events else None,
             })
         return out
 

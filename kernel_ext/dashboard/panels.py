@@ -411,7 +411,7 @@ def render_instances(m) -> str:
         body.append([f"{sw}{fmt_num(r['instance'])}", f"{dot}{_e(r['status'])}",
                      _e(" ".join(r["active"]) or "–"), _e(" ".join(r["standby"]) or "–"),
                      _e(" ".join(r["warmup"]) or "–"),
-                     fmt_rate(r["rate"])])
+                     fmt_rate(r["rate"]) if r["status"] in ("alive", "leaving") else "–"])
         classes.append("dead" if r["status"] == "dead" else "")
     t = table(["instance", "status", "active", "standby", "warmup", "committed"], body, classes,
               left={0, 1, 2, 3, 4},

@@ -332,3 +332,182 @@ def screenshot(page, name: str, element=None) -> str:
         page.wait_for_timeout(300)
     page.screenshot(path=path)
     return path
+
+
+# Everything one dashboard shows as numbers and states, read from the page in one go: the header's
+# figures, the chips, the Tasks tab, the Instances panel, the Restoration panel (rows, summary,
+# note, forecast lines), the moves line. `read_dashboard` reads until two reads agree (nothing in
+# flight between the kernel's widget messages); `disagreements` lists what two of them say
+# differently.
+DASHBOARD_JS = """
+(i) => {
+  const d = Array.from(document.querySelectorAll('.statekit-dashboard'))[i || 0];
+  if (!d) return null;
+  const text = e => (e ? e.textContent.trim() : null);
+  const head = d.querySelector('.sk-head');
+  const kpis = {};
+  if (head) for (const k of head.querySelectorAll('.sk-kpi')) kpis[text(k.querySelector('span'))] = text(k.querySelector('b'));
+  const chips = Array.from(d.querySelectorAll('.sk-chip')).map(c => c.getAttribute('title'));
+  const tableWith = (word) => Array.from(d.querySelectorAll('table.sk'))
+    .find(t => Array.from(t.querySelectorAll('th')).some(th => th.textContent === word));
+  const rows = (t) => t ? Array.from(t.querySelectorAll('tbody tr')).map(tr => ({
+      cls: tr.className, cells: Array.from(tr.children).map(td => td.textContent.trim())})) : [];
+  const heads = (t) => t ? Array.from(t.querySelectorAll('th')).map(th => th.textContent) : [];
+  const panel = (title) => Array.from(d.querySelectorAll('.sk-dash'))
+    .filter(p => { const h = p.querySelector('.sk-h'); return h && h.textContent.startsWith(title); }).pop();
+  const rp = panel('Restoration');
+  const ip = panel('Instances');
+  const tasks = tableWith('changelog end');
+  const rt = rp ? rp.querySelector('table.sk') : null;
+  const it = ip ? ip.querySelector('table.sk') : null;
+  return {
+    badge: text(d.querySelector('.sk-badge')), reason: text(d.querySelector('.sk-reason')), kpis: kpis,
+    chips: chips,
+    tasks: {heads: heads(tasks), rows: rows(tasks)},
+    instances: {heads: heads(it), rows: rows(it)},
+    restore: {heads: heads(rt), rows: rows(rt), note: rp ? text(rp.querySelector('.sk-h .sk-note')) : null,
+              summary: rp ? text(rp.querySelector('.sk-sum')) : null,
+              summaryBad: rp ? !!rp.querySelector('.sk-sum.bad') : null,
+              forecast: rp ? Array.from(rp.querySelectorAll('.sk-fc li')).map(li => li.textContent.trim()) : []},
+    moves: text(d.querySelector('.sk-moves')),
+  };
+}
+"""
+
+
+def read_dashboard(page, index: int = 0, tries: int = 12, gap: float = 0.4):
+    """The dashboard as two reads `gap` seconds apart both show it (None: it kept changing)."""
+    last = page.evaluate(DASHBOARD_JS, index)
+    for _ in range(tries):
+        time.sleep(gap)
+        now = page.evaluate(DASHBOARD_JS, index)
+        if now == last and now is not None:
+            return now
+        last = now
+    return None
+
+
+def _n(s):
+    """A number as the dashboard prints it ("1,234", "12k/s", "≥ 5", "–": None)."""
+    import re
+
+    if s is None:
+        return None
+    m = re.search(r"([\d,]+(?:\.\d+)?)\s*(k)?", s.replace("≥", ""))
+    if not m or s.strip() in ("–", ""):
+        return None
+    v = float(m.group(1).replace(",", ""))
+    return v * 1000 if m.group(2) else v
+
+
+def _col(table, name):
+    return table["heads"].index(name) if name in table["heads"] else None
+
+
+def disagreements(r) -> list[str]:
+    """What two panels of one read of the page (`read_dashboard`) say differently."""
+    import re
+
+    out = []
+    k = r["kpis"]
+    tasks, inst, rest = r["tasks"], r["instances"], r["restore"]
+    chips = {}
+    for title in r["chips"]:
+        m = re.match(r"task (\S+) · instance (\S+) · (\w+)(?: · \d+% restored)? · lag ([\d,]+)", title or "")
+        if m:
+            chips[m.group(1)] = {"instance": m.group(2), "state": m.group(3), "lag": int(m.group(4).replace(",", ""))}
+    active = [row["cells"] for row in tasks["rows"] if row["cells"][_col(tasks, "role")] == "active"] \
+        if tasks["heads"] else []
+    if active:
+        c = {h: _col(tasks, h) for h in ("task", "instance", "state", "processed", "batch", "store rows", "lag")}
+        per_task = {}
+        for cells in active:
+            per_task.setdefault(cells[c["task"]], cells)
+        for name, col, total in (("processed", "processed", sum), ("store rows", "store rows", sum)):
+            if name not in k:
+                continue
+            vals = [_n(cells[c[col]]) for cells in (per_task.values() if col == "processed" else active)]
+            vals = [v for v in vals if v is not None]
+            if vals and _n(k[name]) != total(vals):
+                out.append(f"header {name} {k[name]} vs the Tasks tab's {total(vals):,.0f}")
+        batches = [_n(cells[c["batch"]]) for cells in per_task.values() if _n(cells[c["batch"]]) is not None]
+        if batches and "batch" in k and _n(k["batch"].split("·")[0]) != max(batches):
+            out.append(f"header batch {k['batch']} vs the Tasks tab's latest {max(batches):,.0f}")
+        lags = [_n(cells[c["lag"]]) or 0 for cells in active]
+        if "changelog lag" in k and not k["changelog lag"].startswith("≥") and _n(k["changelog lag"]) != sum(lags):
+            out.append(f"header lag {k['changelog lag']} vs the Tasks tab's {sum(lags):,.0f}")
+        for t, cells in per_task.items():
+            ch = chips.get(t)
+            if ch is not None and (ch["state"], ch["instance"]) != (cells[c["state"]], cells[c["instance"]].replace("–", "none")):
+                out.append(f"task {t}: chip {ch['state']}@{ch['instance']} vs Tasks tab "
+                           f"{cells[c['state']]}@{cells[c['instance']]}")
+        if chips and sum(ch["lag"] for ch in chips.values()) != sum(lags):
+            out.append(f"the chips' lag {sum(ch['lag'] for ch in chips.values())} vs the Tasks tab's {sum(lags):,.0f}")
+    if inst["heads"]:
+        ci = {h: _col(inst, h) for h in ("instance", "status", "active", "committed")}
+        alive = [row["cells"] for row in inst["rows"] if row["cells"][ci["status"]] in ("alive", "leaving")]
+        if "instances" in k and int(k["instances"].split()[0]) != len(alive):
+            out.append(f"header {k['instances']} vs {len(alive)} alive in the Instances panel")
+        rates = [_n(row["cells"][ci["committed"]]) for row in inst["rows"]]
+        rates = [v for v in rates if v is not None]
+        shown = k.get("committed (5 s)")
+        rounding = 0.5 * (len(rates) + 1) + 500 * sum("k/s" in row["cells"][ci["committed"]] for row in inst["rows"])
+        if rates and shown is not None and abs(_n(shown) - sum(rates)) > rounding:
+            out.append(f"header {shown} committed vs the Instances panel's {sum(rates):,.0f}/s")
+        for row in inst["rows"]:
+            for t in row["cells"][ci["active"]].split():
+                if t != "–" and chips.get(t, {}).get("instance") != row["cells"][ci["instance"]]:
+                    out.append(f"Instances panel: {t} on {row['cells'][ci['instance']]}, its chip on "
+                               f"{chips.get(t, {}).get('instance')}")
+    if rest["heads"]:
+        cr = {h: _col(rest, h) for h in ("task", "instance", "replayed / to replay", "status")}
+        done = 0
+        for row in rest["rows"]:
+            cells, status = row["cells"], row["cells"][cr["status"]]
+            t = cells[cr["task"]]
+            replayed = cells[cr["replayed / to replay"]]
+            if status.startswith("done"):
+                a, _, b = replayed.partition("/")
+                if _n(a) != _n(b) or "≤" in b:
+                    out.append(f"task {t}: done, replayed {replayed}")
+                done += _n(a) or 0
+            if status.startswith("failed") != ("dead" in row["cls"]):
+                out.append(f"task {t}: {status} in a {'red' if 'dead' in row['cls'] else 'plain'} row")
+            ch = chips.get(t)
+            if ch is not None and status in ("queued", "restoring") and ch["state"] != status:
+                out.append(f"task {t}: Restoration {status} vs chip {ch['state']}")
+            if ch is not None and not status.startswith(("queued", "restoring")) and ch["state"] in ("queued", "restoring"):
+                out.append(f"task {t}: Restoration {status} vs chip {ch['state']}")
+        if rest["summary"]:
+            failed = any(row["cells"][cr["status"]].startswith("failed") for row in rest["rows"])
+            if failed != rest["summaryBad"] or (failed and rest["summary"].startswith("✔")):
+                out.append(f"the summary {rest['summary'][:40]!r} drawn {'red' if rest['summaryBad'] else 'green'}")
+            m = re.search(r": ([\d,]+) records", rest["summary"])
+            if m and done and int(m.group(1).replace(",", "")) != done:
+                out.append(f"the summary's {m.group(1)} records vs the done rows' {done:,.0f}")
+        g = re.search(r"generation (\d+)", rest["note"] or "")
+        if g and "generation" in k and int(g.group(1)) > _n(k["generation"]):
+            out.append(f"header generation {k['generation']} vs the Restoration panel's {g.group(1)}")
+    g = re.search(r"\(generation (\d+),", r["moves"] or "")
+    if g and "generation" in k and int(g.group(1)) > _n(k["generation"]):
+        out.append(f"header generation {k['generation']} vs the moves line's {g.group(1)}")
+    return out
+
+
+class Agreement:
+    """Reads the dashboard whenever it holds still and keeps what its panels said differently."""
+
+    def __init__(self, page, index: int = 0):
+        self.page, self.index = page, index
+        self.reads = 0
+        self.problems: list = []
+
+    def check(self):
+        r = read_dashboard(self.page, self.index, tries=3)
+        if r is None or not r["kpis"]:
+            return None
+        self.reads += 1
+        for p in disagreements(r):
+            if p not in self.problems:
+                self.problems.append(p)
+        return r
