@@ -202,10 +202,12 @@ def test_notebook_02_restoration_panel_while_a_restore_from_scratch_runs(tmp_pat
 
 
 @pytest.mark.slow   # make test-browser
+@pytest.mark.timeout(1500)   # the whole notebook beside two hogs: three times its quiet time
 def test_notebook_02_with_both_cores_busy_agrees_with_itself_and_its_forecast_holds(tmp_path):
     """The same beside two CPU hogs (a shared workshop server): the panels still agree, and the
-    forecast the cell printed before the crash is within 1.5x of the restore that followed."""
-    forecast, measured = _run_02(tmp_path, 1_000_000, busy=True)
+    forecast the cell printed before the crash is within 1.5x of the restore that followed
+    (400,000 accounts: a restore of seconds under the hogs, not of minutes)."""
+    forecast, measured = _run_02(tmp_path, 400_000, busy=True)
     assert 1 / 1.5 <= forecast / measured <= 1.5, (
         f"the forecast said {forecast} s, the restore took {measured} s ({forecast / measured:.2f}x)")
 
