@@ -35,12 +35,11 @@ those were behind; and the store checked against plain Python. It needs a few mi
 """),
     code("""
 %load_ext kernel_ext
-import os, tempfile
+import os
 from statekit.engine.spark.session import get_session
 from statekit.engine.spark.standalone import StandaloneCluster
 
-cluster = StandaloneCluster(tempfile.mkdtemp(prefix="statekit-cluster-"), workers=3, cores=1,
-                            memory="768m").start()
+cluster = StandaloneCluster(workers=3, cores=1, memory="768m").start()   # in a temporary directory
 spark = get_session("statekit-cluster", master=cluster.master_url,
                     extra_conf={"spark.executor.memory": "512m", "spark.executor.cores": "1"})
 print("master", cluster.master_url, "·", len(cluster.wait_executors(3)), "executors")

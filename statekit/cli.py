@@ -238,11 +238,13 @@ def _add_produce(sub) -> None:
 
 def _produce(args) -> int:
     from statekit import datagen
+    from statekit.bootstrap import resolve_bootstrap
 
     if args.limit < 1:
         raise StatekitError(f"--limit must be >= 1 (got {args.limit})")
     if args.rate is not None and not args.rate > 0:
         raise StatekitError(f"--rate must be > 0 records per second (got {args.rate})")
+    args.bootstrap = resolve_bootstrap(args.bootstrap, detach=True)   # a broker started here outlives the command
     if args.rate is None:
         prog = datagen.produce_fast(args.topic, args.generator, args.seed, args.limit,
                                     args.bootstrap, keys=args.keys, partitions=args.partitions,

@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from statekit import lifeline
+
 from .auth import write_client_settings
 from .process import default_dir, info_path, parse_configs, register_client_settings, unregister_client_settings
 from .server import Broker, BrokerError, lock_dir
@@ -68,6 +70,7 @@ def main(argv=None) -> int:
 
 
 async def _run(data_dir, host, port, configs, auth=False, tls=False, mtls=False) -> int:
+    tied = lifeline.given()   # started by a process it is to end with (statekit.broker.start)
     lock_fd = lock_dir(data_dir)  # the directory is ours before its certificates and settings are written
     try:
         settings, listener = _secure(data_dir, host, auth, tls, mtls)
@@ -80,7 +83,8 @@ async def _run(data_dir, host, port, configs, auth=False, tls=False, mtls=False)
     path = info_path(data_dir)
     bootstrap = f"{broker.advertised_host}:{broker.port}"
     write_json_atomic(path, {"pid": os.getpid(), "host": broker.advertised_host, "port": broker.port,
-                             "bootstrap": bootstrap, "dir": data_dir, "auth": auth, "tls": tls, "mtls": mtls})
+                             "bootstrap": bootstrap, "dir": data_dir, "auth": auth, "tls": tls, "mtls": mtls,
+                             "tied": tied})
     if settings:
         register_client_settings(bootstrap, data_dir)
     protocol = settings.get("security.protocol", "PLAINTEXT")
@@ -90,6 +94,8 @@ async def _run(data_dir, host, port, configs, auth=False, tls=False, mtls=False)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if tied:
+        lifeline.watch_parent(lambda: _stop_soon(loop, stop))
     try:
         await stop.wait()
     finally:
@@ -131,6 +137,16 @@ def _secure(data_dir, host, auth, tls, mtls):
         return write_client_settings(data_dir, auth, ssl_settings), listener
     except OSError as e:
         raise BrokerError(f"cannot write the client settings in {data_dir} ({e.strerror}): pass a writable --dir") from None
+
+
+def _stop_soon(loop, stop: asyncio.Event) -> None:
+    """The process that started the broker is gone: stop as on SIGTERM, and for sure within 20 s."""
+    import threading
+
+    t = threading.Timer(20.0, os._exit, args=(0,))
+    t.daemon = True
+    t.start()
+    loop.call_soon_threadsafe(stop.set)
 
 
 if __name__ == "__main__":

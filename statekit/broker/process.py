@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+from statekit import lifeline
 from statekit.contracts import default_broker_dir
 from statekit.errors import BrokerUnreachable, StatekitError
 
@@ -101,6 +102,7 @@ class BrokerHandle:
         self.auth = bool(info.get("auth"))
         self.tls = bool(info.get("tls"))
         self.mtls = bool(info.get("mtls"))
+        self.tied = bool(info.get("tied"))   # it stops when the process that started it ends
         self.owned = owned
         self._proc = proc
         _KNOWN[self.bootstrap] = data_dir
@@ -191,7 +193,11 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
     """Start a broker on dir (or return a handle to the one already running there, as it runs).
     ``auth=True`` requires SASL with credentials generated into ``DIR/credentials.json`` (0600);
     ``tls=True`` listens with TLS only (certificates in ``DIR/tls``); ``mtls=True`` (implies
-    ``tls``) requires client certificates too."""
+    ``tls``) requires client certificates too.
+
+    The broker stops when this process ends (`statekit.lifeline`: a notebook kernel restarted
+    without `%statekit down` leaves none behind), unless ``detach``: then it runs apart until
+    stopped (`statekit broker start`)."""
     data_dir = os.path.abspath(dir or default_dir())
     tls = tls or mtls
     info = running_info(data_dir)
@@ -226,10 +232,11 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
         cmd.append("--mtls" if mtls else "--tls")
     log_path = os.path.join(data_dir, "broker.log")
     _remove_stale_info(data_dir)
+    tie = {} if detach else lifeline.child_options()
     with open(log_path, "ab") as logf:
         start_pos = logf.tell()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, **tie)
     deadline = time.monotonic() + timeout
     while True:
         code = proc.poll()

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from statekit import lifeline
 from statekit.contracts import ControlDir
 from statekit.errors import StatekitError
 
@@ -53,11 +54,13 @@ def _project_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _env() -> dict:
+def _child() -> dict:
+    """Popen options of an instance process: the project on its path, and the lifeline that ends
+    it with this process (`statekit.lifeline`)."""
     env = dict(os.environ)
     root = _project_root()
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    return lifeline.child_options(env)
 
 
 REPLACE_AFTER_S = 3.0
@@ -77,8 +80,8 @@ class _Spares:
 
     def _start(self) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "statekit.worker.instance", "--spare"],
-                                env=_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, close_fds=True)
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, close_fds=True, **_child())
 
     def warm(self, n: int = 1) -> None:
         with self._lock:
@@ -154,7 +157,7 @@ def launch(control: ControlDir, instance: int, incarnation: int, state_dir: str)
             [sys.executable, "-m", "statekit.worker.instance", "--control", control.path,
              "--instance", str(int(instance)), "--incarnation", str(int(incarnation)),
              "--state-dir", state_dir],
-            env=_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True)
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True, **_child())
     return InstanceProcess(int(instance), int(incarnation), proc)
 
 

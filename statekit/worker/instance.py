@@ -11,8 +11,8 @@ and only it dies. The engines hand each task's micro-batches to the instance tha
 authenticated connection (``statekit.worker.protocol``).
 
 On start the process writes ``control/instances/<i>.json`` (pid, port, incarnation) once it listens.
-It exits when its parent (the App's process) goes away, so a notebook kernel that dies leaves no
-instance behind.
+It exits when the process that started it (the App's) goes away (``statekit.lifeline``), so a
+notebook kernel that dies leaves no instance behind.
 
 ``--spare``: start, import everything a task needs (Python, Kafka, RocksDB, Arrow: most of an
 instance's start-up time), then wait on stdin for one JSON line naming the instance to become
@@ -26,34 +26,14 @@ import json
 import logging
 import os
 import pickle
-import signal
 import sys
 import threading
 import time
 
+from statekit import lifeline
 from statekit.contracts import ControlDir
 
 log = logging.getLogger("statekit.worker")
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent dies (Linux), and watch the parent pid elsewhere."""
-    parent = os.getppid()
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the watcher thread is enough
-        pass
-
-    def watch():
-        while True:
-            if os.getppid() != parent:
-                os._exit(0)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, name="statekit-parent-watch", daemon=True).start()
 
 
 def _write_json(path: str, body: dict) -> None:
@@ -194,7 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--incarnation", type=int, default=1)
     ap.add_argument("--state-dir")
     args = ap.parse_args(argv)
-    _die_with_parent()
+    lifeline.watch_parent()   # a notebook kernel that dies leaves no instance behind
     warm_imports()
     if args.spare:
         line = sys.stdin.readline()

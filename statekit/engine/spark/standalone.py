@@ -6,7 +6,10 @@ pyspark's wheel ships ``bin/spark-class`` but not ``sbin/start-master.sh`` / ``s
 this runs what those scripts run — ``spark-class org.apache.spark.deploy.master.Master`` and
 ``...deploy.worker.Worker`` — as child processes, reads their ports from their logs, and stops every
 process it started (the daemons, the executors they launched and the executors' Python workers)
-even when a test fails.
+even when a test fails — and when the process that started it ends without `stop()` (a notebook's
+kernel restarted): the lifeline's keeper (`statekit.lifeline.keep`) ends the daemons' process
+groups then. Without a ``root`` it works in a temporary directory of its own, which `stop()`
+removes.
 
     with StandaloneCluster(tmp_path, workers=2) as cluster:
         spark = get_session(master=cluster.master_url, extra_conf=...)
@@ -16,9 +19,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+
+from statekit import lifeline
 
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://[\w.\-]+:\d+)")
 _REGISTERED = "Successfully registered with master"
@@ -86,9 +93,10 @@ def _alive(pid: int) -> bool:
 
 
 class StandaloneCluster:
-    def __init__(self, root: str, workers: int = 2, cores: int = 1, memory: str = "1g",
+    def __init__(self, root: str | None = None, workers: int = 2, cores: int = 1, memory: str = "1g",
                  start_timeout: float = 180.0, daemon_memory: str = "256m"):
-        self.root = str(root)
+        self._own_root = root is None   # a temporary directory of its own: stop() removes it
+        self.root = tempfile.mkdtemp(prefix="statekit-cluster-") if root is None else str(root)
         self.n_workers = int(workers)
         self.cores = int(cores)
         self.memory = memory
@@ -134,6 +142,7 @@ class StandaloneCluster:
                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
         self._seen.add(p.pid)
+        lifeline.keep(p.pid, group=True)   # ended with this process if stop() never comes
         return p
 
     def _wait_log(self, name: str, proc: subprocess.Popen, pattern, deadline: float) -> str:
@@ -249,11 +258,16 @@ class StandaloneCluster:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        for p in procs:
+            lifeline.forget(p.pid)
         for f in self._logs:
             f.close()
         self._logs = []
         time.sleep(0.2)
-        return [pid for pid in sorted(self._seen) if _alive(pid)]
+        left = [pid for pid in sorted(self._seen) if _alive(pid)]
+        if self._own_root and not left:
+            shutil.rmtree(self.root, ignore_errors=True)
+        return left
 
     def __enter__(self) -> "StandaloneCluster":
         return self.start()

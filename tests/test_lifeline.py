@@ -1,0 +1,115 @@
+"""The processes statekit starts end with the process that started them, however it ends (here:
+SIGKILL, which runs no atexit and no finally): the embedded broker, spare and instance processes,
+and what the keeper holds (a process that is not Python). A broker started apart
+(`statekit broker start`) outlives its starter. Checked by pid."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from statekit.broker.process import pid_alive
+from tests.waiting import wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _starter(code: str, tmp_path):
+    """A Python process that runs `code` (which prints one JSON line of pids, then sleeps)."""
+    env = dict(os.environ, PYTHONPATH=ROOT, STATEKIT_HOME=str(tmp_path / "home"))
+    env.pop("STATEKIT_BOOTSTRAP", None)
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise AssertionError(proc.stderr.read()[-2000:])
+    return proc, json.loads(line)
+
+
+def _kill9(proc) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def _gone(pids, timeout=20):
+    wait_until(lambda: not [p for p in pids if pid_alive(p)], timeout, f"pids {pids} to exit")
+
+
+def test_a_broker_and_spares_die_with_the_process_that_started_them(tmp_path):
+    proc, pids = _starter(f"""
+        import json, sys, threading, time
+        from statekit import broker
+        from statekit.runtime import supervisor
+        h = broker.start(dir={str(tmp_path / 'broker')!r})
+        # a spare started from a thread that then ends: it must not die with the thread
+        t = threading.Thread(target=supervisor.warm, args=(2,)); t.start(); t.join()
+        time.sleep(1.0)
+        spares = [sp.pid for sp in supervisor.SPARES._spares if sp.poll() is None]
+        print(json.dumps({{"broker": h.pid, "spares": spares}}), flush=True)
+        time.sleep(600)
+        """, tmp_path)
+    try:
+        assert pid_alive(pids["broker"]) and len(pids["spares"]) == 2
+        assert all(pid_alive(p) for p in pids["spares"])
+        info = json.loads((tmp_path / "broker" / "broker.json").read_text())
+        assert info["pid"] == pids["broker"] and info["tied"] is True
+    finally:
+        _kill9(proc)
+    _gone([pids["broker"], *pids["spares"]])
+    assert not (tmp_path / "broker" / "broker.json").exists()   # it stopped as on SIGTERM
+
+
+def test_a_detached_broker_outlives_its_starter(tmp_path):
+    from statekit import broker as broker_mod
+
+    proc, pids = _starter(f"""
+        import json, time
+        from statekit import broker
+        h = broker.start(dir={str(tmp_path / 'broker')!r}, detach=True)
+        print(json.dumps({{"broker": h.pid}}), flush=True)
+        time.sleep(600)
+        """, tmp_path)
+    _kill9(proc)
+    try:
+        h = broker_mod.start(dir=str(tmp_path / "broker"))
+        assert h.pid == pids["broker"] and not h.owned and not h.tied
+        assert pid_alive(pids["broker"])
+    finally:
+        broker_mod.stop(str(tmp_path / "broker"))
+    _gone([pids["broker"]])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc")
+def test_the_keeper_ends_a_process_group_that_cannot_watch_a_pipe(tmp_path):
+    proc, pids = _starter("""
+        import json, subprocess, time
+        from statekit import lifeline
+        # a shell and its child in a session of their own, as a standalone cluster's daemons run
+        p = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!; wait"], stdout=subprocess.PIPE,
+                             start_new_session=True, text=True)
+        child = int(p.stdout.readline())
+        lifeline.keep(p.pid, group=True)
+        print(json.dumps({"leader": p.pid, "child": child, "keeper": lifeline.keeper_pid()}), flush=True)
+        time.sleep(600)
+        """, tmp_path)
+    try:
+        assert pid_alive(pids["leader"]) and pid_alive(pids["child"]) and pid_alive(pids["keeper"])
+    finally:
+        _kill9(proc)
+    _gone([pids["leader"], pids["child"], pids["keeper"]])
+
+
+def test_the_keeper_never_signals_a_pid_given_to_another_process():
+    from statekit import lifeline
+
+    me = os.getpid()
+    assert lifeline._alive(me, lifeline.start_time(me))
+    assert not lifeline._alive(me, "1")   # another start time: another process
