@@ -6,18 +6,32 @@ parsers over the statekit Python API; the live dashboard lives in `kernel_ext.da
 from __future__ import annotations
 
 _magics = None
+_atexit_registered = False
 
 
 def load_ipython_extension(ip):
-    global _magics
+    global _magics, _atexit_registered
     from kernel_ext.magics import StatekitMagics, complete
 
     _magics = StatekitMagics(ip)
     ip.register_magics(_magics)
+    if not _atexit_registered:
+        import atexit
+
+        atexit.register(_at_exit)
+        _atexit_registered = True
     try:
         ip.set_hook("complete_command", lambda _self, event: complete(ip, event), str_key="%statekit")
     except Exception:  # completion is a nicety
         pass
+
+
+def _at_exit() -> None:
+    """The kernel exits (a restart, a shutdown): the dashboards say their apps are gone. Registered
+    after ipykernel's own exit handlers, so it runs before they close the channel the dashboards
+    are drawn through."""
+    if _magics is not None:
+        _magics.session.at_exit()
 
 
 def unload_ipython_extension(ip):

@@ -7,7 +7,6 @@ apps by name, producers, dashboards) and turns results into HTML, DataFrames and
 from __future__ import annotations
 
 import html
-import json
 import os
 import time
 import traceback
@@ -16,6 +15,7 @@ from typing import Any
 from kernel_ext.lines import Notice, Voice, current_cell, one_line, say
 from kernel_ext.parser import Command
 from kernel_ext.producing import ProducerJob
+from kernel_ext.querying import query, typed_key
 from statekit.contracts import CHANGELOG_SUFFIX, EVENTS_SUFFIX
 
 INTERNAL_SUFFIXES = (EVENTS_SUFFIX,)
@@ -207,10 +207,15 @@ class Session:
     def _failed(self, name: str, reason) -> None:
         """Say an app's failure, unless it was said already (by the event thread, a command that
         waited, or a cell's exception)."""
+        from statekit.errors import ProcessorError
+
         reason = one_line(reason)
+        own_code = isinstance(getattr(self.apps.get(name), "error", None), ProcessorError)
+        todo = (f"fix the `%%statekit app {name}` cell, run it again, then `%statekit start {name}`"
+                if own_code else f"fix the cause, then `%statekit restart {name}`")
         if self.voice.claim(name, reason):
             self.voice.failure(name, f"%statekit: app {name} failed: {reason} (the dashboard keeps its "
-                                     f"last state; fix the cause, then `%statekit restart {name}`)")
+                                     f"last state; {todo})")
 
     # -- broker & Spark -------------------------------------------------------------------------
 
@@ -237,6 +242,20 @@ class Session:
             except Exception as err:
                 stopped.append(f"app {name} ({one_line(err)[:80]})")
         return stopped
+
+    def at_exit(self) -> None:
+        """The kernel is going away (a restart, a shutdown) without `down`: every dashboard says its
+        app is gone, not RUNNING. The processes statekit started end with the kernel by themselves
+        (`statekit.lifeline`)."""
+        for name, d in list(self.dashboards.items()):
+            try:
+                d.stop(timeout=1)
+                d.final("NOT_RUNNING", note=f"the kernel stopped: app {name} and the processes it "
+                                            f"started are gone (run the notebook again)")
+            except Exception:   # the kernel is exiting: what cannot be said is not said
+                pass
+        for job in list(self.producers.values()):
+            job.stop.set()
 
     def _fresh(self):
         """Stop the embedded broker and delete its data and every app's local state."""
@@ -438,9 +457,6 @@ class Session:
         from statekit.errors import StatekitError
 
         old = self.apps.get(cmd.name)
-        if old is not None and str(old.state) in ("RUNNING", "RESTORING", "REBALANCING", "PENDING_SHUTDOWN"):
-            raise StatekitError(f"app {cmd.name!r} is {old.state}; `%statekit stop {cmd.name}` before "
-                                f"redefining it")
         self._ensure_up(spark=False)
         native = cmd.engine == "spark"
         options = (("partitions", "partitions"),) if native else (
@@ -470,14 +486,34 @@ class Session:
                 del ns[k]
             ns.update({k: v for k, v in before.items() if ns.get(k, before) is not v})
             raise StatekitError(f"{err}; nothing was defined") from None
-        if old is not None and old is not app:
-            self._retire_dashboard(cmd.name)
+        replaced = self._replace(cmd.name, old) if old is not None and old is not app else ""
         self.apps[cmd.name] = app
         self._report_errors(cmd.name, app)
         n_stores = len(app.plan.stores) if getattr(app, "plan", None) is not None else None
         say(f"app {cmd.name!r} defined: {self._app_shape(app)}"
             + (f", {n_stores} store(s)" if n_stores is not None else "")
-            + f". Next: %statekit start {cmd.name}")
+            + f"{replaced}. Next: %statekit start {cmd.name}")
+
+    def _replace(self, name: str, old) -> str:
+        """The app cell ran again: the earlier definition goes, whatever its state — stopped (its
+        instance processes end, and with them the locks on its task directories), its dashboard
+        retired with a line that says so. Its state stays on disk and in its changelogs for the new
+        definition to start from. Returns the phrase the `defined` line adds."""
+        state = str(old.state)
+        self._retire_dashboard(name, note=f"app {name} was redefined: this dashboard no longer follows "
+                                          f"it (`%statekit watch {name}` shows the new definition)")
+        self.voice.forget(name)
+        if state in ("CREATED", "NOT_RUNNING"):
+            return ""
+        try:
+            old.stop()
+        except Exception as err:   # it must not hold its task directories: end its processes
+            self.last_traceback = traceback.format_exc()
+            abort = getattr(getattr(old, "_runner", None), "abort_all", None)
+            if callable(abort):
+                abort()
+            return f" (the earlier definition, {state}, could not stop cleanly: {one_line(err)[:120]}; its processes were killed)"
+        return f" (the earlier definition, {state}, was stopped; its state stays for this one)"
 
     def _run_app_body(self, cmd: Command, ns: dict) -> None:
         """Run the cell body; a Python mistake in it becomes one line naming the body's line."""
@@ -508,6 +544,16 @@ class Session:
 
     def cmd_start(self, cmd: Command):
         app = self.app(cmd.name)
+        state = str(app.state)
+        if state in ("RUNNING", "RESTORING", "REBALANCING"):   # the start cell run twice
+            if cmd.watch:
+                say(f"{cmd.name}: already started ({state}); its dashboard below follows it")
+                return self._watch(app, cmd.name)
+            say(f"{cmd.name}: already started ({state}); nothing to do"
+                + (self._follow(cmd.name, app) or f" (`%statekit watch {cmd.name}` shows it live)"))
+            return None
+        if state == "ERROR":
+            return self._start_failed(cmd, app)
         self._ensure_up(spark=app_uses_spark(app))
         trigger = cmd.trigger
         if isinstance(trigger, str) and trigger.endswith(" seconds"):
@@ -529,6 +575,24 @@ class Session:
         if cmd.watch:
             return self._watch(app, cmd.name)
 
+    @staticmethod
+    def _refuse_own_code_failure(name: str, app) -> None:
+        """An app that failed in its own code (a lambda that raised) fails the same way whenever it
+        runs again, restarted or not: say what to do instead."""
+        from statekit.errors import ProcessorError, StatekitError
+
+        if str(app.state) == "ERROR" and isinstance(app.error, ProcessorError):
+            raise StatekitError(f"app {name!r} failed in its own code ({one_line(app.error)[:200]}): fix "
+                                f"the `%%statekit app {name}` cell and run it again (that replaces the "
+                                f"failed app), then `%statekit start {name}`")
+
+    def _start_failed(self, cmd: Command, app):
+        """`start` of an app in ERROR: restarted (a crash, every instance dead, a query that failed),
+        unless its own code failed."""
+        self._refuse_own_code_failure(cmd.name, app)
+        restart = Command("restart", {"name": cmd.name, "no_watch": not cmd.watch, "restore_rate": None})
+        return self.cmd_restart(restart)
+
     def cmd_stop(self, cmd: Command):
         app = self.app(cmd.name)
         d = self.dashboards.get(cmd.name)
@@ -543,10 +607,12 @@ class Session:
             d.final(app.state)
         say(f"{cmd.name}: stopped")
 
-    def _retire_dashboard(self, name: str) -> None:
+    def _retire_dashboard(self, name: str, note: str | None = None) -> None:
         d = self.dashboards.pop(name, None)
         if d is not None:
             d.stop(timeout=3)
+            if note is not None:
+                d.final("NOT_RUNNING", note=note)
 
     def _watch(self, app, name: str, interval: float = 1.0, top: int = 15):
         """A new dashboard for `app` (an older one of it stops refreshing and stays as it was)."""
@@ -702,6 +768,14 @@ class Session:
 
     def cmd_restart(self, cmd: Command):
         app = self.app(cmd.name)
+        if str(app.state) in ("CREATED", "NOT_RUNNING"):   # never started (redefined), or stopped
+            say(f"{cmd.name}: {'not started yet' if str(app.state) == 'CREATED' else 'stopped'}: starting it")
+            if cmd.restore_rate:
+                app.restore_rate = float(cmd.restore_rate)
+            start = Command("start", {"name": cmd.name, "watch": not cmd.no_watch, "trigger": None,
+                                      "max_records": None, "sink": None})
+            return self.cmd_start(start)
+        self._refuse_own_code_failure(cmd.name, app)
         self._ensure_up(spark=app_uses_spark(app))
         kw = {"restore_rate": cmd.restore_rate} if cmd.restore_rate else {}
         gen0 = getattr(app, "generation", 0)
@@ -786,92 +860,10 @@ class Session:
 
     # -- queries ----------------------------------------------------------------------------------
 
-    @staticmethod
-    def _key(text: str, key_type: str):
-        from statekit.errors import StatekitError
-
-        if key_type == "int":
-            try:
-                return int(text)
-            except ValueError:
-                raise StatekitError(f"--key-type int: {text!r} is not a whole number") from None
-        if key_type == "json":
-            try:
-                return json.loads(text)
-            except ValueError:
-                raise StatekitError(f"--key-type json: {text!r} is not JSON") from None
-        return text
-
-    @staticmethod
-    def _freshest(fn, *args):
-        """``(value, note, answer)`` of a query method read at once from the freshest copy there
-        is; ``note`` names the tasks whose copy is not current ("" when all are). An app whose
-        queries take no ``with_lag`` (Spark's own state store) is read as before."""
-        import inspect
-
-        from statekit.runtime.copies import stale_note
-
-        try:
-            takes = "with_lag" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            takes = False
-        if not takes:
-            return fn(*args), "", None
-        a = fn(*args, stale=True, with_lag=True)
-        if hasattr(a, "columns"):   # query_all: a frame, its copies in .attrs
-            note = stale_note((a.attrs.get("copies") or {}).values())
-            return a, (f"; {note}" if note else ""), None
-        note = stale_note(a.copies)
-        return a.value, (f"; {note}" if note else ""), a
+    _key = staticmethod(typed_key)
 
     def cmd_query(self, cmd: Command):
-        import pandas as pd
-
-        app = self.app(cmd.name)
-        windowed = cmd.window_from is not None or cmd.window_to is not None
-        if cmd.key is not None and not windowed and hasattr(app, "store_spec"):
-            windowed = getattr(app.store_spec(cmd.store), "kind", "kv") == "window"
-        if cmd.key is not None and windowed:
-            key = self._key(cmd.key, cmd.key_type)
-            lo = cmd.window_from or 0
-            hi = cmd.window_to if cmd.window_to is not None else 2 ** 62
-            rows, note, _a = self._freshest(app.query_window, cmd.store, key, lo, hi)
-            rows = list(rows)
-            df = pd.DataFrame(rows[: cmd.limit], columns=["window_start", "value"])
-            say(f"{cmd.store}[{key!r}]: {len(rows)} window(s)"
-                + (f"; first {cmd.limit}" if len(rows) > cmd.limit else "") + note)
-            return df
-        if cmd.key is not None:
-            key = self._key(cmd.key, cmd.key_type)
-            value, note, a = self._freshest(app.query, cmd.store, key)
-            owner = a.copy if a is not None else None
-            if owner is None:
-                try:
-                    owner = app.key_owner(cmd.store, key)
-                except Exception:
-                    owner = None
-            where = ""
-            if owner is not None and not note:
-                where = (f"  (task {getattr(owner, 'task', '?')}, instance {getattr(owner, 'instance', '?')}, "
-                         f"{getattr(owner, 'role', 'active')})")
-            say(f"{cmd.store}[{key!r}] = {value!r}{where}{note}")
-            return None
-        if cmd.range is not None:
-            lo, hi = (self._key(x, cmd.key_type) for x in cmd.range)
-            rows, note, _a = self._freshest(app.query_range, cmd.store, lo, hi)
-            rows = list(rows)
-            df = pd.DataFrame(rows[: cmd.limit], columns=["key", "value"])
-            say(f"{len(rows)} key(s) in [{lo!r}, {hi!r}]" + (f"; first {cmd.limit}" if len(rows) > cmd.limit else "")
-                + note)
-            return df
-        df, note, _a = self._freshest(app.query_all, cmd.store)
-        if not hasattr(df, "head"):
-            df = pd.DataFrame(list(df), columns=["key", "value"])
-        elif not note:   # every row current: the columns that say so add nothing
-            df = df.drop(columns=[c for c in ("role", "state", "lag", "lag_s") if c in df.columns])
-        say(f"{len(df)} key(s) in {cmd.store}" + (f"; first {cmd.limit}" if len(df) > cmd.limit else "")
-            + note)
-        return df.head(cmd.limit)
+        return query(self.app(cmd.name), cmd)
 
     def cmd_lag(self, cmd: Command):
         return self.app(cmd.name).lag()

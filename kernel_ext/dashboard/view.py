@@ -446,6 +446,7 @@ class LiveDashboard:
         self.observers: list[Callable[[Picture], None]] = []   # called with every picture drawn
         self.last_error: str | None = None  # traceback of the last failed refresh
         self.stop_reason: str | None = None
+        self.gone_note: str | None = None   # why it follows the app no more (final(note=...))
 
     def _stop_set(self) -> None:
         self._stop.set()
@@ -594,15 +595,19 @@ class LiveDashboard:
                 return
             time.sleep(0.25)
 
-    def final(self, state) -> None:
+    def final(self, state, note: str | None = None) -> None:
         """After the app stopped: show its last state without asking it anything (its stores are
-        closed): no instance alive, no task live."""
+        closed): no instance alive, no task live. ``note``: why this dashboard follows it no more
+        (the app was redefined, the kernel is going away), in the header and the status line; it
+        stays for every later final picture."""
+        note = self.gone_note = note or self.gone_note
         self.model.final(state)
         self.last_picture = pic = self.model.picture()
         if self.view is not None:
-            self.view.render(pic, charts_too=False)
+            self.view.render(pic, note=note or "", charts_too=False)
             err = f"; last refresh error: {self.last_error.strip().splitlines()[-1]}" if self.last_error else ""
-            self.view.set_status(f"stopped refreshing: the app is {pic.state} "
+            self.view.set_status(f"stopped refreshing: {note}" if note else
+                                 f"stopped refreshing: the app is {pic.state} "
                                  f"(`%statekit start {self.name}` or `restart` to run it again){err}")
 
     @property

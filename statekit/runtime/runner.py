@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Optional
 
 from statekit.errors import (BrokerUnreachable, ProcessorError, StatekitError, TopologyError,
@@ -55,6 +56,27 @@ def failed(q) -> bool:
         return True
 
 
+# The App of this process that last started on each state directory: an App made again under the
+# same name (a notebook cell run twice) finds the earlier one that still holds its task directories
+_HOLDERS: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+
+
+def _release_earlier(app) -> None:
+    """An earlier App object of this process on the same state directory that failed is stopped
+    (its instances end and release their task directories: it could run nothing anyway); one that
+    runs is left alone, and this start is refused in one line."""
+    other = _HOLDERS.get(app.layout.root)
+    if other is None or other is app:
+        return
+    if other.state == AppState.ERROR:
+        log.warning("stopping the earlier App('%s') of this process, in ERROR, that held %s",
+                    other.name, app.layout.root)
+        other.stop()
+    elif other.state.is_running() or other.state == AppState.PENDING_SHUTDOWN:
+        raise AppStateError(f"an earlier App('{other.name}') of this process is {other.state} on "
+                            f"{app.layout.root}: stop() it before starting this one")
+
+
 def _abort_query(q) -> None:
     fn = getattr(q, "abort", None) or getattr(q, "stop")
     try:
@@ -83,10 +105,13 @@ class Runner:
     def start(self, trigger, max_records_per_trigger: Optional[int], sink: str,
               starting_offsets: str) -> None:
         app = self.app
+        if app.state in (AppState.CREATED, AppState.NOT_RUNNING):
+            _release_earlier(app)
         with app._lock:
             if app.state not in (AppState.CREATED, AppState.NOT_RUNNING):
                 raise AppStateError(f"app '{app.name}' is {app.state}; start() needs CREATED or "
                                     f"NOT_RUNNING (restart() after a crash)")
+            _HOLDERS[app.layout.root] = app
             if sink not in ("memory", "kafka", "none"):
                 raise StatekitError(f"unknown sink {sink!r}; use 'memory', 'kafka' or 'none'")
             app._deploy.boot_spark()

@@ -64,6 +64,12 @@ def test_query_prints_value_and_owner(ip, capsys):
     assert "counts['kafka'] = 3" in out and "task 1" in out
 
 
+def test_query_of_a_missing_key_says_it_is_missing(ip, capsys):
+    assert ip.run_line_magic("statekit", "query fake counts nokey") is None
+    cap = capsys.readouterr()
+    assert cap.out == "key 'nokey' is not in store counts (task 1, current copy)\n" and cap.err == ""
+
+
 def test_range_and_all_return_frames(ip):
     df = ip.run_line_magic("statekit", "query fake counts --range a z")
     assert list(df["key"]) == ["a", "b"]

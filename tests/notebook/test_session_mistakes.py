@@ -483,3 +483,92 @@ def test_up_tls_starts_a_tls_broker_and_a_mismatch_is_one_line(ip, capsys):
     line = _one_red_line(capsys.readouterr().err)
     assert "--tls is for the embedded broker" in line and "STATEKIT_KAFKA_CONFIG" in line
     assert sess.bootstrap == sess.broker.bootstrap   # neither mistake changed the connection
+
+
+FAILING = ("app.stream('words', value_serde='json').group_by_key()"
+           ".aggregate(lambda: 0, lambda k, v, n: n + {step}, store='totals')\n")
+
+
+def test_a_lambda_that_failed_is_fixed_in_its_cell_and_started_again_in_the_same_kernel(ip, capsys):
+    """The learner's path: the aggregate's lambda raises (ERROR); `start` and `restart` of the
+    failed app say what to do instead of failing the same way; the app cell, fixed, runs again
+    and replaces the failed app (its instance process ends, which frees its task directories);
+    `restart` of the new definition starts it, and the store is exactly the fixed count."""
+    from collections import Counter
+
+    from statekit import datagen
+
+    ip.run_line_magic("statekit", "up --no-spark")
+    records = list(datagen.generate("words", seed=11, limit=300))
+    datagen.produce("words", iter(records), _session().bootstrap, partitions=2)
+    bad = _local_app(ip, "fix", FAILING.format(step="1 / 0"), "--partitions 2")
+    heard = _hear(bad, lambda e: e.type == "state" and e.state == "ERROR")
+    ip.run_line_magic("statekit", "start fix")
+    heard(timeout=60)
+    old_pids = [int(p) for p in bad.instances_frame()["pid"] if p]
+    assert old_pids and all(pid_alive(p) for p in old_pids)
+    capsys.readouterr()
+    todo = "fix the `%%statekit app fix` cell and run it again (that replaces the failed app), then `%statekit start fix`"
+    for line in ("start fix", "restart fix"):
+        ip.run_line_magic("statekit", line)
+        got = _one_red_line(capsys.readouterr().err)
+        assert "ZeroDivisionError" in got and todo in got, (line, got)
+        assert str(bad.state) == "ERROR"
+    fixed = _local_app(ip, "fix", FAILING.format(step="1"), "--partitions 2")
+    out = capsys.readouterr().out
+    assert fixed is not bad and str(bad.state) == "NOT_RUNNING"
+    assert ("(the earlier definition, ERROR, was stopped; its state stays for this one). Next: "
+            "%statekit start fix") in out
+    assert not [p for p in old_pids if pid_alive(p)]   # stopped and reaped: no lock left behind
+    ip.run_line_magic("statekit", "restart fix --no-watch")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "fix: not started yet: starting it" and out[1].startswith("fix: started: 2 tasks")
+    assert fixed.process_all_available(timeout=60)
+    store = fixed.query_all("totals")
+    expected = Counter(r.key for r in records)
+    assert dict(zip(store["key"], store["value"])) == dict(expected)
+    assert str(fixed.state) == "RUNNING" and fixed.error is None
+
+
+def test_the_start_cell_run_twice_says_the_app_runs_and_shows_its_dashboard_again(ip, capsys):
+    from statekit.kafka import Kafka
+
+    ip.run_line_magic("statekit", "up --no-spark")
+    with Kafka(_session().bootstrap) as k:
+        k.ensure_topic("words", 2)
+    app = _local_app(ip, "twice", COUNT, "--partitions 2")
+    sess = _session()
+    ip.run_line_magic("statekit", "start twice --watch")
+    first = sess.dashboards["twice"]
+    app.wait_for_state(["RUNNING"], timeout=60)
+    capsys.readouterr()
+    ip.run_line_magic("statekit", "start twice --watch")
+    cap = capsys.readouterr()
+    assert cap.err == "" and cap.out == "twice: already started (RUNNING); its dashboard below follows it\n"
+    again = sess.dashboards["twice"]
+    assert again is not first and again.running and sess.cards[-1] is again.view.root
+    ip.run_line_magic("statekit", "start twice")
+    assert capsys.readouterr().out == ("twice: already started (RUNNING); nothing to do; its dashboard "
+                                       "above follows it\n")
+    again.stop(timeout=3)
+
+
+def test_redefining_a_running_app_stops_it_and_retires_its_dashboard(ip, capsys):
+    from statekit.kafka import Kafka
+
+    ip.run_line_magic("statekit", "up --no-spark")
+    with Kafka(_session().bootstrap) as k:
+        k.ensure_topic("words", 2)
+    old = _local_app(ip, "redo", COUNT, "--partitions 2")
+    sess = _session()
+    ip.run_line_magic("statekit", "start redo --watch")
+    d = sess.dashboards["redo"]
+    old.wait_for_state(["RUNNING"], timeout=60)
+    capsys.readouterr()
+    new = _local_app(ip, "redo", COUNT, "--partitions 2")
+    assert "(the earlier definition, RUNNING, was stopped; its state stays for this one)" in capsys.readouterr().out
+    assert str(old.state) == "NOT_RUNNING" and "redo" not in sess.dashboards and not d.running
+    assert "app redo was redefined: this dashboard no longer follows it" in d.view.header.value
+    assert ">NOT_RUNNING<" in d.view.header.value
+    ip.run_line_magic("statekit", "start redo")
+    assert new.wait_for_state(["RUNNING"], timeout=60) is not None and new.error is None
