@@ -366,7 +366,7 @@ def render_restore(m) -> str:
             fcs = [x for x in fcs if x is not None]
             if fcs:
                 extra = f" · forecast before: ≈ {fmt_secs(sum(fcs))} of replay"
-        mark, cls = ("✔", "sk-sum") if s.ok else ("✖", "sk-sum bad")
+        mark, cls = ("✔", "sk-sum") if s.ok else ("✘", "sk-sum bad")
         summary = f"<div class='{cls}'>{mark} {_e(s.line())}{_e(extra)}</div>"
     fc = render_forecast(m) if rnd.final else ""
     return _dash(f"{head}<span class='sk-note'>{_e(note)}</span></div>{t}{summary}{fc}")

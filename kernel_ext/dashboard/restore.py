@@ -257,7 +257,7 @@ class RoundSummary:
         return self.records / secs if secs > 0 and self.records else None
 
     def line(self) -> str:
-        parts = []
+        parts = [f"{self.failed} failed"] if self.failed else []   # the news first
         if self.restored_tasks:
             src = ", ".join(f"{n} from {s}" for s, n in sorted(self.by_source.items()))
             rate = f" at {self.rate:,.0f} records/s" if self.rate else ""
@@ -270,8 +270,6 @@ class RoundSummary:
             parts.append(f"{self.promoted} promoted replica(s)")
         if self.nothing:
             parts.append(f"{self.nothing} task(s) with nothing to replay")
-        if self.failed:
-            parts.append(f"{self.failed} failed")
         if self.throttle:
             parts.append(f"throttled to {self.throttle:,.0f} records/s")
         return "; ".join(parts) or "no task opened"
