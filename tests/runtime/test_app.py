@@ -541,3 +541,42 @@ def test_a_task_reads_its_ranges_and_a_retried_batch_is_not_applied_twice(shared
         assert Spool(app.layout.control.spool_dir(str(task))).batches() == []
     finally:
         app.stop()
+
+
+def test_an_app_made_again_after_its_code_failed_starts_where_the_failed_one_held_the_state(
+        shared_broker, kafka, tmp_path):
+    """A notebook's Python cell run twice: `app = statekit.App(same name)`, fixed, then start(). The
+    earlier object in ERROR held its task directories (its instance still ran): start() stops it
+    first, and the fixed app counts every record exactly. A running earlier object is left alone
+    and the start refused in one line."""
+    topic, name = unique("t"), unique("again")
+    kafka.ensure_topic(topic, 2)
+
+    def make(step):
+        a = statekit.App(name, bootstrap=shared_broker.bootstrap, state_dir=str(tmp_path / "st"),
+                         engine="local", partitions=2)
+        a.stream(topic).group_by_key().aggregate(lambda: 0, lambda k, v, n: n + step(v), store="c",
+                                                 value_serde="int64")
+        return a
+
+    bad = make(lambda v: 1 // 0)
+    fixed = make(lambda v: 1)
+    third = make(lambda v: 1)
+    try:
+        send_lines(kafka, topic, LINES)
+        bad.start()
+        with pytest.raises(ProcessorError):
+            bad.process_all_available()
+        pids = [int(p) for p in bad.instances_frame()["pid"] if p]
+        assert pids and all(os.path.exists(f"/proc/{p}") for p in pids)
+        fixed.start()
+        assert bad.state == AppState.NOT_RUNNING
+        assert fixed.process_all_available(timeout=60)
+        assert counts(fixed, "c") == reference(LINES)
+        with pytest.raises(StatekitError) as ei:
+            third.start()
+        assert f"an earlier App('{name}') of this process is RUNNING" in one_line(ei.value)
+        assert third.state == AppState.CREATED and fixed.state == AppState.RUNNING
+    finally:
+        for a in (third, fixed, bad):
+            a.stop()
