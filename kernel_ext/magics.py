@@ -13,20 +13,41 @@ from kernel_ext.parser import Help, ParseError, parse, subcommand_names
 __all__ = ["StatekitMagics", "complete", "error_line", "one_line_errors"]
 
 
+def _in_the_cell_itself(shell, tb) -> bool:
+    """The exception was raised by the cell's own top-level code (not inside a function it called)."""
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    cells = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    code = tb.tb_frame.f_code if tb is not None else None
+    return code is not None and code.co_name == "<module>" and code.co_filename in cells
+
+
 def one_line_errors(shell, session) -> None:
     """A `StatekitError` raised in any cell (`app.process_all_available()`, `app.crash(...)`) shows
     as its one line, in red, instead of a traceback (kept for `kernel_ext.last_traceback()`); the
-    cell still fails, so "run all" stops there as before."""
+    cell still fails, so "run all" stops there as before. So does a NameError of a cell's own code:
+    a notebook's cell run before the cell above it that sets the name."""
     from statekit.errors import StatekitError
 
     def handler(_shell, etype, value, tb, tb_offset=None):
+        # IPython never shows what a custom handler returns (ipython/ipython#12378): it is shown
+        # here, and nothing is returned (so that a fixed IPython would not show it twice)
+        if issubclass(etype, NameError) and not _in_the_cell_itself(shell, tb):
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+            return None
         session.last_traceback = "".join(traceback.format_exception(etype, value, tb))
-        for name, app in list(session.apps.items()):   # an app's failure: said here, not again
-            if getattr(app, "error", None) is not None and one_line(app.error) == one_line(value):
-                session.voice.claim(name, value)
-        return [f"{RED}{etype.__name__}: {one_line(value)}{RESET}"]
+        if issubclass(etype, NameError):
+            line = (f"NameError: {one_line(value)}: a cell above sets it; run the cells above this one "
+                    f"first (or check the spelling)")
+        else:
+            for name, app in list(session.apps.items()):   # an app's failure: said here, not again
+                if getattr(app, "error", None) is not None and one_line(app.error) == one_line(value):
+                    session.voice.claim(name, value)
+            line = f"{etype.__name__}: {one_line(value)}"
+        shell._showtraceback(etype, value, [f"{RED}{line}{RESET}"])
+        return None
 
-    shell.set_custom_exc((StatekitError,), handler)
+    shell.set_custom_exc((StatekitError, NameError), handler)
 
 
 @magics_class
