@@ -91,29 +91,38 @@ def check_moved_key(app, key, watched=None, store: str = "movements") -> None:
 
 def check_restore_time(app, seconds) -> None:
     """Right when `seconds` is within a factor of 2 of the forecast of a restore from scratch of
-    every task of the app."""
+    every task of the app. A wrong answer gets a hint, never the forecast itself."""
     try:
         seconds = float(seconds)
     except (TypeError, ValueError):
         return _verdict(2, False, "set `prediction` to a number of seconds (such as 1.5)")
+    if seconds <= 0:
+        return _verdict(2, False, f"you said {seconds:g} s: a restore takes some time; give the seconds "
+                                  f"it would take (more than 0)")
     fc = app.restore_forecast()
     scratch = fc.frame[fc.frame.source == "scratch"]
     total, records = float(scratch.seconds.sum()), int(scratch.records.sum())
-    rate = float(scratch.apply_rate.iloc[0]) if len(scratch) else 0.0
-    why = (f"the forecast is {total:.2f} s: {records:,} changelog records to replay at "
-           f"{rate:,.0f} records/s ({scratch.rate_source.iloc[0] if len(scratch) else 'no rate'})")
-    if total <= 0 or seconds <= 0:
-        return _verdict(2, False, f"you said {seconds:g} s; {why}")
+    if total <= 0:
+        return _verdict(2, False, "the forecast finds nothing to replay yet: run the cells above first "
+                                  "(the app has to have counted the movements)")
     ratio = seconds / total
     if 0.5 <= ratio <= 2:
-        return _verdict(2, True, f"you said {seconds:.2f} s; {why}. A restore from scratch reads "
-                                 f"every record of the task's changelog: records to replay ÷ the "
-                                 f"rate restores run at.")
-    hint = ("too much: did you count every input record, or mix up milliseconds and seconds?"
-            if ratio > 2 else
-            "too little: a restore from scratch replays the whole changelog of every task the "
-            "instance runs, not only what changed recently")
-    return _verdict(2, False, f"you said {seconds:.2f} s, {ratio:.1f}× the forecast — {hint}. ({why}.)")
+        rate = float(scratch.apply_rate.iloc[0])
+        return _verdict(2, True, f"you said {seconds:.2f} s; the forecast is {total:.2f} s: {records:,} "
+                                 f"changelog records to replay at {rate:,.0f} records/s "
+                                 f"({scratch.rate_source.iloc[0]}). A restore from scratch reads every "
+                                 f"record of the task's changelog: records to replay ÷ the rate "
+                                 f"restores run at.")
+    how = ("more than ten times" if ratio > 10 else "more than twice") if ratio > 2 else \
+          ("less than a tenth of" if ratio < 0.1 else "less than half of")
+    hint = ("Did you count every input record rather than the changelog's, or mix up milliseconds "
+            "and seconds?" if ratio > 2 else
+            "A restore from scratch replays the whole changelog of every task, not only what changed "
+            "recently.")
+    return _verdict(2, False, f"you said {seconds:.2f} s: {how} what the forecast says. {hint} The "
+                              f"records to replay are the changelogs' end offsets (`%statekit lag "
+                              f"bank`); the rate is what the table above shows a restore ran at "
+                              f"(records ÷ seconds).")
 
 
 # -- exercise 3: make a sink exactly-once ---------------------------------------------------------
@@ -138,8 +147,8 @@ def check_exactly_once(app, read_invoices, orders: str = "orders", invoices: str
     if getattr(app, "processing_guarantee", None) != "exactly_once":
         return _verdict(3, False, f"the app runs {getattr(app, 'processing_guarantee', '?')}: without "
                                   f"transactions a crash may repeat a batch's invoices, and nothing "
-                                  f"tells a reader which copy to ignore. Define it with "
-                                  f"`--guarantee exactly_once`.")
+                                  f"tells a reader which copy to ignore. Which guarantee writes each "
+                                  f"batch in one transaction? (the app cell's `--guarantee`)")
     with Kafka(app.bootstrap) as k:
         before = sum(k.end_offsets(orders).values())
     if str(app.state) in ("CREATED", "NOT_RUNNING"):
@@ -163,8 +172,9 @@ def check_exactly_once(app, read_invoices, orders: str = "orders", invoices: str
         return _verdict(3, False, f"{seen:,} invoices for {len(keys):,} orders: {twice} came out twice. "
                                   f"The app ran exactly_once: the crash hit after the first attempt "
                                   f"of a batch had written its invoices and before its transaction "
-                                  f"committed, so those invoices were aborted; your reader reads "
-                                  f"aborted records too. Read with isolation=\"read_committed\".")
+                                  f"committed, so those invoices were aborted; your reader returns "
+                                  f"aborted records too. How does a reader skip the records of "
+                                  f"aborted transactions? (look at `Kafka.read`'s `isolation`)")
     if missing:
         return _verdict(3, False, f"{missing} of {len(keys):,} orders have no invoice in what your "
                                   f"reader returned: it must return every (key, value) of the topic")
@@ -197,8 +207,8 @@ def check_topology(build) -> None:
     except Exception as err:  # noqa: BLE001 - the learner's topology: say what went wrong
         text = " ".join(str(err).split())
         hint = (" Grouping by a new key sends every record through a repartition topic, and the "
-                "key has to become bytes to get there: a str key needs nothing more, any other "
-                "needs a key serde (group_by(..., key_serde=\"int64\")) — or make the key a str."
+                "key has to become bytes to get there: what turns your key into bytes? (group_by's "
+                "`key_serde`; a str key needs none)"
                 if "serde" in text else "")
         return _verdict(4, False, f"the test driver rejects it: {type(err).__name__}: {text[:300]}.{hint}")
     final = {}
