@@ -283,7 +283,7 @@ class Session:
             self._env_bootstrap = False
         self.broker, self.bootstrap = None, None
         home = os.path.dirname(self._embedded_dir())
-        for sub in ("broker", "apps"):
+        for sub in ("broker", "apps", "produced"):
             shutil.rmtree(os.path.join(home, sub), ignore_errors=True)
 
     def cmd_up(self, cmd: Command):
@@ -443,7 +443,24 @@ class Session:
         if old is not None and old.running:
             raise StatekitError(f"a producer is already writing to {cmd.topic!r}; wait for it or "
                                 f"`%statekit down`")
-        job = start_producer(cmd, self.bootstrap, self.display)
+        from kernel_ext.producing import held, signature, write_receipt, written_before
+
+        sig = signature(cmd)
+        with self._kafka() as k:
+            before = written_before(k, cmd.topic, sig) if not cmd.again else None
+            if before is not None:   # the cell ran before: its records are there, exactly
+                say(f"{cmd.topic} already holds these {before:,} records, written when this produce ran "
+                    f"before: nothing written (`--again` writes them once more)")
+                return
+            there = held(k, cmd.topic)
+        if there:
+            say(f"{cmd.topic} already holds {there:,} records: these are added to them")
+
+        def done(p):   # the receipt that a second run of this produce finds
+            with self._kafka() as k:
+                write_receipt(k, cmd.topic, sig, there, p.sent)
+
+        job = start_producer(cmd, self.bootstrap, self.display, on_done=done)
         self.producers[cmd.topic] = job
         if cmd.wait:
             job.thread.join()
@@ -832,6 +849,9 @@ class Session:
             say(f"{cmd.name}: one instance (Spark's own state store)")
             return None
         df = app.instances_frame()
+        if df.empty:   # a cell run before the start cell
+            say(f"{cmd.name}: no instance runs: it is {app.state} (`%statekit start {cmd.name}` starts it)")
+            return None
         return df.drop(columns=[c for c in ("reported",) if c in df.columns]).set_index("instance")
 
     def cmd_kill(self, cmd: Command):

@@ -219,6 +219,9 @@ def _build() -> _Parser:
                         "(a generator's schema, registered under TOPIC-value in the schema "
                         "registry)")
     p.add_argument("--wait", action="store_true", help="block until done instead of running in the background")
+    p.add_argument("--again", action="store_true",
+                   help="write the records even when the topic holds exactly them already (this "
+                        "produce ran before; without --again it writes nothing then)")
 
     p = sub.add_parser("app", help="(cell magic) define an app; the cell body builds the topology",
                        description="%%statekit app NAME: the cell body is Python that builds the "

@@ -4,10 +4,17 @@ A generator with `--limit` and no `--rate` takes the fast path (pre-encoded reco
 per run); a file or a paced generator goes record by record. `--format avro` (protobuf,
 json_schema) writes a generator's values with its schema, registered in the schema registry. The
 bar says how far it got, the rate, and an error in one line.
+
+A produce cell run twice does not write its records twice: a produce of a file or of a seeded
+generator with `--limit` leaves a receipt (`$STATEKIT_HOME/produced/<topic>.json`: what it wrote
+and the offsets the topic ended at); the same produce run again finds the topic exactly as the
+receipt says (nothing written or removed since) and writes nothing, in one line (`--again` writes
+them anyway). Otherwise records already in the topic stay, these are added, and the line says so.
 """
 from __future__ import annotations
 
 import html
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -43,8 +50,73 @@ def resolve_file(path: str) -> str:
                         f"clicks.jsonl, sensors.jsonl)")
 
 
-def start_producer(cmd, bootstrap: str, display: Callable) -> ProducerJob:
-    """Start producing what `cmd` (a parsed `produce`) names; shows the bar with `display`."""
+def signature(cmd) -> dict | None:
+    """What a produce writes, when it is the same every time (a file, or a seeded generator with
+    a limit); None for an endless generator."""
+    if cmd.file:
+        path = resolve_file(cmd.file)
+        st = os.stat(path)
+        return {"file": os.path.abspath(path), "size": st.st_size, "mtime": st.st_mtime, "limit": cmd.limit}
+    if cmd.limit is None:
+        return None
+    return {"generator": cmd.generator, "seed": 42 if cmd.seed is None else cmd.seed,
+            "keys": cmd.args.get("keys"), "limit": cmd.limit,
+            "format": cmd.args.get("value_format") or "json"}
+
+
+def _receipt_path(topic: str) -> str:
+    from statekit.contracts import statekit_home
+
+    return os.path.join(statekit_home(), "produced", f"{topic}.json")
+
+
+def offsets(kafka, topic: str) -> tuple[dict, dict] | None:
+    """(begin, end) offsets per partition, None when the topic does not exist."""
+    if topic not in kafka.topics():
+        return None
+    return ({str(p): o for p, o in kafka.begin_offsets(topic).items()},
+            {str(p): o for p, o in kafka.end_offsets(topic).items()})
+
+
+def held(kafka, topic: str) -> int:
+    """Records the topic holds now (0 when it does not exist)."""
+    found = offsets(kafka, topic)
+    return 0 if found is None else sum(found[1].values()) - sum(found[0].values())
+
+
+def written_before(kafka, topic: str, sig: dict | None) -> int | None:
+    """The records the last produce into this topic wrote, when it was this same produce (`sig`)
+    and nothing was written to or removed from the topic since, else None."""
+    if sig is None:
+        return None
+    try:
+        with open(_receipt_path(topic)) as f:
+            receipt = json.load(f)
+    except (OSError, ValueError):
+        return None
+    now = offsets(kafka, topic)
+    if receipt.get("signature") != sig or now is None or [now[0], now[1]] != receipt.get("offsets"):
+        return None
+    return int(receipt.get("records", 0))
+
+
+def write_receipt(kafka, topic: str, sig: dict | None, before: int, sent: int) -> None:
+    """After a produce of `sig` that wrote `sent` records into a topic that held `before`: its
+    offsets now, unless someone else wrote meanwhile."""
+    now = offsets(kafka, topic) if sig is not None else None
+    if now is None or sum(now[1].values()) - sum(now[0].values()) != before + sent:
+        return
+    path = _receipt_path(topic)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"signature": sig, "offsets": [now[0], now[1]], "records": sent}, f)
+    os.replace(tmp, path)
+
+
+def start_producer(cmd, bootstrap: str, display: Callable, on_done: Callable | None = None) -> ProducerJob:
+    """Start producing what `cmd` (a parsed `produce`) names; shows the bar with `display`;
+    ``on_done(progress)`` once every record is written."""
     import ipywidgets as W
 
     from statekit import datagen
@@ -102,6 +174,9 @@ def start_producer(cmd, bootstrap: str, display: Callable) -> ProducerJob:
                 datagen.produce(cmd.topic, records, bootstrap, partitions=cmd.partitions or 4,
                                 rate=cmd.rate, limit=cmd.limit, stop=stop, progress=report,
                                 value_format=fmt, generator=cmd.generator)
+            p = job.progress
+            if on_done is not None and p is not None and p.done and not p.error and not stop.is_set():
+                on_done(p)
         except Exception:  # shown in the progress label (one line)
             pass
 

@@ -4,11 +4,9 @@
     .venv/bin/python notebooks/_build.py 02_crash_and_restore
 
 Edit the cells here (01–05), in _build_tour.py (06–08, 10), _build_09.py, _build_11.py,
-_build_12.py, _build_13.py and _build_14.py, never the .ipynb files. Every notebook is written for a learner: it says what you will
-see, shows it, and says what happened. It starts from a clean slate (`%statekit up --fresh`), ends
-with `%statekit down`, and checks its results against plain Python in a cell that prints OK. What
-`make demo` needs beyond that comes from the app's own figures, in a short cell tagged `remove-cell`
-that prints nothing (`statekit.demo.record_restore`).
+_build_12.py, _build_13.py and _build_14.py, never the .ipynb files; the helpers they share are in _cells.py
+(the builders import it, and only this module imports the builders: no circle). Every notebook is
+written for a learner (see _cells.py).
 
 Every topic is produced with the partition count of the app that reads it (a task is a source
 partition, as in Kafka Streams).
@@ -18,81 +16,10 @@ from __future__ import annotations
 import os
 import sys
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
-
-def md(text: str):
-    return new_markdown_cell(text.strip("\n"))
-
-
-def code(text: str, tags=(), solution: str | None = None):
-    c = new_code_cell(text.strip("\n"))
-    if tags:
-        c.metadata["tags"] = list(tags)
-    if solution is not None:   # an exercise: its reference answer (statekit.demo.apply_solutions)
-        c.metadata["statekit"] = {"solution": solution.strip("\n")}
-    return c
-
-
-def hidden(text: str):
-    """A cell for `make demo` or the tests, not for the learner: tagged remove-cell, prints nothing."""
-    return code(text, tags=("remove-cell",))
-
-
-SETUP = code("""
-%load_ext kernel_ext
-%statekit up --fresh
-""")
-
-DOWN = code("""
-%statekit down
-""")
-
-# Workshop-scale state: bank accounts, one movement each (the `accounts` generator's first KEYS
-# records visit every account once), written by the fast produce path. 2.5 million where a restore
-# from scratch is timed (02, 03: it must last a few seconds to be watched), a million elsewhere.
-# The test suite runs the tour with fewer accounts (STATEKIT_TOUR_KEYS); `make demo` and JupyterLab
-# use the full size.
-TOUR_KEYS, RESTORE_TOUR_KEYS = 1_000_000, 2_500_000
-
-ACCOUNTS_CELL = """
-import os
-from collections import Counter
-from statekit.datagen import accounts_reference
-
-KEYS = int(os.environ.get("STATEKIT_TOUR_KEYS", "{default}"))
-%statekit produce accounts --generator accounts --seed 1 --limit {{KEYS}} --keys {{KEYS}} --partitions {partitions} --wait
-expected = Counter(accounts_reference(seed=1, limit=KEYS, keys=KEYS)[0])   # account -> movements
-print(f"{{KEYS:,}} movements of {{len(expected):,}} accounts")
-"""
-
-
-def accounts(default: int = TOUR_KEYS, partitions: int = 4):
-    return code(ACCOUNTS_CELL.format(default=default, partitions=partitions))
-
-
-# The forecast before a crash: App.restore_forecast(), per instance a sentence.
-FORECAST = """
-forecast = app.restore_forecast()
-print("\\n".join(forecast.lines.values()))
-"""
-
-# What the last restart restored, beside the forecast made before the crash.
-RESTORE_VS_FORECAST = """
-rs = app.restore_summary()   # one row per task (and store) the restart replayed from its changelog
-said = forecast.frame.query("source == 'scratch'").seconds.sum()
-print(f"the restore replayed {rs.records.sum():,} changelog records in {rs.seconds.sum():.1f} s; "
-      f"the forecast before the crash said ≈ {said:.1f} s")
-rs[["task", "source", "records", "seconds"]]
-"""
-
-RECORD_RESTORE = hidden("""
-from statekit.demo import record_restore   # the restore's figures for `make demo`'s report
-record_restore(app, forecast)
-""")
+from _cells import (DOWN, FORECAST, RECORD_RESTORE, RESTORE_TOUR_KEYS, RESTORE_VS_FORECAST, SETUP, TOUR_KEYS, accounts, code, hidden, md, write)  # noqa: E402
 
 NOTEBOOKS: dict[str, list] = {}
 
@@ -267,8 +194,8 @@ def check(expected):
         raise AssertionError(f"{len(bad)} keys differ, e.g. {sorted(bad)[:5]}")
     return actual
 
-expected.update(accounts_reference(seed=2, limit=20000, keys=KEYS)[0])
-actual = check(expected)
+expected_now = expected + Counter(accounts_reference(seed=2, limit=20000, keys=KEYS)[0])
+actual = check(expected_now)
 print(f"after the process crash: {len(actual):,} accounts, {sum(actual.values()):,} movements, "
       f"exactly as plain Python counts them")
 print("OK")
@@ -290,8 +217,9 @@ with its records to replay, then restoring (progress, records/s, ETA), then done
 """),
     code("""
 %statekit wait bank
-expected.update(accounts_reference(seed=3, limit=20000, keys=KEYS)[0])
-actual = check(expected)
+expected_now = (expected + Counter(accounts_reference(seed=2, limit=20000, keys=KEYS)[0])
+                + Counter(accounts_reference(seed=3, limit=20000, keys=KEYS)[0]))
+actual = check(expected_now)
 print(f"after the disk loss: {len(actual):,} accounts, {sum(actual.values()):,} movements, "
       f"exactly as plain Python counts them")
 print("OK")
@@ -630,7 +558,7 @@ time.sleep(2)
 """),
     code("""
 %statekit wait pages
-died = app.events(types="instance_died")[-1]
+died = app.last_event("instance_died")
 for e in app.events(types="standby_promoted", since=died.ts):
     print(f"task {e.task}: its standby on instance {e.instance} was promoted, {e.lag or 0} record(s) behind")
 opens = app.task_opens()
@@ -649,10 +577,10 @@ they have caught up.
 """),
     code("""
 promoted = app.events(types="standby_promoted", since=died.ts)
-expected.update(accounts_reference(seed=5, limit=4000, keys=KEYS)[0])
+expected_now = expected + Counter(accounts_reference(seed=5, limit=4000, keys=KEYS)[0])
 store = app.query_all("movements")
 actual = dict(zip(store["key"], store["value"]))
-assert actual == dict(expected), f"{len(set(actual.items()) ^ set(expected.items()))} keys differ"
+assert actual == dict(expected_now), f"{len(set(actual.items()) ^ set(expected_now.items()))} keys differ"
 assert sorted(e.task for e in promoted if e.role == "standby") == sorted(died.tasks)
 print(f"{len(actual):,} accounts; the failover lost nothing and replayed "
       f"{sum(e.lag or 0 for e in promoted)} record(s) instead of the whole changelog")
@@ -673,27 +601,12 @@ copy that is far behind. The store matched plain Python throughout.
 
 
 def build(names=None) -> list[str]:
-    paths = []
-    for name, cells in NOTEBOOKS.items():
-        if names and name not in names:
-            continue
-        nb = new_notebook(cells=cells)
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                     "language": "python"}
-        nb.metadata["language_info"] = {"name": "python"}
-        for i, c in enumerate(nb.cells):  # stable ids: a rebuild changes nothing unless a cell did
-            c["id"] = f"{name[:2]}-{i:02d}"
-        path = os.path.join(HERE, f"{name}.ipynb")
-        nbformat.validate(nb)
-        with open(path, "w", encoding="utf-8") as f:
-            nbformat.write(nb, f)
-        paths.append(path)
-    return paths
+    """Write every notebook of the tour (or those in `names`)."""
+    return write(all_notebooks(), names)
 
 
 def all_notebooks() -> dict:
     """Every notebook of the tour, by name, from every builder."""
-    sys.path.insert(0, HERE)
     import _build_09
     import _build_11
     import _build_12
@@ -708,8 +621,5 @@ def all_notebooks() -> dict:
 
 
 if __name__ == "__main__":
-    everything = all_notebooks()
-    NOTEBOOKS.clear()
-    NOTEBOOKS.update(everything)
     for p in build(sys.argv[1:] or None):
         print(p)

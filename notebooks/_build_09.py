@@ -2,8 +2,7 @@
 
     .venv/bin/python notebooks/_build_09.py
 
-Kept apart from _build.py (owned by the notebook engineer); it reuses its md/code helpers and its
-build() writer.
+Kept apart from _build.py, with the cell helpers and writer of _cells.py.
 """
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import _build  # noqa: E402
-from _build import code, md  # noqa: E402
+from _cells import DOWN, code, md, write  # noqa: E402
 
 CELLS = [
     md("""
@@ -157,7 +155,7 @@ print("OK")
 from statekit.engine.spark_native.engine import stop_native_session
 stop_native_session()
 """),
-    _build.DOWN,
+    DOWN,
     md("""
 ## What happened
 
@@ -172,9 +170,7 @@ NOTEBOOKS = {"09_two_engines": CELLS}
 
 
 def build() -> list:
-    _build.NOTEBOOKS.clear()
-    _build.NOTEBOOKS.update(NOTEBOOKS)
-    return _build.build(["09_two_engines"])
+    return write(NOTEBOOKS)
 
 
 if __name__ == "__main__":

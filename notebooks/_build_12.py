@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _build import DOWN, code, md  # noqa: E402
+from _cells import DOWN, code, md  # noqa: E402
 
 # Small enough to start in seconds, big enough that each task's restore (a quarter of the accounts)
 # is a rate worth measuring (the forecast uses restores of 10,000 records or more).
@@ -91,7 +91,7 @@ WATCH
     exercise("""
 moved = ...   # your answer: one of the four keys in WATCH, as a str
 """, """
-died = app.events(types="instance_died")[-1]
+died = app.last_event("instance_died")
 moved_tasks = {m["task"] for r in app.rebalances if r["generation"] > died.generation for m in r["moves"]}
 moved = next(k for k in WATCH if str(app.key_owner("movements", k).task) in moved_tasks)
 """),

@@ -2,7 +2,7 @@
 cluster of three workers; one executor is killed and its tasks move to their warm copies.
 
     .venv/bin/python notebooks/_build_13.py
-    .venv/bin/python notebooks/_build.py 13_cluster     # once _build.py lists this builder
+    .venv/bin/python notebooks/_build.py 13_cluster
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _build import DOWN, code, md  # noqa: E402
+from _cells import DOWN, code, md, write  # noqa: E402
 
 NOTEBOOKS: dict[str, list] = {}
 
@@ -95,7 +95,7 @@ killed_at = time.time()
 cluster.kill_executor(str(victim))
 print("killed executor", victim, "which ran", rows.set_index("instance").loc[victim, "active"])
 """),
-    code("%statekit produce words --from ../sample_data/words.jsonl --partitions 4 --wait"),
+    code("%statekit produce words --from ../sample_data/words.jsonl --partitions 4 --wait --again"),
     code("%statekit wait wordcount"),
     md("""
 Where the lost tasks went, and what their opening replayed: `standby` is a promoted warm copy
@@ -144,9 +144,5 @@ standby, replaying only what the standby was behind. The counts matched plain Py
 
 
 if __name__ == "__main__":
-    import _build
-
-    _build.NOTEBOOKS.clear()
-    _build.NOTEBOOKS.update(NOTEBOOKS)
-    for p in _build.build(sys.argv[1:] or None):
+    for p in write(NOTEBOOKS, sys.argv[1:] or None):
         print(p)

@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _build import DOWN, SETUP, code, md  # noqa: E402
+from _cells import DOWN, SETUP, code, md  # noqa: E402
 
 NOTEBOOKS: dict[str, list] = {}
 

@@ -594,6 +594,7 @@ class App:
 
     # ------------------------------------------------------------------ events
     events = _delegate(AppEvents, "_bus", "events")
+    last_event = _delegate(AppEvents, "_bus", "last", "last_event")
     events_frame = _delegate(AppEvents, "_bus", "frame", "events_frame")
     wait_for_event = _delegate(AppEvents, "_bus", "wait_for", "wait_for_event")
     on_event = _delegate(AppEvents, "_bus", "on_event")

@@ -11,6 +11,7 @@ import logging
 from typing import Callable, Optional
 
 from statekit import events as ev
+from statekit.errors import StatekitError
 
 log = logging.getLogger("statekit.app")
 
@@ -79,6 +80,19 @@ class AppEvents:
         from time ``since`` (epoch seconds) on and of some ``types``."""
         r = self.reader
         return [] if r is None else r.events(since_ts=since, types=types)
+
+    def last(self, type: str, since: Optional[float] = None, wait: float = 2.0) -> ev.Event:
+        """The latest event of ``type`` (from time ``since`` on), waiting up to ``wait`` seconds for
+        one to be read; none is a one-line error that says what to run first (a notebook cell run
+        before the one that causes the event)."""
+        found = self.events(since=since, types=type)
+        if not found and wait > 0 and self.wait_for(
+                lambda e: e.type == type and (since is None or e.ts >= since), wait) is not None:
+            found = self.events(since=since, types=type)
+        if not found:
+            raise StatekitError(f"app '{self.name}' has no {type} event yet: run the cell that causes "
+                                f"one first (the cells above, in order)")
+        return found[-1]
 
     def frame(self, **kw):
         """``events(**kw)`` as a DataFrame, one row per event."""

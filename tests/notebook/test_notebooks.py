@@ -167,3 +167,33 @@ def test_notebook_07_waits_for_a_learner_who_reads_before_each_query(tmp_path, m
     assert "restoring" in refusal and "changelog records behind" in refusal, refusal
     assert "from the restoring active" in stale and "records behind" in stale, stale
     assert "current" in current, current
+
+
+def test_the_notebook_builders_import_each_other_in_no_circle():
+    """notebooks/_build.py gathers the builders; they share _cells.py and import nothing of each
+    other (an import inside a function counts)."""
+    import ast
+    import glob
+
+    mods = {os.path.basename(p)[:-3]: p for p in glob.glob(os.path.join(NOTEBOOKS_DIR, "_*.py"))}
+    graph = {}
+    for name, path in mods.items():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+        graph[name] = sorted(found & set(mods))
+    assert "_cells" in mods and graph["_cells"] == []
+    for name, deps in graph.items():
+        if name != "_build":
+            assert set(deps) <= {"_cells"}, f"{name} imports {deps}"
+
+    def cycle(node, path):
+        for d in graph[node]:
+            if d in path or cycle(d, path + [d]):
+                return True
+        return False
+    assert not any(cycle(n, [n]) for n in graph), graph

@@ -1,7 +1,9 @@
-"""A real Jupyter kernel that ends without `%statekit down` leaves no process statekit started: the
-embedded broker of `%statekit up`, Spark's JVM, the app's instance processes and the spares. Checked
-by pid, after a SIGKILL of the kernel (nothing of it runs: no atexit, no finally) and after a
-shutdown as JupyterLab's restart does it, where the dashboard says its app is gone (not RUNNING)."""
+"""In a real Jupyter kernel (ipykernel, driven by jupyter_client): an error raised by a Python cell
+shows as one red line (IPython does not show what a custom exception handler returns); and a kernel
+that ends without `%statekit down` leaves no process statekit started — the embedded broker of
+`%statekit up`, Spark's JVM, the app's instance processes and the spares — checked by pid after a
+SIGKILL of the kernel (nothing of it runs: no atexit, no finally) and after a shutdown as
+JupyterLab's restart does it, where the dashboard says its app is gone (not RUNNING)."""
 from __future__ import annotations
 
 import json
@@ -26,8 +28,9 @@ print(json.dumps({"broker": _s.broker.pid, "jvm": jvm_pid() if _s.spark is not N
 """
 
 
-def _run(kc, code: str, timeout: float = 120.0) -> str:
-    """Run a cell; its stdout (a cell that fails fails the test with its output)."""
+def _run(kc, code: str, timeout: float = 120.0, errors: list | None = None) -> str:
+    """Run a cell; its stdout (a cell that fails fails the test with its output, unless `errors`
+    collects the tracebacks it shows)."""
     msg_id = kc.execute(code)
     out, err = [], []
     while True:
@@ -38,7 +41,9 @@ def _run(kc, code: str, timeout: float = 120.0) -> str:
         if kind == "stream":
             (out if c["name"] == "stdout" else err).append(c["text"])
         elif kind == "error":
-            raise AssertionError(f"{c['ename']}: {c['evalue']}")
+            if errors is None:
+                raise AssertionError(f"{c['ename']}: {c['evalue']}")
+            errors.append(c["traceback"])
         elif kind == "status" and c["execution_state"] == "idle":
             break
     assert not err, "".join(err)
@@ -76,6 +81,17 @@ def _start_an_app(kc, spark: bool) -> dict:
     assert len(pids["instances"]) == 2 and pids["spares"] and (pids["jvm"] or not spark)
     assert all(pid_alive(p) for p in everything), pids
     return {"pids": pids, "all": everything}
+
+
+def test_an_error_raised_in_a_python_cell_shows_as_its_one_red_line(kernel):
+    _km, kc = kernel
+    shown: list = []
+    _run(kc, "%load_ext kernel_ext\nfrom statekit.errors import StatekitError\n"
+             "raise StatekitError('app bank is not started: start it first')", errors=shown)
+    _run(kc, "print(died)", errors=shown)
+    assert shown == [["\x1b[31mStatekitError: app bank is not started: start it first\x1b[0m"],
+                     ["\x1b[31mNameError: name 'died' is not defined: a cell above sets it; run the cells "
+                      "above this one first (or check the spelling)\x1b[0m"]]
 
 
 def test_a_kernel_killed_without_down_leaves_no_statekit_process(kernel):

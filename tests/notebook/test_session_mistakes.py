@@ -572,3 +572,67 @@ def test_redefining_a_running_app_stops_it_and_retires_its_dashboard(ip, capsys)
     assert ">NOT_RUNNING<" in d.view.header.value
     ip.run_line_magic("statekit", "start redo")
     assert new.wait_for_state(["RUNNING"], timeout=60) is not None and new.error is None
+
+
+def test_the_produce_cell_run_twice_writes_its_records_once(ip, capsys):
+    """A seeded produce run again, nothing written to the topic since, writes nothing and says so;
+    --again writes its records once more; a produce after another adds its records, and says that
+    the topic held records already."""
+    from statekit.kafka import Kafka
+
+    ip.run_line_magic("statekit", "up --no-spark")
+    line = "produce twice --generator words --seed 3 --limit 300 --partitions 2 --wait"
+    ip.run_line_magic("statekit", line)
+    assert capsys.readouterr().out == ""
+    with Kafka(_session().bootstrap) as k:
+        first = k.end_offsets("twice")
+        assert sum(first.values()) == 300
+        ip.run_line_magic("statekit", line)
+        cap = capsys.readouterr()
+        assert cap.err == "" and cap.out == ("twice already holds these 300 records, written when this "
+                                             "produce ran before: nothing written (`--again` writes them "
+                                             "once more)\n")
+        assert k.end_offsets("twice") == first
+        ip.run_line_magic("statekit", line + " --again")
+        assert capsys.readouterr().out == "twice already holds 300 records: these are added to them\n"
+        assert sum(k.end_offsets("twice").values()) == 600
+        ip.run_line_magic("statekit", line)   # --again was this same produce: nothing written
+        assert "twice already holds these 300 records" in capsys.readouterr().out
+        other = "produce twice --generator words --seed 4 --limit 100 --wait"
+        ip.run_line_magic("statekit", other)   # another produce: added, and said
+        assert capsys.readouterr().out == "twice already holds 600 records: these are added to them\n"
+        ip.run_line_magic("statekit", other)   # that one ran last: not again
+        assert "twice already holds these 100 records" in capsys.readouterr().out
+        ip.run_line_magic("statekit", line)   # the first one, after another: added again, said
+        assert capsys.readouterr().out == "twice already holds 700 records: these are added to them\n"
+        assert sum(k.end_offsets("twice").values()) == 1000
+
+
+def test_a_cell_run_before_the_cell_that_sets_its_names_says_so_in_one_line(ip, capsys):
+    """A notebook cell run early (out of order): its NameError is one line saying what to run first;
+    a NameError inside a function the cell calls keeps its traceback (it is a bug to find)."""
+    ip.run_cell("print(died_too_early)")
+    cap = capsys.readouterr()
+    line = _one_red_line(cap.err + cap.out)
+    assert ("NameError: name 'died_too_early' is not defined: a cell above sets it; run the cells above "
+            "this one first (or check the spelling)") in line
+    ip.run_cell("def f():\n    return not_defined_anywhere\nf()")
+    cap = capsys.readouterr()
+    assert "Traceback" in cap.out + cap.err and "f()" in cap.out + cap.err
+
+
+def test_cells_run_before_the_start_cell_say_what_to_run_first(ip, capsys):
+    from statekit.errors import StatekitError
+    from statekit.kafka import Kafka
+
+    ip.run_line_magic("statekit", "up --no-spark")
+    with Kafka(_session().bootstrap) as k:
+        k.ensure_topic("words", 2)
+    app = _local_app(ip, "early", COUNT, "--partitions 2")
+    capsys.readouterr()
+    ip.run_line_magic("statekit", "instances early")
+    assert capsys.readouterr().out == "early: no instance runs: it is CREATED (`%statekit start early` starts it)\n"
+    with pytest.raises(StatekitError) as ei:   # notebook 05's `died = app.last_event(...)`, run early
+        app.last_event("instance_died", wait=0)
+    assert str(ei.value) == ("app 'early' has no instance_died event yet: run the cell that causes one "
+                             "first (the cells above, in order)")
