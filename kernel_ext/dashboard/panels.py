@@ -38,6 +38,11 @@ CSS = """
   background: linear-gradient(90deg, #f7f9fc, #eef3f9); border: 1px solid #dde4ee; border-radius: 8px; }
 .sk-title { font-size: 15px; font-weight: 600; white-space: nowrap; }
 .sk-badge { color: white; padding: 2px 9px; border-radius: 10px; font-size: 11.5px; font-weight: 600; letter-spacing: .3px; white-space: nowrap; }
+.jupyter-widgets-disconnected .sk-title::after { content: attr(data-gone); margin-left: 12px; color: #b71c1c; font-weight: 600; font-size: 12px; }
+.jupyter-widgets-disconnected .sk-badge, .jupyter-widgets-disconnected .sk-reason { display: none; }
+.jupyter-widgets-disconnected .sk-kpis, .jupyter-widgets-disconnected .sk-chips,
+.statekit-dashboard .jupyter-widgets-disconnected.widget-html:not(:has(.sk-head)),
+.statekit-dashboard .jupyter-widgets-disconnected.widget-image { opacity: .5; }
 .sk-reason { font-size: 11.5px; color: #37474f; max-width: 520px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .sk-reason.bad { color: #b71c1c; font-weight: 600; }
 .sk-kpis { display: flex; column-gap: 14px; row-gap: 2px; flex-wrap: wrap; }
@@ -173,8 +178,11 @@ def render_header(name: str, m, note: str = "") -> str:
         err = f"<div class='sk-err'>⚠ {_e(clip(full, 600))}</div>" if full else ""
     warn = f"<div class='sk-warn'>not shown: {_e(clip(h['error'], 300))}</div>" if h.get("error") else ""
     note = f"<span class='sk-note'>{_e(note)}</span>" if note else ""
-    return (f"{CSS}<div class='sk-dash'><div class='sk-head'><span class='sk-title'>{_e(name)}</span>"
-            f"<span class='sk-badge' style='background:{color}'>{_e(state)}</span>{rs}"
+    # the page says it alone once the kernel is gone (JupyterLab marks the widget disconnected)
+    gone = (f"GONE — the kernel restarted or stopped: app {name} and its processes ended with it "
+            f"(run the notebook again)")
+    return (f"{CSS}<div class='sk-dash'><div class='sk-head'><span class='sk-title' data-gone='{_e(gone)}'>"
+            f"{_e(name)}</span><span class='sk-badge' style='background:{color}'>{_e(state)}</span>{rs}"
             f"<div class='sk-kpis'>{k}</div>{note}</div>{chips}{err}{warn}</div>")
 
 
