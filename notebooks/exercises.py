@@ -44,8 +44,17 @@ def summary() -> None:
 # -- exercise 1: find the key that moved ----------------------------------------------------------
 
 def keys_to_watch(app, store: str, instance: int, n: int = 4, seed: int = 7) -> list:
-    """`n` keys of `store`: exactly one in a task that `instance` runs now, the others elsewhere."""
+    """`n` keys of `store`: exactly one in a task that `instance` runs now, the others elsewhere.
+    A cell run out of order gets one line saying what to run first."""
+    from statekit.errors import StatekitError
+
+    if app.assignment is None:
+        raise StatekitError(f"app {app.name!r} is not started yet: run the cells above first "
+                            f"(`%statekit start {app.name}`)")
     mine = {str(t) for t in app.assignment.active_tasks(instance)}
+    if not mine:
+        raise StatekitError(f"instance {instance} runs no task now (was the crash cell below run "
+                            f"already?): run the notebook again from the top")
     rows = app.query_all(store, limit_per_task=25)
     on, off = [], []
     for key, task in zip(rows["key"], rows["task"]):

@@ -154,3 +154,13 @@ def test_under_solutions_a_failing_check_raises_and_the_summary_says_what_is_lef
     monkeypatch.setenv("STATEKIT_SOLUTIONS", "1")
     with pytest.raises(AssertionError, match="exercise 2 \\(predict a restore time\\): the reference answer"):
         exercises.check_restore_time(_ForecastApp(), 2000)
+
+
+def test_the_keys_to_watch_say_what_to_run_first_when_their_cell_runs_out_of_order():
+    from statekit.errors import StatekitError
+
+    with pytest.raises(StatekitError, match="app 'bank' is not started yet: run the cells above first"):
+        exercises.keys_to_watch(NS(name="bank", assignment=None), "movements", instance=1)
+    crashed = NS(name="bank", assignment=NS(active_tasks=lambda i: []))
+    with pytest.raises(StatekitError, match="instance 1 runs no task now"):
+        exercises.keys_to_watch(crashed, "movements", instance=1)
