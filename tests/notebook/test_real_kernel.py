@@ -28,7 +28,7 @@ print(json.dumps({"broker": _s.broker.pid, "jvm": jvm_pid() if _s.spark is not N
 """
 
 
-def _run(kc, code: str, timeout: float = 120.0, errors: list | None = None) -> str:
+def _run(kc, code: str, timeout: float = 300.0, errors: list | None = None) -> str:
     """Run a cell; its stdout (a cell that fails fails the test with its output, unless `errors`
     collects the tracebacks it shows)."""
     msg_id = kc.execute(code)

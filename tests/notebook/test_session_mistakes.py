@@ -490,20 +490,27 @@ FAILING = ("app.stream('words', value_serde='json').group_by_key()"
 
 
 def test_a_lambda_that_failed_is_fixed_in_its_cell_and_started_again_in_the_same_kernel(ip, capsys):
-    """The learner's path: the aggregate's lambda raises (ERROR); `start` and `restart` of the
-    failed app say what to do instead of failing the same way; the app cell, fixed, runs again
-    and replaces the failed app (its instance process ends, which frees its task directories);
-    `restart` of the new definition starts it, and the store is exactly the fixed count."""
+    """The learner's path: the aggregate counted 300 words, then its lambda raises on a record that
+    came later (ERROR); `start` and `restart` of the failed app say what to do instead of failing
+    the same way; the app cell, fixed, runs again and replaces the failed app (its instance process
+    ends, which frees its task directories); `restart` of the new definition starts it from the
+    state the failed one committed, and the store is exactly the count of every record."""
     from collections import Counter
 
     from statekit import datagen
 
     ip.run_line_magic("statekit", "up --no-spark")
-    records = list(datagen.generate("words", seed=11, limit=300))
-    datagen.produce("words", iter(records), _session().bootstrap, partitions=2)
-    bad = _local_app(ip, "fix", FAILING.format(step="1 / 0"), "--partitions 2")
-    heard = _hear(bad, lambda e: e.type == "state" and e.state == "ERROR")
+    first = list(datagen.generate("words", seed=11, limit=300))
+    later = [datagen.Record("poison", {"word": "poison"}, 1), *datagen.generate("words", seed=12, limit=50)]
+    datagen.produce("words", iter(first), _session().bootstrap, partitions=2)
+    bad = _local_app(ip, "fix", FAILING.format(step="(1 / 0 if v['word'] == 'poison' else 1)"),
+                     "--partitions 2")
     ip.run_line_magic("statekit", "start fix")
+    assert bad.process_all_available(timeout=60)
+    counted = bad.query_all("totals")
+    assert dict(zip(counted["key"], counted["value"])) == dict(Counter(r.key for r in first))
+    heard = _hear(bad, lambda e: e.type == "state" and e.state == "ERROR")
+    datagen.produce("words", iter(later), _session().bootstrap, partitions=2)
     heard(timeout=60)
     old_pids = [int(p) for p in bad.instances_frame()["pid"] if p]
     assert old_pids and all(pid_alive(p) for p in old_pids)
@@ -525,9 +532,11 @@ def test_a_lambda_that_failed_is_fixed_in_its_cell_and_started_again_in_the_same
     assert out[0] == "fix: not started yet: starting it" and out[1].startswith("fix: started: 2 tasks")
     assert fixed.process_all_available(timeout=60)
     store = fixed.query_all("totals")
-    expected = Counter(r.key for r in records)
-    assert dict(zip(store["key"], store["value"])) == dict(expected)
+    assert dict(zip(store["key"], store["value"])) == dict(Counter(r.key for r in first + later))
     assert str(fixed.state) == "RUNNING" and fixed.error is None
+    # its tasks opened from the state the failed app committed, not from nothing
+    opens = fixed.task_opens()
+    assert len(opens) == 2 and set(opens["source"]) <= {"checkpoint"}, opens
 
 
 def test_the_start_cell_run_twice_says_the_app_runs_and_shows_its_dashboard_again(ip, capsys):
