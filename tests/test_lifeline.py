@@ -113,3 +113,16 @@ def test_the_keeper_never_signals_a_pid_given_to_another_process():
     me = os.getpid()
     assert lifeline._alive(me, lifeline.start_time(me))
     assert not lifeline._alive(me, "1")   # another start time: another process
+
+
+def test_a_registry_dies_with_the_process_that_started_it(tmp_path):
+    proc, pids = _starter(f"""
+        import json, time
+        from statekit import registry
+        h = registry.start(dir={str(tmp_path / 'reg')!r})
+        print(json.dumps({{"registry": h.pid}}), flush=True)
+        time.sleep(600)
+        """, tmp_path)
+    assert pid_alive(pids["registry"])
+    _kill9(proc)
+    _gone([pids["registry"]])

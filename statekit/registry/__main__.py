@@ -11,6 +11,8 @@ import signal
 import sys
 import threading
 
+from statekit import lifeline
+
 from .process import default_dir, ensure_credentials, info_path
 
 
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
+    if lifeline.given():   # started by a process it is to end with (statekit.registry.start)
+        lifeline.watch_parent(stopping.set)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
     try:

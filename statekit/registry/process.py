@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from statekit import lifeline
 from statekit.broker.process import pid_alive
 from statekit.contracts import default_broker_dir
 from statekit.errors import BrokerUnreachable, StatekitError
@@ -167,7 +168,8 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, timeou
     """Start a registry on dir (or return a handle to the one already running there, as it runs).
     ``auth=True`` requires HTTP basic auth with credentials generated into
     ``DIR/registry-credentials.json`` (0600). ``tls=True`` serves HTTPS with the certificate of the
-    broker's TLS listener in ``DIR/tls`` (``client_config`` then names its CA)."""
+    broker's TLS listener in ``DIR/tls`` (``client_config`` then names its CA). It stops when this process ends
+    (`statekit.lifeline`), unless ``detach`` (`statekit registry start`)."""
     data_dir = os.path.abspath(dir or default_dir())
     info = running_info(data_dir)
     if info is not None:
@@ -198,7 +200,8 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, timeou
     with open(log_path, "ab") as logf:
         start_pos = logf.tell()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True,
+                                **({} if detach else lifeline.child_options()))
     deadline = time.monotonic() + timeout
     while True:
         code = proc.poll()

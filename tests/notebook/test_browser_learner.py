@@ -98,7 +98,7 @@ import json, kernel_ext
 from statekit.runtime import supervisor
 from statekit.engine.spark_native.engine import jvm_pid
 _s = kernel_ext.session()
-print("PIDS " + json.dumps({"broker": _s.broker.pid, "jvm": jvm_pid(),
+print("PIDS " + json.dumps({"broker": _s.broker.pid, "registry": _s.registry.pid, "jvm": jvm_pid(),
                             "instances": [int(p) for p in app.instances_frame()["pid"] if p],
                             "spares": [sp.pid for sp in supervisor.SPARES._spares if sp.poll() is None]}))
 """
@@ -139,7 +139,7 @@ def test_a_kernel_restarted_without_down_leaves_no_statekit_process_and_its_dash
         _lab.wait_for_output(page, "PIDS ", timeout=400)
         line = next(o for o in _lab.outputs_text(page) if "PIDS " in o)
         pids = json.loads(line.split("PIDS ", 1)[1].strip())
-        everything = [pids["broker"], pids["jvm"], *pids["instances"], *pids["spares"]]
+        everything = [pids["broker"], pids["registry"], pids["jvm"], *pids["instances"], *pids["spares"]]
         assert len(pids["instances"]) == 2 and pids["spares"] and pids["jvm"], pids
         assert all(pid_alive(p) for p in everything), pids
         page.evaluate(RESTART_JS)   # what Kernel → Restart Kernel does, without its dialog

@@ -22,7 +22,8 @@ import json, kernel_ext
 from statekit.runtime import supervisor
 from statekit.engine.spark_native.engine import jvm_pid
 _s = kernel_ext.session()
-print(json.dumps({"broker": _s.broker.pid, "jvm": jvm_pid() if _s.spark is not None else None,
+print(json.dumps({"broker": _s.broker.pid, "registry": _s.registry.pid,
+                  "jvm": jvm_pid() if _s.spark is not None else None,
                   "instances": [int(p) for p in app.instances_frame()["pid"] if p],
                   "spares": [sp.pid for sp in supervisor.SPARES._spares if sp.poll() is None]}))
 """
@@ -77,7 +78,8 @@ def _start_an_app(kc, spark: bool) -> dict:
              "app.stream('words', value_serde='json').group_by_key().count(store='c')\n")
     _run(kc, "%statekit start ex --watch\n%statekit wait ex")
     pids = json.loads(_run(kc, PIDS).strip().splitlines()[-1])
-    everything = [pids["broker"], *pids["instances"], *pids["spares"]] + ([pids["jvm"]] if spark else [])
+    everything = [pids["broker"], pids["registry"], *pids["instances"], *pids["spares"]] + \
+        ([pids["jvm"]] if spark else [])
     assert len(pids["instances"]) == 2 and pids["spares"] and (pids["jvm"] or not spark)
     assert all(pid_alive(p) for p in everything), pids
     return {"pids": pids, "all": everything}
