@@ -435,37 +435,10 @@ class Session:
     # -- producing ------------------------------------------------------------------------------
 
     def cmd_produce(self, cmd: Command):
-        from kernel_ext.producing import start_producer
-        from statekit.errors import StatekitError
+        from kernel_ext.producing import produce
 
         self._ensure_up(spark=False)
-        old = self.producers.get(cmd.topic)
-        if old is not None and old.running:
-            raise StatekitError(f"a producer is already writing to {cmd.topic!r}; wait for it or "
-                                f"`%statekit down`")
-        from kernel_ext.producing import held, signature, write_receipt, written_before
-
-        sig = signature(cmd)
-        with self._kafka() as k:
-            before = written_before(k, cmd.topic, sig) if not cmd.again else None
-            if before is not None:   # the cell ran before: its records are there, exactly
-                say(f"{cmd.topic} already holds these {before:,} records, written when this produce ran "
-                    f"before: nothing written (`--again` writes them once more)")
-                return
-            there = held(k, cmd.topic)
-        if there:
-            say(f"{cmd.topic} already holds {there:,} records: these are added to them")
-
-        def done(p):   # the receipt that a second run of this produce finds
-            with self._kafka() as k:
-                write_receipt(k, cmd.topic, sig, there, p.sent)
-
-        job = start_producer(cmd, self.bootstrap, self.display, on_done=done)
-        self.producers[cmd.topic] = job
-        if cmd.wait:
-            job.thread.join()
-            if job.progress is not None and job.progress.error:
-                raise StatekitError(f"produce to {cmd.topic!r} failed: {job.progress.error}")
+        produce(cmd, self.bootstrap, self._kafka, self.display, self.producers)
 
     # -- apps -------------------------------------------------------------------------------------
 

@@ -185,3 +185,37 @@ def start_producer(cmd, bootstrap: str, display: Callable, on_done: Callable | N
     display(box)
     th.start()
     return job
+
+
+def produce(cmd, bootstrap: str, kafka: Callable, display: Callable, producers: dict) -> None:
+    """Run a parsed `produce` (``kafka()``: a new client; ``producers``: the kernel's jobs by
+    topic): nothing when this same produce ran last and the topic is as it left it, else start
+    the job, saying when the topic already holds records; with ``--wait``, until it is done."""
+    from kernel_ext.lines import say
+    from statekit.errors import StatekitError
+
+    old = producers.get(cmd.topic)
+    if old is not None and old.running:
+        raise StatekitError(f"a producer is already writing to {cmd.topic!r}; wait for it or "
+                            f"`%statekit down`")
+    sig = signature(cmd)
+    with kafka() as k:
+        before = written_before(k, cmd.topic, sig) if not cmd.again else None
+        if before is not None:   # the cell ran before: its records are there, exactly
+            say(f"{cmd.topic} already holds these {before:,} records, written when this produce ran "
+                f"before: nothing written (`--again` writes them once more)")
+            return
+        there = held(k, cmd.topic)
+    if there:
+        say(f"{cmd.topic} already holds {there:,} records: these are added to them")
+
+    def done(p):   # the receipt that a second run of this produce finds
+        with kafka() as k:
+            write_receipt(k, cmd.topic, sig, there, p.sent)
+
+    job = start_producer(cmd, bootstrap, display, on_done=done)
+    producers[cmd.topic] = job
+    if cmd.wait:
+        job.thread.join()
+        if job.progress is not None and job.progress.error:
+            raise StatekitError(f"produce to {cmd.topic!r} failed: {job.progress.error}")
