@@ -142,12 +142,19 @@ SLICE = 15_000
 END = max(r.timestamp for r in shop + click_events)
 slices = list(range(T0, END + 1, SLICE))
 
+fed = set()   # the slices produced so far: a feed cell run again produces nothing twice
+
 def feed(first, last):
+    todo = [lo for lo in slices[first:last] if lo not in fed]
+    if not todo:
+        print(f"slices {first + 1}–{last} were fed already")
+        return
     print(f"feeding slices {first + 1}–{last} of {len(slices)}, each processed before the next…")
-    for lo in slices[first:last]:
+    for lo in todo:
         for topic, recs in (("orders", order_events), ("payments", payment_events),
                             ("clicks", click_events)):
             produce_timed(topic, [r for r in recs if lo <= r.timestamp < lo + SLICE], kafka=kafka)
+        fed.add(lo)
         assert app.process_all_available(timeout=120)
     print(f"event time {(slices[first] - T0) // 1000}–{(slices[last - 1] + SLICE - T0) // 1000} s processed")
 print(f"{len(slices)} slices of {SLICE // 1000} s")
