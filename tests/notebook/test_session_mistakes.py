@@ -645,3 +645,20 @@ def test_cells_run_before_the_start_cell_say_what_to_run_first(ip, capsys):
         app.last_event("instance_died", wait=0)
     assert str(ei.value) == ("app 'early' has no instance_died event yet: run the cell that causes one "
                              "first (the cells above, in order)")
+
+
+def test_start_of_an_app_stopped_by_a_crash_restarts_it(ip, capsys):
+    from statekit import datagen
+
+    ip.run_line_magic("statekit", "up --no-spark")
+    datagen.produce("words", datagen.generate("words", seed=4, limit=200), _session().bootstrap, partitions=2)
+    app = _local_app(ip, "again", COUNT, "--partitions 2")
+    ip.run_line_magic("statekit", "start again")
+    assert app.process_all_available(timeout=60)
+    ip.run_line_magic("statekit", "crash again")
+    app.wait_for_state(["ERROR"], timeout=30)
+    capsys.readouterr()
+    ip.run_line_magic("statekit", "start again")   # what a learner types: it means "run it again"
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"again: revived instance 0 \(generation \d+\)\n", out), out
+    assert app.process_all_available(timeout=60) and str(app.state) == "RUNNING"
