@@ -124,7 +124,9 @@ class Session:
             how = (f"started the embedded broker (pid {self.broker.pid}"
                    f"{', ' + self.broker.security if self.broker.security else ''})" if self.broker.owned else
                    f"reusing the embedded broker started by another process (pid {self.broker.pid}); "
-                   f"`down` will leave it running")
+                   f"`down` will leave it running"
+                   + ("; it stops when that process ends (`statekit broker start` runs one apart)"
+                      if self.broker.tied else ""))
         try:
             Kafka(self.bootstrap, timeout=10).close()
         except BrokerUnreachable:

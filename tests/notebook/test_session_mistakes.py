@@ -90,6 +90,8 @@ def test_down_leaves_a_broker_another_process_started_running(ip, tmp_path, caps
         ip.run_line_magic("statekit", "up --no-spark")
         assert sess.broker.pid == theirs.pid and not sess.broker.owned
         assert "reusing the embedded broker started by another process" in sess.cards[-1]
+        # this test's process started it: it ends with that process, and the card says so
+        assert "it stops when that process ends (`statekit broker start` runs one apart)" in sess.cards[-1]
         reg = sess.registry  # started by this kernel, beside their broker
         capsys.readouterr()
         ip.run_line_magic("statekit", "down")
