@@ -126,6 +126,7 @@ class _Routes:
         self.assignment: Optional[dict] = None
         self.conns: dict = {}
         self.key: Optional[bytes] = None
+        self._key_stat = None   # the authkey file the key was read from (a reset() writes a new one)
 
     def current(self) -> Optional[dict]:
         path = self.control.assignment
@@ -150,8 +151,12 @@ class _Routes:
             return c[1]
         if c is not None:
             self.drop(instance)
-        if self.key is None:
-            self.key = read_authkey(self.control.authkey)
+        # an app made again under the same name (reset(), `up --fresh`) has a new key in the same
+        # place: a worker process that outlives the first app must not offer it the old one
+        st = os.stat(self.control.authkey)
+        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self.key is None or sig != self._key_stat:
+            self.key, self._key_stat = read_authkey(self.control.authkey), sig
         conn = connect(info["port"], self.key)
         self.conns[instance] = (ident, conn)
         return conn
