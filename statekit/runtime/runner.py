@@ -28,6 +28,21 @@ log = logging.getLogger("statekit.app")
 # run: 218k records/s at 250,000, 258k at 500,000, 290k unbounded)
 DEFAULT_MAX_RECORDS_PER_TRIGGER = 500_000
 
+# Spark gives a Python worker it starts (a data source's planner, the streaming source's runner)
+# ten seconds to connect back, hard-coded (PythonWorkerFactory); on a machine loaded beyond its
+# cores that wait runs out now and then, and the query fails though nothing is wrong with it. Such
+# a query is started again from its checkpoint, at most this many times in ENGINE_RETRY_WINDOW
+# seconds: the tasks commit by micro-batch id, so a batch run again is counted once.
+TRANSIENT_ENGINE_FAILURES = ("Python worker failed to connect back",)
+ENGINE_RETRIES = 3
+ENGINE_RETRY_WINDOW = 600.0
+ENGINE_BACKOFF = 0.5             # seconds before the first retry, doubled at each
+
+
+def transient(err) -> bool:
+    """The engine failed for a reason of the moment (the machine's load), not of the app."""
+    return err is not None and any(m in str(err) for m in TRANSIENT_ENGINE_FAILURES)
+
 
 def _progress_dict(p) -> dict:
     if isinstance(p, dict):
@@ -100,6 +115,7 @@ class Runner:
         self._progress_at = 0.0
         self._monitor: Optional[threading.Thread] = None
         self._monitor_stop = threading.Event()
+        self.engine_retries: list = []  # monotonic times the engine's queries were started again
 
     # ------------------------------------------------------------------ start / stop
     def start(self, trigger, max_records_per_trigger: Optional[int], sink: str,
@@ -172,12 +188,30 @@ class Runner:
                           query_name=app.name if sub == 0 else f"{app.name}_{sub}",
                           extra=app._deploy.placement.run_extra(app._coordinator))
             app.runs[sub] = run
-            try:
-                self.queries[sub] = engine.start(run)
-            except StatekitError:
-                raise
-            except Exception as exc:
-                raise self.one_line(exc) from None
+            while True:
+                try:
+                    self.queries[sub] = engine.start(run)
+                    break
+                except Exception as exc:
+                    if not self.may_retry_engine(exc):
+                        raise exc if isinstance(exc, StatekitError) else self.one_line(exc) from None
+
+    def may_retry_engine(self, err) -> bool:
+        """True (after a short pause) when the engine's failure is transient and the retries of
+        the last ENGINE_RETRY_WINDOW seconds are not used up; said once in the log each time."""
+        if not transient(err) or self.stopping:
+            return False
+        now = time.monotonic()
+        self.engine_retries = [t for t in self.engine_retries if now - t < ENGINE_RETRY_WINDOW]
+        if len(self.engine_retries) >= ENGINE_RETRIES:
+            return False
+        self.engine_retries.append(now)
+        n = len(self.engine_retries)
+        log.warning("app '%s': Spark did not hear from a Python worker in time (a busy machine); "
+                    "its query starts again from its checkpoint (%d of %d)", self.app.name, n,
+                    ENGINE_RETRIES)
+        time.sleep(min(4.0, ENGINE_BACKOFF * 2 ** (n - 1)))
+        return not self.stopping
 
     def abort_all(self) -> None:
         self.abort_queries()
@@ -330,6 +364,12 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - the engine could not even tell
             exc = e
         self.queries.pop(sub, None)
+        if self.may_retry_engine(exc) and app.state not in (AppState.ERROR, AppState.NOT_RUNNING):
+            try:
+                self.launch()
+                return
+            except Exception as again:  # noqa: BLE001 - the start failed for good: said below
+                exc = again
         if exc is None and self.finite_trigger():
             if not self.queries:
                 self.wait_drained(60)
@@ -447,6 +487,7 @@ class Runner:
         repart = app_topics.repartition_topics(app.plan)
         while True:
             before = self._topic_ends(repart)
+            again = False
             for sub in sorted(self.queries):
                 q = self.queries.get(sub)
                 if q is None:
@@ -457,12 +498,19 @@ class Runner:
                     else:
                         q.process_all_available(timeout=left())
                 except Exception as exc:  # noqa: BLE001
+                    if self.replaced(sub, q, exc):
+                        again = True  # the query failed transiently and runs again: a new round
+                        break
                     if not active(q) or failed(q):
                         app._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
                         if app.state == AppState.NOT_RUNNING:
                             return True
                         raise app._error or self.one_line(exc) from None
                     return self.settled_false()
+            if again:
+                if timeout is not None and time.monotonic() - t0 > timeout:
+                    return False
+                continue
             if not self.wait_drained(left()):
                 if app.state == AppState.ERROR and isinstance(app._error, ProcessorError):
                     raise app._error
@@ -474,6 +522,19 @@ class Runner:
         if app.state in (AppState.RESTORING, AppState.REBALANCING):
             app._transition(AppState.RUNNING, "caught up")
         return True
+
+    def replaced(self, sub: int, q, exc) -> bool:
+        """The monitor started query `q` of `sub` again after a transient failure (waited for
+        while its retries last)."""
+        if not transient(exc) and not transient(getattr(q, "exception", lambda: None)()):
+            return False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.app.state != AppState.ERROR:
+            now = self.queries.get(sub)
+            if now is not None and now is not q:
+                return True
+            time.sleep(0.1)
+        return False
 
     def _topic_ends(self, topics: list) -> dict:
         return {t: self.app.kafka.end_offsets(t) for t in topics}
