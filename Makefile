@@ -43,8 +43,8 @@ TO_A = tests/state/test_state_property.py
 PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py)) $(TO_A)
 test: $(STAMP) java
 	@log=$$(mktemp); \
-	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider $(PART_A) >$$log 2>&1 & a=$$!; trap "kill $$a 2>/dev/null" INT TERM; \
-	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider tests $(addprefix --ignore=,$(PART_A)); b=$$?; \
+	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider --durations=15 $(PART_A) >$$log 2>&1 & a=$$!; trap "kill $$a 2>/dev/null" INT TERM; \
+	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider --durations=15 tests $(addprefix --ignore=,$(PART_A)); b=$$?; \
 	wait $$a; ra=$$?; echo "== tests/broker, tests/notebook (but $(notdir $(TO_B))) and $(TO_A)"; cat $$log; rm -f $$log; \
 	[ $$ra -eq 0 ] && [ $$b -eq 0 ]
 
