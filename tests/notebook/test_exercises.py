@@ -83,6 +83,28 @@ def test_the_restore_check_takes_a_prediction_near_the_forecast(capsys):
     assert _verdict(capsys).startswith("Right: you said 2.40 s; the forecast is 2.00 s")
 
 
+class _BusierNowApp(_ForecastApp):
+    """The restore above ran at 800,000 records/s; the machine is busier now: the forecast says 4 s."""
+    def restore_forecast(self):
+        fc = super().restore_forecast()
+        fc.frame["seconds"] *= 2
+        fc.frame["apply_rate"] /= 2
+        return fc
+
+    def restore_summary(self):
+        return pd.DataFrame([{"task": "0_1", "records": 400_000, "seconds": 0.25},
+                             {"task": "0_3", "records": 400_000, "seconds": 0.75}])
+
+
+def test_a_prediction_at_the_rate_the_restore_ran_is_right_when_the_load_changed_since(capsys):
+    exercises.check_restore_time(_BusierNowApp(), 1.1)   # 800,000 records at 800,000/s
+    out = _verdict(capsys)
+    assert out.startswith("Right: you said 1.10 s: 800,000 changelog records at the 800,000 records/s"), out
+    assert "says 4.00 s" in out
+    exercises.check_restore_time(_BusierNowApp(), 0.4)   # half of neither
+    assert _verdict(capsys).startswith("Not yet: you said 0.40 s: less than half of what the forecast says")
+
+
 class _MovedApp:
     """Instance 1 died at generation 3; the rebalance of generation 4 moved 0_1 and 0_3 to 0."""
     rebalances = [{"generation": 2, "moves": [{"task": "0_0", "from": 1, "to": 0}]},
