@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -78,6 +79,10 @@ def _start_an_app(kc, spark: bool) -> dict:
              "app.stream('words', value_serde='json').group_by_key().count(store='c')\n")
     _run(kc, "%statekit start ex --watch\n%statekit wait ex")
     pids = json.loads(_run(kc, PIDS).strip().splitlines()[-1])
+    deadline = time.monotonic() + 30
+    while not pids["spares"] and time.monotonic() < deadline:   # the spare taken is replaced
+        time.sleep(0.5)                                          # a moment after the start
+        pids = json.loads(_run(kc, PIDS).strip().splitlines()[-1])
     everything = [pids["broker"], pids["registry"], *pids["instances"], *pids["spares"]] + \
         ([pids["jvm"]] if spark else [])
     assert len(pids["instances"]) == 2 and pids["spares"] and (pids["jvm"] or not spark)
