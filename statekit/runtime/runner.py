@@ -198,7 +198,8 @@ class Runner:
 
     def may_retry_engine(self, err) -> bool:
         """True (after a short pause) when the engine's failure is transient and the retries of
-        the last ENGINE_RETRY_WINDOW seconds are not used up; said once in the log each time."""
+        the last ENGINE_RETRY_WINDOW seconds are not used up; said in the log (info: a notebook
+        shows it only to whoever asked for statekit's log) each time."""
         if not transient(err) or self.stopping:
             return False
         now = time.monotonic()
@@ -207,7 +208,7 @@ class Runner:
             return False
         self.engine_retries.append(now)
         n = len(self.engine_retries)
-        log.warning("app '%s': Spark did not hear from a Python worker in time (a busy machine); "
+        log.info("app '%s': Spark did not hear from a Python worker in time (a busy machine); "
                     "its query starts again from its checkpoint (%d of %d)", self.app.name, n,
                     ENGINE_RETRIES)
         time.sleep(min(4.0, ENGINE_BACKOFF * 2 ** (n - 1)))
@@ -363,13 +364,15 @@ class Runner:
             exc = q.exception()
         except Exception as e:  # noqa: BLE001 - the engine could not even tell
             exc = e
-        self.queries.pop(sub, None)
+        # the failed query stays in `queries` while it is started again (launch() replaces an
+        # inactive one): process_all_available() never finds the app running nothing meanwhile
         if self.may_retry_engine(exc) and app.state not in (AppState.ERROR, AppState.NOT_RUNNING):
             try:
                 self.launch()
                 return
             except Exception as again:  # noqa: BLE001 - the start failed for good: said below
                 exc = again
+        self.queries.pop(sub, None)
         if exc is None and self.finite_trigger():
             if not self.queries:
                 self.wait_drained(60)

@@ -41,7 +41,7 @@ def test_a_transient_engine_failure_restarts_the_query_and_counts_the_batch_once
     app = wordcount_app(shared_broker, tmp_path, topic, partitions=2, instances=1)
     try:
         send_lines(kafka, topic, LINES)
-        with caplog.at_level(logging.WARNING, logger="statekit.app"):
+        with caplog.at_level(logging.INFO, logger="statekit.app"):
             app.start(max_records_per_trigger=3)
             assert app.process_all_available(timeout=120)
         assert attempts[2] == 2                      # batch 2 ran again, under the same id
