@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import uuid
 
@@ -56,13 +57,18 @@ def log_stats(dir: str | None = None, topic: str | None = None) -> list[dict]:
 def request_clean(dir: str | None = None, timeout: float = 60.0) -> list[dict]:
     """Ask the running broker for a log cleaner pass now; wait for it; return fresh log_stats."""
     data_dir = os.path.abspath(dir or default_dir())
-    if running_info(data_dir) is None:
+    info = running_info(data_dir)
+    if info is None:
         raise BrokerUnreachable(f"no broker is running on {data_dir}: start it with `statekit broker start --dir {data_dir}`")
     token = uuid.uuid4().hex
     path = os.path.join(data_dir, "clean-request")
     with open(path + ".tmp", "w") as f:
         f.write(token)
     os.replace(path + ".tmp", path)
+    try:   # wake its cleaner now (else it reads the request at its next pass)
+        os.kill(int(info["pid"]), signal.SIGUSR1)
+    except (OSError, ValueError, AttributeError):
+        pass
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         doc = _read_stats(data_dir)

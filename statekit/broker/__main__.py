@@ -94,6 +94,7 @@ async def _run(data_dir, host, port, configs, auth=False, tls=False, mtls=False)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, broker.cleaner.wake)   # request_clean: a pass now
     if tied:
         lifeline.watch_parent(lambda: _stop_soon(loop, stop))
     try:

@@ -60,6 +60,7 @@ class LogCleaner:
 
     async def close(self) -> None:
         self._closing = True
+        self._wake.set()
 
     def _read_request(self) -> str | None:
         try:
@@ -76,8 +77,8 @@ class LogCleaner:
         while not self._closing:
             token = self._read_request()
             due = enabled and (time.monotonic() - last >= backoff or self._wake.is_set())
+            self._wake.clear()
             if token is not None or due:
-                self._wake.clear()
                 try:
                     await self.clean_pass(forced=token is not None)
                 except asyncio.CancelledError:
@@ -93,7 +94,14 @@ class LogCleaner:
                     except FileNotFoundError:
                         pass
                 self.broker._write_stats()
-            await asyncio.sleep(0.05)
+            # until the next pass is due, a wake() or a request (request_clean signals SIGUSR1,
+            # which wakes this; a request it could not signal is read at the next pass): an
+            # idle broker wakes once per backoff, not twenty times a second
+            left = backoff - (time.monotonic() - last) if enabled else backoff
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.01, left))
+            except asyncio.TimeoutError:
+                pass
 
     async def clean_pass(self, forced: bool) -> None:
         for plog in list(self.broker.topics.all_partitions()):
