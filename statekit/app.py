@@ -195,7 +195,7 @@ class App:
 
         from statekit.runtime import supervisor
 
-        supervisor.warm(instances)   # spare processes: start() does not wait for imports
+        supervisor.warm()   # a spare process: start() does not wait for its imports
         self._lock = threading.RLock()
         self._coordinator: Optional[Coordinator] = None
         self._error: Optional[StatekitError] = None

@@ -5,10 +5,12 @@ own state directory. ``launch`` starts one, ``wait_ready`` returns once it liste
 ``control/instances/<i>.json`` names the incarnation we started); ``kill`` is a SIGKILL, nothing
 else: what the instance had in memory is gone, as after a real crash.
 
-Most of an instance's start-up is Python importing Kafka, RocksDB and Arrow, so the supervisor keeps
-a *spare*: a process that has imported all of it and waits to be told which instance to become.
-``launch`` hands a spare its identity when there is one (and starts the next spare), so a revived or
-added instance serves at once; ``warm()`` starts the first spare ahead of time.
+Most of an instance's start-up is Python importing Kafka, RocksDB and numpy, so the supervisor
+keeps one *spare*: a process that has imported all of it and waits to be told which instance to
+become. ``launch`` hands the spare its identity when there is one (and starts the next spare a
+moment later), so a revived or added instance serves at once; ``warm()`` starts the spare ahead of
+time. One, never more: a spare costs the memory of an idle instance (~37 MB PSS here), and the
+other instances of a start are imported while Spark's JVM boots, which takes longer.
 """
 from __future__ import annotations
 
@@ -64,18 +66,18 @@ def _child() -> dict:
 
 
 REPLACE_AFTER_S = 3.0
+MAX_SPARES = 1
 
 
 class _Spares:
-    """Warm processes waiting for an identity (per App process, shared by every app): as many as
-    the largest app asked for, so that all its instances start at once (each costs the memory of
-    an idle instance, ~57 MB)."""
+    """Warm processes waiting for an identity (per App process, shared by every app): at most
+    ``MAX_SPARES``, whatever the number of instances an app asks for."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._spares: list = []
         self._timer: Optional[threading.Timer] = None
-        self.size = 1
+        self.size = MAX_SPARES
         atexit.register(self.close)
 
     def _start(self) -> subprocess.Popen:
@@ -83,17 +85,16 @@ class _Spares:
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, close_fds=True, **_child())
 
-    def warm(self, n: int = 1) -> None:
+    def warm(self) -> None:
         with self._lock:
-            self.size = max(self.size, int(n))
             self._spares = [sp for sp in self._spares if sp.poll() is None]
             while len(self._spares) < self.size:
                 self._spares.append(self._start())
 
     def take(self) -> Optional[subprocess.Popen]:
-        """A spare, or None when there is none alive. The spares taken are replaced a moment
-        later (REPLACE_AFTER_S), so that the next app's instances start at once too without the
-        replacements' imports competing with the instances that are starting now."""
+        """A spare, or None when there is none alive. The spare taken is replaced a moment later
+        (REPLACE_AFTER_S), so that the replacement's imports do not compete with the instances
+        that are starting now."""
         with self._lock:
             live = [sp for sp in self._spares if sp.poll() is None]
             sp = live.pop(0) if live else None
@@ -107,7 +108,7 @@ class _Spares:
     def _replace(self) -> None:
         with self._lock:
             self._timer = None
-        self.warm(self.size)
+        self.warm()
 
     def close(self) -> None:
         with self._lock:
@@ -127,9 +128,15 @@ class _Spares:
 SPARES = _Spares()
 
 
-def warm(n: int = 1) -> None:
-    """Keep ``n`` spare instance processes ready, so that ``n`` instances start at once."""
-    SPARES.warm(n)
+def warm() -> None:
+    """Keep a spare instance process ready (one per App process, whatever the apps' sizes)."""
+    SPARES.warm()
+
+
+def spares() -> list:
+    """The pids of the spare processes alive now."""
+    with SPARES._lock:
+        return [sp.pid for sp in SPARES._spares if sp.poll() is None]
 
 
 def launch(control: ControlDir, instance: int, incarnation: int, state_dir: str) -> InstanceProcess:
