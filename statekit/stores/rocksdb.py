@@ -40,10 +40,21 @@ _block_cache = None
 _write_buffers = None
 
 
-def _options() -> rd.Options:
+# The memtable bloom filter's size, as a share of the write buffer (32 MiB): ~1 MiB, 12 bits a key
+# for a memtable of small entries (~50 bytes each), under 0.5% false positives. RocksDB allocates
+# it whole with every memtable of the column family, written or not: at 0.1 on every column family
+# (the default one and the meta's too) a task's database took ~13 MiB before its first record, a
+# 2-instance app of 4 tasks ~50 MiB of memtable blooms, and each database a query reads as a
+# secondary as much again.
+MEMTABLE_BLOOM_RATIO = 0.03
+
+
+def _options(memtable_bloom: bool = False) -> rd.Options:
     """Options for the DB and every column family: small and quick, WAL kept (it makes the commit
     batch atomic and crash-safe), lz4, bloom filters for point lookups; one block cache and one
-    memtable budget shared by every task db of the process (a Spark worker hosts several tasks)."""
+    memtable budget shared by every task db of the process (a Spark worker hosts several tasks).
+    ``memtable_bloom``: a bloom filter over the memtable's keys too (a store's column family in the
+    process that writes it, see ``_cf_options``)."""
     global _block_cache, _write_buffers
     if _block_cache is None:
         _block_cache = rd.Cache(32 << 20)
@@ -60,16 +71,22 @@ def _options() -> rd.Options:
     o.set_keep_log_file_num(2)
     o.set_max_log_file_size(1 << 20)
     o.set_wal_recovery_mode(rd.DBRecoveryMode.point_in_time())
-    # a bloom filter over the memtable's keys: a key read that misses (every new key of a batch
-    # that is being aggregated) skips the skiplist search
-    o.set_memtable_whole_key_filtering(True)
-    o.set_memtable_prefix_bloom_ratio(0.1)
+    if memtable_bloom:
+        # a bloom filter over the memtable's keys: a key read that misses (every new key of a
+        # batch that is being aggregated) skips the skiplist search
+        o.set_memtable_whole_key_filtering(True)
+        o.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
     bb = rd.BlockBasedOptions()
     bb.set_block_cache(_block_cache)
     bb.set_bloom_filter(10, False)
     bb.set_block_size(16 << 10)
     o.set_block_based_table_factory(bb)
     return o
+
+
+def _cf_options(name: str) -> rd.Options:
+    """A store's column family gets the memtable bloom; the meta's (a few keys per commit) not."""
+    return _options(memtable_bloom=name != META_CF)
 
 
 def _one_line(err: BaseException, limit: int = 200) -> str:
@@ -355,7 +372,7 @@ class TaskDB:
             names = set(self._stores_on_disk(path)) | {META_CF} | {
                 n for n, s in self._stores.items() if isinstance(s, RocksDBStore)}
             opts = _options()
-            self._db = rd.Rdict(path, opts, column_families={n: _options() for n in names})
+            self._db = rd.Rdict(path, opts, column_families={n: _cf_options(n) for n in names})
         except StatekitError:
             raise
         except Exception as e:  # rocksdict raises plain Exception with RocksDB's status text
@@ -378,7 +395,7 @@ class TaskDB:
             try:
                 cf = db.get_column_family(name)
             except Exception:
-                cf = db.create_column_family(name, _options())
+                cf = db.create_column_family(name, _cf_options(name))
             self._cfs[name] = cf
         return cf
 
