@@ -38,6 +38,12 @@ from statekit.worker.task import WorkerSpec, store_specs
 log = logging.getLogger("statekit.coordinator")
 
 
+STATUS_S = 0.5
+STATUS_QUIET_S = 2.0
+QUIET_AFTER = 4
+LOOP_MAX_S = 1.0
+
+
 class MembershipError(StatekitError):
     """A membership change that cannot be made (unknown instance, the last live one, ...)."""
 
@@ -88,9 +94,12 @@ class Coordinator:
         self._starting: list = []
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        self._loop_wake = threading.Event()   # a member died, a probe was scheduled, or stop
         self._thread: Optional[threading.Thread] = None
         self._statuses: dict[int, dict] = {}
         self._status_at = 0.0
+        self._status_seen: Optional[dict] = None
+        self._status_same = 0     # asks in a row that the instances answered as the one before
         self._next_probe: Optional[float] = None
         self._kafka = None
         self._key = ensure_authkey(self.control.authkey)
@@ -177,6 +186,7 @@ class Coordinator:
             for m, ip in procs:
                 m.process = supervisor.wait_ready(self.control, ip)
                 m.status, m.conn = "alive", None
+                self._watch_death(m)
                 self.publish(ev.InstanceStarted(instance=m.instance, incarnation=m.incarnation,
                                                 instance_pid=ip.pid, reason="start",
                                                 disk="kept" if self.layout.tasks_on_disk(m.instance)
@@ -204,6 +214,7 @@ class Coordinator:
     def stop(self) -> None:
         """Stop every instance gracefully (tasks closed, replicas closed) and the loop."""
         self._stop.set()
+        self._loop_wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
         with self._lock:
@@ -231,6 +242,7 @@ class Coordinator:
     def abort(self) -> None:
         """Kill every instance now (the App's process is going away, or a test ends)."""
         self._stop.set()
+        self._loop_wake.set()
         with self._lock:
             for m in self.members.values():
                 if m.process is not None and m.process.alive():
@@ -240,8 +252,38 @@ class Coordinator:
             self.stopped = True
 
     # -- the loop ----------------------------------------------------------------------------
+    def _watch_death(self, m: Member) -> None:
+        """Wake the loop the moment ``m``'s process ends (a thread waits for it): the loop
+        sleeps until its next status refresh or probe instead of looking every 50 ms."""
+        proc = getattr(m.process, "proc", None)
+        if proc is None:
+            return
+
+        def wait():
+            try:
+                proc.wait()
+            except Exception:  # noqa: BLE001 - reaped elsewhere: the loop sees it either way
+                pass
+            self._loop_wake.set()
+
+        threading.Thread(target=wait, name=f"statekit-instance-{m.instance}-exit",
+                         daemon=True).start()
+
+    def _loop_timeout(self) -> float:
+        """Seconds until the loop has something to do unless woken: the next status refresh or
+        probe (at most LOOP_MAX_S, so that a process the loop was not told about is seen too)."""
+        now = time.monotonic()
+        due = self._status_at + self._status_every() - now
+        if self._next_probe is not None:
+            due = min(due, self._next_probe - now)
+        return min(LOOP_MAX_S, max(0.01, due))
+
     def _loop(self) -> None:
-        while not self._stop.wait(0.05):
+        while True:
+            self._loop_wake.wait(self._loop_timeout())
+            self._loop_wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 with self._lock:
                     if self.stopped:
@@ -250,7 +292,7 @@ class Coordinator:
                         if m.live and m.process is not None and not m.process.alive():
                             self._on_death(m)
                     now = time.monotonic()
-                    if now - self._status_at > 0.5:
+                    if now - self._status_at > self._status_every():
                         self._refresh_statuses()
                     if self._next_probe is not None and now >= self._next_probe:
                         self._probe()
@@ -270,7 +312,16 @@ class Coordinator:
                 continue
         self._statuses = out
         self._status_at = time.monotonic()
+        seen = {i: {k: v for k, v in st.items() if k != "at"} for i, st in out.items()}
+        self._status_same = self._status_same + 1 if seen == self._status_seen else 0
+        self._status_seen = seen
         return out
+
+    def _status_every(self) -> float:
+        """How often the instances are asked how they are: every STATUS_S while anything
+        moves, every STATUS_QUIET_S once they answered the same QUIET_AFTER times in a row (an
+        idle app; a death is seen from the process at once either way)."""
+        return STATUS_QUIET_S if self._status_same >= QUIET_AFTER else STATUS_S
 
     def _on_death(self, m: Member, rebalance: bool = True) -> None:
         from statekit.worker import crash as crash_mod
@@ -331,6 +382,7 @@ class Coordinator:
             self._rebalance("probing rebalance: a warmup caught up", lags=lags)
         elif self.assignment.warmups or any(m.status == "leaving" for m in self.members.values()):
             self._next_probe = time.monotonic() + self.settings.probing_rebalance_interval
+            self._loop_wake.set()
 
     # -- assignment --------------------------------------------------------------------------
     @property
@@ -394,6 +446,7 @@ class Coordinator:
         return lags
 
     def _rebalance(self, reason: str, dead=(), lags=None) -> Assignment:
+        self._status_same = 0
         live = self.live()
         if not live:
             raise MembershipError("no live instance to run the tasks")
@@ -431,6 +484,7 @@ class Coordinator:
                                   probing=bool(new.warmups), generation=new.generation))
         if new.warmups or leaving:
             self._next_probe = time.monotonic() + self.settings.probing_rebalance_interval
+            self._loop_wake.set()
         self.on_change("rebalance")
         return new
 
@@ -494,6 +548,7 @@ class Coordinator:
             for m, ip in procs:
                 m.process = supervisor.wait_ready(self.control, ip)
                 m.status, m.conn = "alive", None
+                self._watch_death(m)
                 self.publish(ev.InstanceStarted(
                     instance=m.instance, incarnation=m.incarnation, instance_pid=ip.pid,
                     reason="restart", generation=self.generation,
@@ -516,6 +571,7 @@ class Coordinator:
                                self.layout.instance_dir(m.instance))
         m.process = supervisor.wait_ready(self.control, ip)
         m.status, m.conn = "alive", None
+        self._watch_death(m)
         self.publish(ev.InstanceStarted(instance=m.instance, incarnation=m.incarnation,
                                         instance_pid=ip.pid, disk=disk, reason=reason,
                                         generation=self.generation))
@@ -593,7 +649,7 @@ class Coordinator:
     # -- observation -------------------------------------------------------------------------
     def statuses(self, fresh: bool = False) -> dict:
         with self._lock:
-            if fresh or time.monotonic() - self._status_at > 1.0:
+            if fresh or time.monotonic() - self._status_at > max(1.0, self._status_every()):
                 self._refresh_statuses()
             return dict(self._statuses)
 

@@ -111,6 +111,7 @@ class Runner:
         self.started_at = 0.0
         self.stopping = False
         self.progress: dict = {}        # (sub-topology, batch id, timestamp) -> progress dict
+        self._last_batch: dict = {}     # sub-topology -> (batch id, ran) of the last progress seen
         self.records_processed = 0
         self._progress_at = 0.0
         self._monitor: Optional[threading.Thread] = None
@@ -393,10 +394,20 @@ class Runner:
                                                                      "once")
 
     def poll_progress(self, sub: int, query) -> None:
+        """The micro-batches ``query`` completed since the last look. The last progress is one
+        object through the JVM; the recent ones (up to 100, each converted) are asked for only
+        when it changed: an idle query repeats a progress with its next batch id every 10 s, and
+        the monitor looks once a second."""
         try:
+            last = _progress_dict(getattr(query, "last_progress", None) or {})
+            # an idle progress has the next batch's id, without addBatch; that batch's own has it
+            seen = (last.get("batch_id"), "addBatch" in (last.get("duration_ms") or {}))
+            if seen[0] is not None and self._last_batch.get(sub) == seen:
+                return
             recent = list(query.recent_progress or [])
         except Exception:  # noqa: BLE001
             return
+        self._last_batch[sub] = seen
         for p in recent:
             d = _progress_dict(p)
             bid = d.get("batch_id")

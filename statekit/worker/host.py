@@ -31,6 +31,10 @@ from statekit.worker.task import StreamTask, WorkerSpec, is_task_store, one_line
 
 log = logging.getLogger("statekit.worker")
 
+# how often an idle task looks for batches an engine spooled for it while this instance was
+# unreachable (a batch delivered meanwhile drains them first)
+SPOOL_CHECK_S = 1.0
+
 
 class _Slot:
     """An active task of this instance, from assignment to revocation."""
@@ -232,9 +236,10 @@ class TaskHost:
     def _open_loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                slot = self._open_queue.get(timeout=0.2)
+                slot = self._open_queue.get(timeout=SPOOL_CHECK_S)
             except queue.Empty:
-                # batches an engine spooled while this instance was unreachable: drain them
+                # batches an engine spooled while this instance was unreachable: drain them (a
+                # batch delivered meanwhile drains them first; this is for a task that gets none)
                 with self._lock:
                     idle = [s for s in self.slots.values() if s.state == "running" and not s.draining]
                 for s in idle:
