@@ -149,6 +149,40 @@ def check_java() -> str:
     return major
 
 
+class _NumpyOnly:
+    """One of pyspark's numpy input converters, asked only about a numpy object.
+
+    py4j asks every input converter about every argument a Python call passes to the JVM, and
+    pyspark's two numpy converters answer by importing `pyspark.testing.utils` to learn whether
+    numpy is installed: that module imports pandas and pyarrow (~40 MB of the driver's PSS and
+    ~1 s of CPU here) on the first call that passes a list, in a driver that never uses either. An
+    ndarray or a numpy scalar can only exist once numpy is imported, so asking `sys.modules`
+    first answers the same."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def can_convert(self, obj) -> bool:
+        np = sys.modules.get("numpy")
+        return (np is not None and isinstance(obj, (np.ndarray, np.generic))
+                and self.inner.can_convert(obj))
+
+    def convert(self, obj, gateway_client):
+        return self.inner.convert(obj, gateway_client)
+
+
+def _light_numpy_converters() -> None:
+    """Wrap pyspark's numpy converters in ``_NumpyOnly`` (once; registered by pyspark.sql.types)."""
+    from py4j.protocol import INPUT_CONVERTER
+    from pyspark.sql import types
+
+    numpy_kinds = tuple(getattr(types, n) for n in ("NumpyArrayConverter", "NumpyScalarConverter")
+                        if hasattr(types, n))
+    for i, conv in enumerate(INPUT_CONVERTER):
+        if isinstance(conv, numpy_kinds):
+            INPUT_CONVERTER[i] = _NumpyOnly(conv)
+
+
 def _prepare_env(loopback: bool = True) -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -165,7 +199,8 @@ def _prepare_env(loopback: bool = True) -> None:
 # pass through the JVM: tasks read their own partitions), serial GC, C1 only (the driver plans and
 # schedules, it does not crunch). Spark ends a reused Python worker after a minute without a task
 # (PythonWorkerFactory's idle timeout) and forks one again from its daemon for the next batch.
-JAVA_OPTS = ("-Xms64m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=64m "
+JAVA_OPTS = ("-Xms64m -Xmn16m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=64m "
+             "-XX:+UnlockDiagnosticVMOptions -XX:ArchiveRelocationMode=0 "
              "-Xss512k")
 PYTHON_WORKER_IDLE_S = 60
 
@@ -212,6 +247,7 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                                       f"spark.stop_session()), then start one on {master}")
         if spark is None:
             check_java()
+            _light_numpy_converters()
             master = resolve_master(master)
             loopback = _loopback_master(master)
             _prepare_env(loopback)
@@ -255,6 +291,8 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                 # workers forked with statekit's imports done and frozen (worker_daemon.py); on
                 # this machine, where the executors' Python is this one
                 b = b.config("spark.python.daemon.module", "statekit.engine.spark.worker_daemon")
+                if not is_local_master(master):   # the executors placement's tasks use pandas
+                    b = b.config("spark.executorEnv.STATEKIT_DAEMON_PANDAS", "1")
             for k, v in (extra_conf or {}).items():
                 b = b.config(k, str(v))
             set_aside = False
@@ -273,6 +311,9 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                         spark = b.getOrCreate()
             except Exception as exc:  # the JVM did not come up
                 raise one_line(exc, f"Spark did not start (the JVM's output: {jvm_stderr_path()})") from None
+            from statekit.engine.spark.planners import REAPER
+
+            REAPER.own(_jvm_pid())   # Spark's idle planner daemons end (engine.spark.planners)
             if set_aside:
                 print(f"statekit: the JVM did not start with the class archive {archive}; it is "
                       f"now {archive}.bad and Spark started without it (make writes a new one)",
@@ -293,6 +334,14 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
                              daemon=True).start()
             spark._statekit_warm = True
         return spark
+
+
+def _jvm_pid() -> int | None:
+    """The pid of the JVM this process launched for its session (None when it did not)."""
+    from pyspark import SparkContext
+
+    proc = getattr(getattr(SparkContext, "_gateway", None), "proc", None)
+    return getattr(proc, "pid", None)
 
 
 def get_session_soon(master: str | None = None) -> threading.Thread:
@@ -320,6 +369,39 @@ def session_master(spark) -> str | None:
             return None
 
 
+def map_in_arrow(df, func, schema):
+    """``df.mapInArrow(func, schema)`` without importing pandas and pyarrow into the driver.
+
+    pyspark's ``mapInArrow`` goes through ``pandas_udf``, which checks the installed pandas and
+    pyarrow versions by importing both (~80 MB of a lone process's PSS, ~1 s of CPU here), and
+    checks the return type with pyarrow's types; the driver only pickles ``func`` for the Python
+    workers, which import pyarrow themselves. A Spark Connect
+    DataFrame (no JVM object here) takes pyspark's own path."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return df.mapInArrow(func, schema)
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType, _parse_datatype_string
+    from pyspark.sql.udf import UserDefinedFunction
+    from pyspark.util import PythonEvalType
+
+    class ArrowMapFunction(UserDefinedFunction):
+        """pyspark's UDF, without the check of its return type through pyarrow's types (which
+        imports pyarrow into the driver, ~20 MB): the schema is a struct of plain columns, and
+        the workers convert it anyway."""
+
+        @property
+        def returnType(self):
+            if self._returnType_placeholder is None:
+                t = self._returnType
+                self._returnType_placeholder = t if isinstance(t, StructType) else _parse_datatype_string(t)
+            return self._returnType_placeholder
+
+    udf = ArrowMapFunction(func, returnType=schema, evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[df[c] for c in df.columns])
+    return DataFrame(jdf.mapInArrow(column._jc, False, None), df.sparkSession)
+
+
 def _warm_partition(batches):
     """In a Python worker: import what a statekit query's stage uses."""
     import statekit.event_bus  # noqa: F401
@@ -334,7 +416,7 @@ def warm_workers(spark) -> None:
     them for the next jobs), so that the first micro-batch of a query does not pay for it."""
     n = max(2, int(spark.sparkContext.defaultParallelism))
     try:
-        spark.range(n).repartition(n).mapInArrow(_warm_partition, "id long").collect()
+        map_in_arrow(spark.range(n).repartition(n), _warm_partition, "id long").collect()
     except Exception:  # noqa: BLE001 - a warm-up only; the query says what is wrong, if anything
         pass
 
@@ -364,6 +446,9 @@ def stop_session(jvm_exit_timeout: float = 20) -> None:
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
+        from statekit.engine.spark.planners import REAPER
+
+        REAPER.own(None)
         quiet_accumulator_hangup(SparkContext._active_spark_context)
         spark = SparkSession.getActiveSession()
         if spark is not None:

@@ -1,0 +1,91 @@
+"""The driver stays light: a statekit query's plan (`session.map_in_arrow`) and the py4j calls of a
+session never import pandas or pyarrow into the kernel (pyspark's numpy converters and `mapInArrow` would:
+~45 MB of the driver's PSS), and Spark's idle data source planners are ended
+(`engine.spark.planners`)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.spark
+def test_a_statekit_stage_runs_without_pandas_in_the_driver(tmp_path):
+    code = textwrap.dedent("""
+        import json, sys
+        from statekit.engine.spark import session
+        spark = session.get_session()
+        def double(batches):
+            import pyarrow as pa
+            import pyarrow.compute as pc
+            for b in batches:
+                yield pa.RecordBatch.from_arrays([pc.multiply(b.column(0), 2)], names=["x"])
+        try:
+            df = session.map_in_arrow(spark.range(5).repartition(2), double, "x long")
+            rows = sorted(r.x for r in df.collect())
+            spark.sparkContext.parallelize([1, 2, 3]).count()     # a list through py4j
+            print(json.dumps({"rows": rows, "pandas": "pandas" in sys.modules,
+                              "pyarrow": "pyarrow" in sys.modules}), flush=True)
+        finally:
+            session.stop_session()
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"rows": [0, 2, 4, 6, 8], "pandas": False, "pyarrow": False}
+
+
+def _ended(pid: int) -> bool:
+    """Exited (a zombie until the stand-in JVM, which never waits, is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_idle_planner_daemons_are_ended_busy_ones_kept(tmp_path):
+    from statekit.engine.spark import planners
+
+    # a stand-in JVM that starts two planner daemons, one of which has a worker forked
+    jvm_code = textwrap.dedent("""
+        import subprocess, sys, time
+        sleep = "import time; time.sleep(120)"
+        busy = ("import subprocess, sys, time; "
+                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+                "time.sleep(120)")
+        idle = subprocess.Popen([sys.executable, "-c", sleep, "-m", "pyspark.daemon",
+                                 "pyspark.sql.worker.lookup_data_sources"])
+        worked = subprocess.Popen([sys.executable, "-c", busy, "-m", "pyspark.daemon",
+                                   "pyspark.sql.worker.plan_data_source_read"])
+        other = subprocess.Popen([sys.executable, "-c", sleep, "-m", "pyspark.daemon",
+                                  "pyspark.worker"])
+        print(idle.pid, worked.pid, other.pid, flush=True)
+        time.sleep(120)
+        """)
+    jvm = subprocess.Popen([sys.executable, "-c", jvm_code], stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        idle, worked, other = (int(p) for p in jvm.stdout.readline().split())
+        deadline = time.monotonic() + 30
+        while len(planners._children(worked)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert planners.planner_daemons(jvm.pid) == {idle: "lookup_data_sources",
+                                                     worked: "plan_data_source_read"}
+        assert planners.end_idle_planners(jvm.pid) == ["lookup_data_sources"]
+        deadline = time.monotonic() + 30
+        while not _ended(idle) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _ended(idle) and not _ended(worked) and not _ended(other)
+    finally:
+        os.killpg(jvm.pid, signal.SIGKILL)
+        jvm.wait()
