@@ -14,7 +14,7 @@ def _add_broker(sub) -> None:
 
     p = sub.add_parser("broker", help="the embedded Kafka-compatible broker",
                        description="Start, inspect and stop statekit's embedded Kafka-compatible broker.")
-    bsub = p.add_subparsers(dest="broker_cmd", metavar="{start,status,stop,run,stats,clean}")
+    bsub = p.add_subparsers(dest="broker_cmd", metavar="{start,status,stop,run,stats,clean,pause,restart}")
     bsub.required = True
 
     s = bsub.add_parser("start", help="start a broker in the background (or reuse the one running on --dir)")
@@ -35,6 +35,30 @@ def _add_broker(sub) -> None:
             q.add_argument("--topic", default=None)
             q.add_argument("--json", action="store_true", help="print JSON")
         q.set_defaults(func=fn)
+    q = bsub.add_parser("pause", help="stop answering for SECONDS (connections stay open: a stall)")
+    q.add_argument("seconds", type=float)
+    q.add_argument("--dir", default=None, help="data directory (default: $STATEKIT_HOME/broker)")
+    q.set_defaults(func=_broker_pause)
+    q = bsub.add_parser("restart", help="kill -9 the broker and start it again on the same dir and port")
+    q.add_argument("--down", type=float, default=0.0, help="seconds between the kill and the start")
+    q.add_argument("--dir", default=None, help="data directory (default: $STATEKIT_HOME/broker)")
+    q.set_defaults(func=_broker_restart)
+
+
+def _broker_pause(args) -> int:
+    from statekit import broker
+
+    r = broker.pause(args.dir, args.seconds)
+    print(f"the broker on {r['dir']} stops answering for {r['seconds']:g} s")
+    return 0
+
+
+def _broker_restart(args) -> int:
+    from statekit import broker
+
+    h = broker.restart(args.dir, down=args.down)
+    print(f"restarted the broker on {h.dir}: {h.bootstrap} (pid {h.pid})")
+    return 0
 
 
 def _broker_start(args) -> int:

@@ -13,6 +13,17 @@ class BrokerUnreachable(StatekitError):
     pass
 
 
+class KafkaUnavailable(BrokerUnreachable):
+    """A configured broker that cannot be reached right now: the connection was refused, reset or
+    closed, or a request went unanswered for the request timeout. Worth retrying (a broker
+    restarting, a network blip); ``statekit.kafka.retry`` decides for how long."""
+
+
+class KafkaTimeout(BrokerUnreachable):
+    """Kafka stayed unavailable for longer than the task timeout (``App(task_timeout=...)``,
+    Kafka Streams' ``task.timeout.ms``): what waited gives up, in one line."""
+
+
 class UnknownTopic(StatekitError):
     pass
 
@@ -23,6 +34,21 @@ class CorruptState(StatekitError):
 
 class StateLocked(StatekitError):
     pass
+
+
+class DiskFull(StatekitError):
+    """A state directory's disk is full (ENOSPC): the write that failed left nothing behind (a
+    RocksDB WriteBatch is all or nothing, a checkpoint is written to a temp file first), so the
+    store holds its last commit and the changelog every commit; free space, then restart."""
+
+
+NO_SPACE = "No space left on device"
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """An ENOSPC from the OS, or RocksDB's IO error that carries one."""
+    return (isinstance(err, OSError) and err.errno == 28) or NO_SPACE in str(err) \
+        or "ENOSPC" in str(err)
 
 
 class TopologyError(StatekitError):

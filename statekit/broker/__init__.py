@@ -20,11 +20,12 @@ import uuid
 from statekit.errors import BrokerUnreachable, StatekitError
 
 from .auth import should_auth
+from .faults import pause, restart
 from .process import BrokerHandle, credentials_for, default_dir, running_info, start, stop
 from .tls import should_tls
 
 __all__ = ["start", "stop", "status", "BrokerHandle", "log_stats", "request_clean", "default_dir",
-           "should_auth", "should_tls", "credentials_for"]
+           "should_auth", "should_tls", "credentials_for", "pause", "restart"]
 
 
 def status(dir: str | None = None) -> dict | None:

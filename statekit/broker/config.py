@@ -21,6 +21,8 @@ built-in default.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 
@@ -83,6 +85,14 @@ def _mechanisms(v):
     if not parts or any(p not in known for p in parts):
         raise ConfigError(f"String must be a list of: {', '.join(known)}")
     return ",".join(parts)
+
+
+def _listener(v):
+    """Kafka's ``advertised.listeners`` for one plaintext listener: ``PLAINTEXT://HOST:PORT``."""
+    m = re.fullmatch(r"PLAINTEXT://([^:/\s]+):(\d{1,5})", str(v).strip())
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise ConfigError("expected PLAINTEXT://HOST:PORT")
+    return f"PLAINTEXT://{m.group(1)}:{int(m.group(2))}"
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,9 @@ BROKER_CONFIGS = {
         ConfigDef("num.partitions", "1", _long(1), "partitions of an auto-created topic"),
         ConfigDef("default.replication.factor", "1", _long(1)),
         ConfigDef("broker.id", "0", _long(0)),
+        ConfigDef("advertised.listeners", None, _listener,
+                  "the address Metadata and FindCoordinator give clients, PLAINTEXT://HOST:PORT "
+                  "(a proxy in front of the broker); default: the one it listens on"),
         # defaults of topics that do not set their own (see TOPIC_SYNONYMS)
         ConfigDef("log.retention.ms", None, _long(-1), "retention.ms of topics without their own; -1: forever"),
         ConfigDef("log.retention.minutes", None, _long(-1), "used when log.retention.ms is not set"),

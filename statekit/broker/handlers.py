@@ -125,7 +125,7 @@ def api_versions_response(broker, version):
 
 
 def _broker_entry(broker, cls):
-    return cls(node_id=broker.node_id, host=broker.advertised_host, port=broker.port, rack=None)
+    return cls(node_id=broker.node_id, host=broker.advertised_host, port=broker.advertised_port, rack=None)
 
 
 async def metadata(broker, req, version):
@@ -185,7 +185,7 @@ async def describe_cluster(broker, req, version):
     return DescribeClusterResponse(
         version=version, throttle_time_ms=0, error_code=NONE, error_message=None, endpoint_type=1,
         cluster_id=broker.cluster_id, controller_id=broker.node_id,
-        brokers=[B(broker_id=broker.node_id, host=broker.advertised_host, port=broker.port, rack=None,
+        brokers=[B(broker_id=broker.node_id, host=broker.advertised_host, port=broker.advertised_port, rack=None,
                    is_fenced=False)],
         authorized_operations=None,
     )
@@ -196,10 +196,10 @@ async def find_coordinator(broker, req, version):
     if version >= 4:
         C = FindCoordinatorResponse.Coordinator
         return FindCoordinatorResponse(version=version, throttle_time_ms=0, coordinators=[
-            C(key=k, node_id=broker.node_id, host=broker.advertised_host, port=broker.port,
+            C(key=k, node_id=broker.node_id, host=broker.advertised_host, port=broker.advertised_port,
               error_code=NONE, error_message=None) for k in req.coordinator_keys])
     return FindCoordinatorResponse(version=version, throttle_time_ms=0, error_code=NONE, error_message=None,
-                                   node_id=broker.node_id, host=broker.advertised_host, port=broker.port)
+                                   node_id=broker.node_id, host=broker.advertised_host, port=broker.advertised_port)
 
 
 # --------------------------------------------------------------------------------------------

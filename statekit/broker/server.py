@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import resource
+import signal
 import struct
 import time
 import uuid
@@ -169,6 +170,7 @@ class Broker:
         except ConfigError as e:
             raise BrokerError(str(e)) from None
         self.advertised_host = advertised_host or (host if host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+        self.advertised_port = port
         self.topics = TopicManager(self.dir, self.config.topic_defaults())
         self.coordinator = None
         self.transactions = None
@@ -230,6 +232,11 @@ class Broker:
                                   f"or --port 0 for a free one") from None
             raise BrokerError(f"cannot listen on {self.host}:{self.port} ({e.strerror}): check --host/--port") from None
         self.port = self.server.sockets[0].getsockname()[1]
+        self.advertised_port = self.port
+        listener = self.config.get("advertised.listeners")   # PLAINTEXT://HOST:PORT (a proxy)
+        if listener:
+            self.advertised_host, _, port = listener.split("//", 1)[1].rpartition(":")
+            self.advertised_port = int(port)
         self._tasks = [
             asyncio.create_task(self._every(self.config.get("log.flush.interval.ms"), self._flush_all_async)),
             asyncio.create_task(self._every(self.config.get("log.retention.check.interval.ms"), self._retention)),
@@ -240,11 +247,36 @@ class Broker:
                 self.transactions.tick)),
         ]
         self._write_stats()
+        try:   # statekit.broker.pause: SIGUSR1 (the main thread's loop only; not in-process tests)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self._pause_requested)
+        except (ValueError, RuntimeError, NotImplementedError):
+            pass
         security = ("SASL_" if self.users else "") + ("SSL" if self.tls else "PLAINTEXT")
         if self.tls is not None and self.tls.require_client_cert:
             security += " with client certificates"
         log.info("broker listening on %s:%d (%s), data in %s (room for %s more partitions)", self.advertised_host,
                  self.port, security, self.dir, self.topics.partition_room())
+
+    def _pause_requested(self) -> None:
+        """A pause asked for by ``statekit.broker.pause`` (``broker/faults.py``): the event loop
+        stops here for the seconds asked — nothing is read or answered, connections stay open —
+        after saying so in ``DIR/paused.json``."""
+        from .faults import MAX_PAUSE_S, PAUSE_REQUEST, PAUSED
+
+        path = os.path.join(self.dir, PAUSE_REQUEST)
+        try:
+            with open(path) as f:
+                req = json.load(f)
+            os.unlink(path)
+            seconds = min(max(0.0, float(req["seconds"])), MAX_PAUSE_S)
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        now = time.time()
+        write_json_atomic(os.path.join(self.dir, PAUSED), {"token": req.get("token"), "since": now,
+                                                           "until": now + seconds}, durable=False)
+        log.warning("paused for %.1f s (statekit.broker.pause): nothing is read or answered", seconds)
+        time.sleep(seconds)   # noqa: the stall itself
+        log.warning("resumed after a pause of %.1f s", seconds)
 
     async def _start_coordinator(self):
         try:

@@ -51,7 +51,8 @@ from .admin import TopicAdmin
 from .config import configured_bootstrap, explicit_bootstrap, load_kafka_config, security_of
 from .connection import Connection
 from .encode import encode_records
-from .errors import HINT as _HINT, RETRIABLE as _RETRIABLE, KafkaError, Retry as _Retry
+from .errors import HINT as _HINT, RETRIABLE as _RETRIABLE, KafkaBusy, KafkaError, KafkaUnavailable
+from .errors import Retry as _Retry
 from .errors import raise_for as _raise_for
 from .versions import TRANSACTIONS
 
@@ -181,7 +182,7 @@ class Kafka(TopicAdmin):
 
     # -- connections ---------------------------------------------------------------------
     def _any(self) -> Connection:
-        if self._boot_conn is not None and self._boot_conn.sock.fileno() >= 0:
+        if self._boot_conn is not None and self._boot_conn.usable():
             return self._boot_conn
         last = None
         for hp in self.bootstrap.split(","):
@@ -194,13 +195,15 @@ class Kafka(TopicAdmin):
                 return self._boot_conn
             except BrokerUnreachable as e:
                 last = e
-        if last is not None:  # the last address's own reason (refused, closed, not TLS, ...)
-            raise BrokerUnreachable(str(last)) from None
+        if last is not None:  # the last address's own reason (refused, closed, not TLS, ...); a
+            # configured broker that is away (not a bad address or TLS setting) is worth retrying
+            cls = KafkaUnavailable if isinstance(last, KafkaUnavailable) else BrokerUnreachable
+            raise cls(str(last)) from None
         raise BrokerUnreachable(f"cannot reach Kafka at {self.bootstrap}: {_HINT}")
 
     def _node(self, node_id: int) -> Connection:
         c = self._conns.get(node_id)
-        if c is not None and c.sock.fileno() >= 0:
+        if c is not None and c.usable():
             return c
         host, port = self._brokers[node_id]
         boot = self._any()
@@ -247,7 +250,7 @@ class Kafka(TopicAdmin):
         leader = self._leaders[key]
         if leader < 0 or leader not in self._brokers:
             self._leaders.pop(key, None)
-            raise KafkaError(f"{topic}[{partition}] has no leader right now; retry shortly")
+            raise KafkaBusy(f"{topic}[{partition}] has no leader right now; retry shortly")
         return self._node(leader)
 
     @staticmethod
@@ -357,7 +360,7 @@ class Kafka(TopicAdmin):
                 if not retry:
                     return {t: (found[(t, -2)], found[(t, -1)]) for t in names}
                 time.sleep(0.05)
-            raise KafkaError(f"could not list offsets of {', '.join(names)}[{partition}]: the "
+            raise KafkaBusy(f"could not list offsets of {', '.join(names)}[{partition}]: the "
                              f"partition kept answering with a retriable error")
 
     # -- produce -------------------------------------------------------------------------------
@@ -440,7 +443,7 @@ class Kafka(TopicAdmin):
             except _Retry:
                 self._forget(topic)
                 time.sleep(min(0.05 * (attempt + 1), 0.5))
-        raise KafkaError(f"could not write to {topic}[{partition}]: the partition kept "
+        raise KafkaBusy(f"could not write to {topic}[{partition}]: the partition kept "
                          f"answering with a retriable error")
 
     def _produce(self, topic, partition, payloads, transactional_id=None) -> int:
@@ -557,7 +560,7 @@ class Kafka(TopicAdmin):
                     decode_batch(raw, out, offset)
                 return Chunk(out, nxt if nxt is not None and nxt > offset else offset,
                              p.high_watermark, p.log_start_offset, p.last_stable_offset)
-            raise KafkaError(f"could not read {topic}[{partition}]: no leader")
+            raise KafkaBusy(f"could not read {topic}[{partition}]: no leader")
 
     def wait_for_data(self, positions: dict, max_wait_ms: int,
                       isolation: str = READ_UNCOMMITTED) -> bool:
@@ -742,7 +745,7 @@ class Kafka(TopicAdmin):
             _raise_for(code, f"cannot find the coordinator of {key!r}")
             self._brokers.setdefault(node, (host, port))
             return self._node(node)
-        raise KafkaError(f"no coordinator for {key!r}: the broker kept answering COORDINATOR_NOT_AVAILABLE")
+        raise KafkaBusy(f"no coordinator for {key!r}: the broker kept answering COORDINATOR_NOT_AVAILABLE")
 
     def count_records(self, topic: str, partition: int, start: int, end: int,
                       max_bytes: int = 4 << 20) -> int:

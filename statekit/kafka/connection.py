@@ -12,6 +12,7 @@ does not offer is refused before anything is sent (:class:`~statekit.kafka.error
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import ssl
 
@@ -20,7 +21,7 @@ from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from .config import Security
-from .errors import HINT as _HINT, BrokerUnreachable, KafkaError, UnsupportedApi
+from .errors import HINT as _HINT, BrokerUnreachable, KafkaError, KafkaUnavailable, UnsupportedApi
 from .tls_errors import closed_before_answer, handshake_failed, looks_like_tls
 from .versions import SPOKEN, api_name
 
@@ -49,7 +50,7 @@ class Connection:
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as e:
-            raise BrokerUnreachable(f"cannot reach Kafka at {self.addr}: {_HINT} ({e.strerror or e})")
+            raise KafkaUnavailable(f"cannot reach Kafka at {self.addr}: {_HINT} ({e.strerror or e})")
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -60,6 +61,8 @@ class Connection:
                 self.sock = security.ssl_context.wrap_socket(self.sock, server_hostname=host)
             except (ssl.SSLError, OSError) as e:
                 self.close()
+                if isinstance(e, socket.timeout):   # a broker that stopped answering: retry
+                    raise KafkaUnavailable(str(handshake_failed(e, self.addr, host))) from None
                 raise handshake_failed(e, self.addr, host) from None
         self.security = security
         self.answered = False  # a first answer came: a close from now on is not about TLS settings
@@ -180,7 +183,7 @@ class Connection:
             self.sock.sendall(data)
         except OSError as e:
             self.close()
-            raise BrokerUnreachable(f"lost the connection to Kafka at {self.addr}: {e}; {_HINT}")
+            raise KafkaUnavailable(f"lost the connection to Kafka at {self.addr}: {e}; {_HINT}")
         return cid
 
     def recv(self, cid: int):
@@ -191,18 +194,20 @@ class Connection:
                 data = self.sock.recv(4 << 20)
             except socket.timeout:
                 self.close()
-                raise BrokerUnreachable(f"Kafka at {self.addr} did not answer within "
+                raise KafkaUnavailable(f"Kafka at {self.addr} did not answer within "
                                         f"{self.timeout:.0f}s; is the broker alive? ({_HINT})")
             except OSError as e:
                 self.close()
-                if not self.answered:
-                    raise BrokerUnreachable(closed_before_answer(self.addr, self.security, e)) from None
-                raise BrokerUnreachable(f"lost the connection to Kafka at {self.addr}: {e}")
+                if not self.answered:   # (a TLS hint; still a broker that is away, worth retrying)
+                    raise KafkaUnavailable(closed_before_answer(self.addr, self.security, e)) from None
+                raise KafkaUnavailable(f"lost the connection to Kafka at {self.addr}: {e}")
             if not data or (not self.answered and looks_like_tls(data)):
                 self.close()
+                if data:   # a TLS answer to a plaintext request: a setting to change, not an outage
+                    raise BrokerUnreachable(closed_before_answer(self.addr, self.security, tls_answer=True))
                 if not self.answered:
-                    raise BrokerUnreachable(closed_before_answer(self.addr, self.security, tls_answer=bool(data)))
-                raise BrokerUnreachable(f"Kafka at {self.addr} closed the connection; {_HINT}")
+                    raise KafkaUnavailable(closed_before_answer(self.addr, self.security))
+                raise KafkaUnavailable(f"Kafka at {self.addr} closed the connection; {_HINT}")
             for rcid, resp in self.proto.receive_bytes(data):
                 self.ready[rcid] = resp
                 self.answered = True
@@ -210,6 +215,23 @@ class Connection:
 
     def request(self, req):
         return self.recv(self.send(req))
+
+    def usable(self) -> bool:
+        """Still open at both ends? A broker that restarted (or a proxy that dropped it) closed
+        this connection while it sat idle: a request on it would fail where a new connection
+        succeeds (Kafka's clients reconnect the same way). An EOF waiting to be read says so, and
+        closes it; an answer waiting (a pipelined Fetch) does not."""
+        if self.sock.fileno() < 0:
+            return False
+        if isinstance(self.sock, ssl.SSLSocket):
+            return True
+        try:
+            if not select.select([self.sock], [], [], 0)[0] or self.sock.recv(1, socket.MSG_PEEK):
+                return True
+        except (OSError, ValueError):
+            pass
+        self.close()
+        return False
 
     def close(self):
         try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import kafka.errors as kerrors
 
-from statekit.errors import BrokerUnreachable, StatekitError, UnknownTopic
+from statekit.errors import BrokerUnreachable, KafkaTimeout, KafkaUnavailable, StatekitError, UnknownTopic
 
-__all__ = ["KafkaError", "ProducerFenced", "UnsupportedApi", "BrokerUnreachable", "UnknownTopic",
-           "raise_for", "RETRIABLE", "HINT"]
+__all__ = ["KafkaError", "KafkaBusy", "ProducerFenced", "UnsupportedApi", "BrokerUnreachable", "KafkaUnavailable",
+           "KafkaTimeout", "UnknownTopic", "raise_for", "RETRIABLE", "HINT"]
 
 HINT = "start one with `statekit broker start` or set STATEKIT_BOOTSTRAP"
 
@@ -16,7 +16,17 @@ RETRIABLE = {5, 6, 7, 13, 14, 15, 19, 20, 21, 56, 74, 75, 103}
 
 
 class KafkaError(StatekitError):
-    """A broker answered with an error this layer does not handle itself."""
+    """A broker answered with an error this layer does not handle itself (``code``: Kafka's error
+    code when one was answered, for ``statekit.kafka.retry.retriable``)."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+class KafkaBusy(KafkaError):
+    """The broker kept answering with a retriable error (a leader or coordinator moving or
+    loading, a transaction's markers being written) past the client's own short retries."""
 
 
 class ProducerFenced(KafkaError):
@@ -58,4 +68,4 @@ def raise_for(code: int, what: str, topic: str | None = None):
                              f"a newer producer with the same transactional id took over, or the "
                              f"transaction outlived its timeout and the broker aborted it")
     err = kerrors.for_code(code)
-    raise KafkaError(f"{what}: {err.__name__} (error code {code})")
+    raise KafkaError(f"{what}: {err.__name__} (error code {code})", code)

@@ -13,7 +13,7 @@ from statekit.errors import BrokerUnreachable, StatekitError
 
 from .connection import Connection
 from .encode import encode_records
-from .errors import KafkaError, ProducerFenced, Retry, raise_for
+from .errors import KafkaBusy, KafkaError, ProducerFenced, Retry, raise_for
 
 __all__ = ["TransactionalProducer"]
 
@@ -80,7 +80,7 @@ class TransactionalProducer:
     # -- coordinator requests ----------------------------------------------------------------------
     def _coordinator(self, refresh: bool = False) -> Connection:
         c = self._coord
-        if refresh or c is None or c.sock.fileno() < 0:
+        if refresh or c is None or not c.usable():
             c = self._coord = self._k._coordinator(self.transactional_id, 1)
         return c
 
@@ -108,7 +108,7 @@ class TransactionalProducer:
                 delay = min(delay * 2, 0.1)
                 continue
             return resp, code
-        raise KafkaError(f"{what} for transactional id {self.transactional_id!r}: the coordinator kept "
+        raise KafkaBusy(f"{what} for transactional id {self.transactional_id!r}: the coordinator kept "
                          f"answering that it is busy or moving")
 
     def _init(self, bump: bool = False) -> None:
@@ -251,7 +251,7 @@ class TransactionalProducer:
                 continue
             self._add_result(resp, parts)
             return
-        raise KafkaError(f"AddPartitionsToTxn of {self.transactional_id!r}: the coordinator stayed busy")
+        raise KafkaBusy(f"AddPartitionsToTxn of {self.transactional_id!r}: the coordinator stayed busy")
 
     def _add_result(self, resp, parts) -> None:
         code = _add_code(resp)
@@ -289,12 +289,14 @@ class TransactionalProducer:
             if not commit and renew:
                 self._init(bump=True)
 
-    def close(self) -> None:
-        """Abort an open transaction (best effort) and stop using the producer."""
+    def close(self, abort: bool = True) -> None:
+        """Abort an open transaction (best effort) and stop using the producer. ``abort=False``
+        leaves it to the next producer of the same id (its InitProducerId aborts it): for a broker
+        that is away, where the EndTxn would only wait out the request timeout."""
         if self._closed:
             return
         try:
-            if self._in_txn and self._fenced is None:
+            if abort and self._in_txn and self._fenced is None:
                 self._end(False, renew=False)
         except StatekitError:
             pass
