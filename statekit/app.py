@@ -57,7 +57,7 @@ DEFAULT_PARTITIONS = 4
 
 def _check_arguments(name, partitions, instances, standby_replicas, acceptable_recovery_lag,
                      max_warmup_replicas, probing_rebalance_interval, restore_rate, engine,
-                     processing_guarantee) -> None:
+                     processing_guarantee, task_timeout=300.0) -> None:
     """``App(...)``'s arguments, each refused in one line."""
     if not name or any(c in name for c in "/\\ "):
         raise StatekitError(f"app name {name!r} must be a non-empty word (it prefixes topic names)")
@@ -79,6 +79,8 @@ def _check_arguments(name, partitions, instances, standby_replicas, acceptable_r
     if isinstance(engine, str) and engine not in ENGINES:
         raise StatekitError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)} "
                             f"(or statekit.NativeApp for Spark's own state store)")
+    if not float(task_timeout) > 0:
+        raise StatekitError(f"task_timeout must be > 0 seconds, got {task_timeout}")
     if processing_guarantee not in ("exactly_once", "at_least_once"):
         raise StatekitError(f"processing_guarantee must be 'exactly_once' or 'at_least_once', "
                             f"not {processing_guarantee!r}")
@@ -153,7 +155,12 @@ class App:
     ``"auto"`` (executors when the master is not local). ``checkpoint_location``: where the Spark
     checkpoint goes (a shared path or an object store URI; required on a cluster).
     ``executor_state_dir``: the tasks' state root on every executor host (default
-    ``$STATEKIT_EXECUTOR_STATE_DIR``, else under Spark's local dirs)."""
+    ``$STATEKIT_EXECUTOR_STATE_DIR``, else under Spark's local dirs).
+
+    ``task_timeout`` (seconds, default 300): how long the app rides out a Kafka that is away
+    (Kafka Streams' ``task.timeout.ms``): tasks, the engine and the control side retry with
+    backoff meanwhile, the app is WAITING (``waiting`` says for what), transactions in flight abort
+    and their batches replay; past it, ERROR. Requests time out after a tenth of it (2-30 s)."""
 
     def __init__(self, name: str, bootstrap: Optional[str] = None, partitions: Optional[int] = None,
                  instances: int = 1, standby_replicas: int = 0, state_dir: Optional[str] = None,
@@ -163,10 +170,11 @@ class App:
                  restore_rate: Optional[float] = None,
                  processing_guarantee: str = "exactly_once", spark: Any = None,
                  placement: str = "auto", checkpoint_location: Optional[str] = None,
-                 executor_state_dir: Optional[str] = None):
+                 executor_state_dir: Optional[str] = None, task_timeout: float = 300.0):
         _check_arguments(name, partitions, instances, standby_replicas, acceptable_recovery_lag,
                          max_warmup_replicas, probing_rebalance_interval, restore_rate, engine,
-                         processing_guarantee)
+                         processing_guarantee, task_timeout)
+        self.task_timeout = float(task_timeout)
         self.restore_rate = float(restore_rate) if restore_rate else None
         self.processing_guarantee = processing_guarantee
         self.name = name
@@ -199,6 +207,7 @@ class App:
         self._lock = threading.RLock()
         self._coordinator: Optional[Coordinator] = None
         self._error: Optional[StatekitError] = None
+        self._outage = None                # runtime.outage.KafkaWatch, from start()
         self.runs: dict = {}               # sub-topology -> its engine.spec.RunSpec
         self.restarts: list[dict] = []
         self._router = None
@@ -321,6 +330,13 @@ class App:
         return self._life.state
 
     @property
+    def waiting(self):
+        """While Kafka is away: what the app waits for (``runtime.outage.Wait``: ``str()`` is
+        "waiting for Kafka at HOST:PORT since 4 s; 2 transactions aborted", and ``since``,
+        ``aborted``, ``tasks``); else None."""
+        return self._outage.current if self._outage is not None else None
+
+    @property
     def error(self) -> Optional[StatekitError]:
         """The one-line error that put the app in ERROR (None otherwise)."""
         return self._error
@@ -380,8 +396,9 @@ class App:
     def kafka(self):
         if self._kafka is None:
             from statekit.kafka import Kafka
+            from statekit.kafka.retry import request_timeout_for
 
-            self._kafka = Kafka(self.bootstrap)
+            self._kafka = Kafka(self.bootstrap, timeout=request_timeout_for(self.task_timeout))
         return self._kafka
 
     @property
@@ -600,5 +617,6 @@ class App:
     on_event = _delegate(AppEvents, "_bus", "on_event")
 
     def __repr__(self) -> str:
-        return (f"App({self.name!r}, state={self.state}, partitions={self.partitions}, "
-                f"instances={self.instances}, standby_replicas={self.standby_replicas})")
+        w = self.waiting if self.state == AppState.WAITING else None
+        return (f"App({self.name!r}, state={self.state}{f' ({w})' if w else ''}, partitions="
+                f"{self.partitions}, instances={self.instances}, standby_replicas={self.standby_replicas})")

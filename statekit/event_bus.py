@@ -6,8 +6,11 @@ moves them: ``EventPublisher`` (instances and the App's coordinator) and ``Event
 tailing the topic in a background thread). A Kafka topic is the one channel that also works when
 the publishers run on other machines.
 
-Publishing never fails the caller: an unreachable broker drops the event (and says so once in the
-log).
+Publishing never fails the caller. While the broker is away (``statekit.kafka.retry.retriable``)
+events are held in order, in memory (up to ``HOLD_MAX`` per broker, the oldest dropped beyond), and a
+thread sends them once it answers again: the events of an outage (``TaskWaiting``,
+``KafkaUnavailable``, ...) reach the topic after it. Any other failure drops the event and says so
+once in the log.
 """
 from __future__ import annotations
 
@@ -43,7 +46,12 @@ _CLIENTS: dict = {}
 _ENSURED: set = set()
 _DOWN_UNTIL: dict = {}   # bootstrap -> monotonic time before which publishing is not retried
 BACKOFF_S = 5.0
+EVENTS_TIMEOUT_S = 5.0   # the events client's request timeout: a lost broker holds a publisher this long
+HOLD_MAX = 10_000        # events held per broker while it is away
 _CLIENT_LOCK = threading.Lock()
+_HELD: dict = {}         # (pid, bootstrap) -> deque of (topic, [(None, json bytes)]), oldest first
+_HELD_DROPPED: dict = {}
+_FLUSHERS: dict = {}     # (pid, bootstrap) -> the thread sending what is held
 
 
 def _client(bootstrap: str):
@@ -52,9 +60,75 @@ def _client(bootstrap: str):
     key = (os.getpid(), bootstrap)
     c = _CLIENTS.get(key)
     if c is None:
-        c = Kafka(bootstrap, timeout=10.0, client_id="statekit-events")
+        c = Kafka(bootstrap, timeout=EVENTS_TIMEOUT_S, client_id="statekit-events")
         _CLIENTS[key] = c
     return c
+
+
+def held(bootstrap: str) -> int:
+    """Events of this process waiting for the broker at ``bootstrap`` to come back."""
+    q = _HELD.get((os.getpid(), bootstrap))
+    return sum(len(p) for _t, p in q) if q else 0
+
+
+def _hold(bootstrap: str, topic: str, payload: list) -> None:
+    """Keep events for a broker that is away (under _CLIENT_LOCK), and make sure a thread will
+    send them."""
+    key = (os.getpid(), bootstrap)
+    q = _HELD.setdefault(key, deque())
+    q.append((topic, payload))
+    while sum(len(p) for _t, p in q) > HOLD_MAX and len(q) > 1:
+        _t, lost = q.popleft()
+        _HELD_DROPPED[key] = _HELD_DROPPED.get(key, 0) + len(lost)
+    t = _FLUSHERS.get(key)
+    if t is None or not t.is_alive():
+        t = _FLUSHERS[key] = threading.Thread(target=_flush_held, args=(bootstrap,), daemon=True,
+                                              name="statekit-events-held")
+        t.start()
+
+
+def _flush_held(bootstrap: str) -> None:
+    """Send the held events, oldest first, once the broker answers (with backoff). The network
+    calls run outside _CLIENT_LOCK, on a client of their own, so publishers are never held up:
+    while anything is held they only add to the queue, which keeps the order."""
+    from statekit.kafka import Kafka
+    from statekit.kafka.retry import Backoff
+
+    key = (os.getpid(), bootstrap)
+    backoff = Backoff(first=0.2)
+    k = None
+    ensured: set = set()
+    while True:
+        with _CLIENT_LOCK:
+            q = _HELD.get(key)
+            if not q:
+                _FLUSHERS.pop(key, None)
+                break
+            item = q[0]
+            topic, payload = item
+        try:
+            if k is None:
+                k = Kafka(bootstrap, timeout=EVENTS_TIMEOUT_S, client_id="statekit-events-held")
+            if topic not in ensured:
+                k.ensure_topic(topic, 1, topic_configs())
+                ensured.add(topic)
+            k.send(topic, 0, payload)
+            backoff.reset()
+            with _CLIENT_LOCK:
+                if q and q[0] is item:   # (unless HOLD_MAX dropped it meanwhile)
+                    q.popleft()
+                if not q:
+                    _DOWN_UNTIL.pop(bootstrap, None)
+        except Exception:  # noqa: BLE001 - still away: try again later
+            if k is not None:
+                try:
+                    k.close()
+                except Exception:
+                    pass
+                k = None
+            time.sleep(backoff.next())
+    if k is not None:
+        k.close()
 
 
 def _drop_client(bootstrap: str) -> None:
@@ -145,15 +219,19 @@ class EventPublisher:
         return self.publish_many([event])
 
     def publish_many(self, events) -> bool:
-        """Send events in order (one produce request); False when they were dropped."""
+        """Send events in order (one produce request); False when they were held (the broker is
+        away: they follow once it is back) or dropped."""
+        from statekit.kafka.retry import retriable
+
         evs = [self._stamp(e) for e in events]
         if not evs:
             return True
         payload = [(None, _dumps(e)) for e in evs]
-        if _DOWN_UNTIL.get(self.bootstrap, 0.0) > time.monotonic():
-            self.dropped += len(evs)   # the broker failed recently: do not stall the task
-            return False
         with _CLIENT_LOCK:
+            if _HELD.get((os.getpid(), self.bootstrap)) or \
+                    _DOWN_UNTIL.get(self.bootstrap, 0.0) > time.monotonic():
+                _hold(self.bootstrap, self.topic, payload)   # after what waits: in order, no stall
+                return False
             for attempt in (0, 1):
                 try:
                     k = _client(self.bootstrap)
@@ -165,6 +243,10 @@ class EventPublisher:
                 except Exception as exc:  # noqa: BLE001 - events are best effort
                     _drop_client(self.bootstrap)
                     _ENSURED.discard((os.getpid(), self.bootstrap, self.topic))
+                    if retriable(exc):   # away: hold them (and what follows) until it is back
+                        _DOWN_UNTIL[self.bootstrap] = time.monotonic() + BACKOFF_S
+                        _hold(self.bootstrap, self.topic, payload)
+                        return False
                     if attempt:
                         _DOWN_UNTIL[self.bootstrap] = time.monotonic() + BACKOFF_S
                         self.dropped += len(evs)

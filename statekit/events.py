@@ -24,7 +24,8 @@ __all__ = ["Event", "EVENT_TYPES", "from_dict"] + [
     "StateChanged", "InstanceStarted", "InstanceDied", "InstanceLeft", "Rebalance", "ReplicaStarted",
     "ReplicaStopped", "WarmupCaughtUp", "StandbyPromoted", "RestoreQueued", "TaskOpened",
     "RestoreStarted", "RestoreProgress", "RestoreEnded", "TaskClosed", "BatchSpooled",
-    "BatchSkipped", "Committed", "Crashed", "TaskFailed",
+    "BatchSkipped", "Committed", "Crashed", "TaskFailed", "TaskWaiting", "TaskResumed",
+    "KafkaUnavailable", "KafkaAvailable",
 ]
 
 EVENT_TYPES: dict[str, type] = {}
@@ -83,7 +84,8 @@ class StateChanged(Event):
     """The application's lifecycle state changed (Kafka Streams' KafkaStreams.State)."""
 
     type: ClassVar[str] = "state"
-    state: str = ""        # CREATED | RESTORING | REBALANCING | RUNNING | PENDING_SHUTDOWN | NOT_RUNNING | ERROR
+    state: str = ""        # CREATED | RESTORING | REBALANCING | RUNNING | WAITING | PENDING_SHUTDOWN |
+    #                        NOT_RUNNING | ERROR
     old: str = ""
     reason: str = ""       # one line; for ERROR, the error
 
@@ -357,3 +359,65 @@ class TaskFailed(Event):
     batch: int = -1
     error: str = ""
     kind: str = "ProcessorError"
+
+
+# -- Kafka away --------------------------------------------------------------------------------
+# Published while Kafka is away, these reach <app>-events once it is back (the publisher keeps
+# them in order meanwhile); the App's own state says the same at once (WAITING, App.waiting).
+
+@_register
+@dataclass
+class TaskWaiting(Event):
+    """Kafka went away under a task (a connection refused, reset or unanswered): its state was
+    closed without committing and it will reopen with backoff; ``batch`` (when one was running)
+    waits in the spool and replays. It fails after ``task_timeout`` seconds of this."""
+
+    type: ClassVar[str] = "task_waiting"
+    task: str = ""
+    instance: int = -1
+    batch: int = -1            # the batch that could not commit (-1: the task was opening)
+    error: str = ""            # what the client saw, one line
+    since: float = 0.0         # epoch seconds the task began waiting
+    aborted: int = 0           # transactions aborted so far: one whose records were sent, no EndTxn
+
+
+@_register
+@dataclass
+class TaskResumed(Event):
+    """A task that waited for Kafka is open again: its reopen aborted the transaction in flight
+    (counted in ``aborted``) or found it committed (``committed_in_doubt``: an EndTxn whose answer
+    was lost), and the waiting batches replay from the spool."""
+
+    type: ClassVar[str] = "task_resumed"
+    task: str = ""
+    instance: int = -1
+    waited_s: float = 0.0
+    attempts: int = 0          # reopen attempts
+    aborted: int = 0           # transactions this wait aborted
+    last_batch: int = -1       # the last batch its restored state has applied
+    committed_in_doubt: bool = False
+
+
+@_register
+@dataclass
+class KafkaUnavailable(Event):
+    """The App lost Kafka: its probe went unanswered, or a task began waiting. The App is WAITING."""
+
+    type: ClassVar[str] = "kafka_unavailable"
+    bootstrap: str = ""
+    since: float = 0.0         # epoch seconds of the last answer Kafka gave
+    error: str = ""
+
+
+@_register
+@dataclass
+class KafkaAvailable(Event):
+    """Kafka answers again and no task waits any more: the App is back to RUNNING (or RESTORING
+    while tasks replay what waited)."""
+
+    type: ClassVar[str] = "kafka_available"
+    bootstrap: str = ""
+    since: float = 0.0         # when the outage began (epoch seconds)
+    seconds: float = 0.0       # how long it lasted
+    aborted: int = 0           # transactions aborted because of it
+    tasks_waited: list = field(default_factory=list)   # tasks that waited

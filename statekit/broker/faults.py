@@ -7,7 +7,7 @@ one that is killed and started again on the same directory and port.
   GC pause or a frozen VM gives; then everything queued is served. It ends by itself, whatever
   happens to the process that asked.
 * ``restart(target, down=0)`` — ``kill -9`` (or a graceful stop with ``kill=False``), ``down``
-  seconds of nothing, then a new broker on the same directory, host, port, configs and auth: what
+  seconds of nothing, then a new broker on the same directory, host, port, configs, auth and TLS: what
   survives a crash comes back (the logs, the transactions' state, the groups).
 
 ``target``: a ``BrokerHandle``, a broker directory, a bootstrap address (``HOST:PORT``) of a broker
@@ -121,7 +121,7 @@ def _cmdline_configs(pid: int) -> dict:
 
 def restart(target=None, down: float = 0.0, kill: bool = True, timeout: float = 30.0) -> BrokerHandle:
     """Kill the broker (SIGKILL; ``kill=False``: a graceful stop), wait ``down`` seconds, and start
-    a broker on the same directory, host, port, configs and auth. Returns its handle."""
+    a broker on the same directory, host, port, configs, auth and TLS. Returns its handle."""
     if float(down) < 0:
         raise StatekitError(f"down must be >= 0 seconds, got {down}")
     data_dir, info = find(target)
@@ -143,4 +143,5 @@ def restart(target=None, down: float = 0.0, kill: bool = True, timeout: float = 
             pass
     time.sleep(float(down))
     return start(data_dir, host=info.get("host") or "127.0.0.1", port=int(info["port"]),
-                 configs=configs, auth=bool(info.get("auth")), timeout=timeout)
+                 configs=configs, auth=bool(info.get("auth")), tls=bool(info.get("tls")),
+                 mtls=bool(info.get("mtls")), timeout=timeout)

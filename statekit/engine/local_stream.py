@@ -140,7 +140,9 @@ class LocalQuery:
 
         from concurrent.futures import ThreadPoolExecutor
 
-        self._kafka = Kafka(self.run.bootstrap)
+        from statekit.kafka.retry import request_timeout_for
+
+        self._kafka = Kafka(self.run.bootstrap, timeout=request_timeout_for(self.run.task_timeout))
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, self.run.partitions)),
                                         thread_name_prefix=f"statekit-local-{self.name}")
         self._active = True
@@ -271,7 +273,7 @@ class LocalQuery:
         try:
             self._run_loop()
         except StatekitError as exc:
-            if not self._abort:
+            if not self._abort and not self._stop.is_set():
                 self._error = exc
         except Exception as exc:  # noqa: BLE001
             if not self._abort:
@@ -303,7 +305,7 @@ class LocalQuery:
             check_started = time.time()
             latest = self.offsets.latest()
             batch = 0 if latest is None else latest + 1
-            ranges = self._next_ranges(next_start)
+            ranges = self._ranges_retrying(next_start)
             if not any(e > s for s, e in ranges.values()):
                 with self._cond:
                     self._idle_since = check_started
@@ -316,6 +318,25 @@ class LocalQuery:
             self._run_batch(batch, ranges)
             next_start = {k: e for k, (s, e) in ranges.items()}
             next_time = now + self._interval
+
+    def _ranges_retrying(self, start: dict) -> dict:
+        """``_next_ranges``, riding out a broker that is away (``statekit.kafka.retry``): the
+        query waits, with backoff, up to the task timeout, then fails in one line."""
+        from statekit.kafka import Kafka
+        from statekit.kafka.retry import request_timeout_for, retrying
+
+        def fresh_client():
+            k, self._kafka = self._kafka, None
+            if k is not None:
+                k.close()
+
+        def attempt():
+            if self._kafka is None:
+                self._kafka = Kafka(self.run.bootstrap, timeout=request_timeout_for(self.run.task_timeout))
+            return self._next_ranges(start)
+
+        return retrying(attempt, timeout=self.run.task_timeout, what=f"query {self.name}",
+                        bootstrap=self.run.bootstrap, stop=self._stop.is_set, on_failure=fresh_client)
 
     def _committed_end(self) -> dict:
         c = self.commits.latest()

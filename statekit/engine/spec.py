@@ -34,4 +34,6 @@ class RunSpec:
     isolation: str = "read_committed"        # how sources are read (Kafka's isolation.level): an
     #                                          upstream sub-topology's aborted output never counts
     events: bool = True                      # engine-side events (a batch spooled for a dead owner)
+    task_timeout: float = 300.0              # seconds the source waits for Kafka before the query
+    #                                          fails (App(task_timeout=...); statekit.kafka.retry)
     extra: dict = field(default_factory=dict)

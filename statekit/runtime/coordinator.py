@@ -102,6 +102,9 @@ class Coordinator:
         self._status_same = 0     # asks in a row that the instances answered as the one before
         self._next_probe: Optional[float] = None
         self._kafka = None
+        self._last_ends: dict = {}
+        # is Kafka away right now (the App's KafkaWatch)? Then lags come from the last ends known
+        self.kafka_down: Callable[[], bool] = lambda: False
         self._key = ensure_authkey(self.control.authkey)
         self.rebalances: list[dict] = []
         self.stopped = False
@@ -112,7 +115,7 @@ class Coordinator:
         if self._kafka is None:
             from statekit.kafka import Kafka
 
-            self._kafka = Kafka(self.spec.bootstrap)
+            self._kafka = Kafka(self.spec.bootstrap, timeout=self.spec.request_timeout)
         return self._kafka
 
     def _call(self, m: Member, *msg, timeout: float = 300.0):
@@ -393,6 +396,10 @@ class Coordinator:
         return sorted(i for i, m in self.members.items() if m.live)
 
     def _ends(self) -> dict:
+        """Every changelog's end offsets; while Kafka is away, the last ones known (a rebalance
+        must not wait out request timeouts, and must not take every copy for caught up)."""
+        if self.kafka_down():
+            return dict(self._last_ends)
         ends = {}
         for sub, plan in self.spec.plans.items():
             for s in store_specs(plan, sub):
@@ -401,7 +408,8 @@ class Coordinator:
                     try:
                         ends[(sub, s.name)] = self.kafka.end_offsets(topic)
                     except StatekitError:
-                        ends[(sub, s.name)] = {}
+                        ends[(sub, s.name)] = self._last_ends.get((sub, s.name), {})
+        self._last_ends = ends
         return ends
 
     def _copy_lag(self, task: TaskId, positions: dict, ends: dict) -> Optional[int]:
@@ -696,8 +704,13 @@ class Coordinator:
         for i, st in self.statuses().items():
             for t, row in (st.get("tasks") or {}).items():
                 if row.get("state") == "failed":
-                    out.append((t, i, row.get("error")))
+                    out.append((t, i, row.get("error"), row.get("kind")))
         return out
+
+    def last_statuses(self) -> dict:
+        """The instances' reports of the last poll (every half second), without waiting for the
+        coordinator's lock: what the App's KafkaWatch reads."""
+        return dict(self._statuses)
 
     def members_frame_rows(self) -> list[dict]:
         st = self._statuses

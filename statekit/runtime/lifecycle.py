@@ -1,16 +1,20 @@
 """The application's lifecycle, with Kafka Streams' state names.
 
     CREATED ──start──► RESTORING ──every task open──► RUNNING ◄──► REBALANCING
-                          │                              │           (tasks move between instances:
-                          │                              │            a death, a join, a leave, a
-                          ▼                              ▼            warmup that caught up)
-                        ERROR ◄── a task failed, no live instance, the engine failed
-                          │
+                          │  ▲                           │ ▲         (tasks move between instances:
+                          │  └──── WAITING ◄─────────────┘ │          a death, a join, a leave, a
+                          │        (Kafka is away) ────────┘          warmup that caught up)
+                          ▼                              ▼
+                        ERROR ◄── a task failed, no live instance, the engine failed, Kafka stayed
+                          │       away longer than task_timeout
                           └─ restart ─► RESTORING          stop ─► PENDING_SHUTDOWN ─► NOT_RUNNING
 
 An instance that dies does not stop the application: it goes REBALANCING while the dead instance's
-tasks move, and back to RUNNING once they are open again. ``Lifecycle.state`` is readable at any
-time from any thread; listeners get ``(new, old)`` like ``KafkaStreams.StateListener``.
+tasks move, and back to RUNNING once they are open again. Kafka going away does not stop it
+either: it goes WAITING (``App.waiting`` says for what, since when, what it aborted; Kafka Streams
+stays RUNNING and logs) and back by itself — to RUNNING, or RESTORING while tasks replay what
+waited. ``Lifecycle.state`` is readable at any time from any thread; listeners get ``(new, old)``
+like ``KafkaStreams.StateListener``.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ class AppState(str, enum.Enum):
     RESTORING = "RESTORING"
     REBALANCING = "REBALANCING"
     RUNNING = "RUNNING"
+    WAITING = "WAITING"            # for Kafka: statekit's, not Kafka Streams'
     PENDING_SHUTDOWN = "PENDING_SHUTDOWN"
     NOT_RUNNING = "NOT_RUNNING"
     ERROR = "ERROR"
@@ -37,14 +42,19 @@ class AppState(str, enum.Enum):
         return self.value
 
     def is_running(self) -> bool:
-        return self in (AppState.RESTORING, AppState.REBALANCING, AppState.RUNNING)
+        return self in (AppState.RESTORING, AppState.REBALANCING, AppState.RUNNING, AppState.WAITING)
 
 
 _VALID = {
     AppState.CREATED: {AppState.RESTORING, AppState.PENDING_SHUTDOWN, AppState.NOT_RUNNING, AppState.ERROR},
-    AppState.RESTORING: {AppState.RUNNING, AppState.REBALANCING, AppState.ERROR, AppState.PENDING_SHUTDOWN},
-    AppState.REBALANCING: {AppState.RUNNING, AppState.RESTORING, AppState.ERROR, AppState.PENDING_SHUTDOWN},
-    AppState.RUNNING: {AppState.RESTORING, AppState.REBALANCING, AppState.ERROR, AppState.PENDING_SHUTDOWN},
+    AppState.RESTORING: {AppState.RUNNING, AppState.REBALANCING, AppState.WAITING, AppState.ERROR,
+                         AppState.PENDING_SHUTDOWN},
+    AppState.REBALANCING: {AppState.RUNNING, AppState.RESTORING, AppState.WAITING, AppState.ERROR,
+                           AppState.PENDING_SHUTDOWN},
+    AppState.RUNNING: {AppState.RESTORING, AppState.REBALANCING, AppState.WAITING, AppState.ERROR,
+                       AppState.PENDING_SHUTDOWN},
+    AppState.WAITING: {AppState.RUNNING, AppState.RESTORING, AppState.REBALANCING, AppState.ERROR,
+                       AppState.PENDING_SHUTDOWN},
     AppState.PENDING_SHUTDOWN: {AppState.NOT_RUNNING, AppState.ERROR},
     AppState.NOT_RUNNING: {AppState.RESTORING, AppState.PENDING_SHUTDOWN},
     AppState.ERROR: {AppState.RESTORING, AppState.REBALANCING, AppState.PENDING_SHUTDOWN, AppState.NOT_RUNNING},

@@ -14,8 +14,8 @@ import time
 import weakref
 from typing import Optional
 
-from statekit.errors import (BrokerUnreachable, ProcessorError, StatekitError, TopologyError,
-                             UnknownTopic)
+from statekit.errors import (BrokerUnreachable, DiskFull, KafkaTimeout, ProcessorError,
+                             StatekitError, TopologyError, UnknownTopic)
 from statekit.runtime import app_topics
 from statekit.runtime.lifecycle import AppState, AppStateError, NoLiveInstance
 
@@ -100,6 +100,11 @@ def _abort_query(q) -> None:
         log.info("abort: %s", exc)
 
 
+# a task's failure (TaskFailed.kind) as the App's error: what waited too long for Kafka, or a
+# state directory's full disk, keeps its class; anything else is the task's processing error
+TASK_ERRORS = {"KafkaTimeout": KafkaTimeout, "DiskFull": DiskFull}
+
+
 class Runner:
     """The running side of one ``App`` (``app``: its façade, for its settings, plan, lifecycle
     and parts)."""
@@ -149,6 +154,7 @@ class Runner:
             placement = app._deploy.choose_placement(layout=app.layout, bootstrap=app.bootstrap,
                                                      sink=sink)
             app._coordinator = placement.coordinator(app, spec)
+            self.watch_kafka_start()
             self.started_at = time.time()
             self.stopping = False
             try:
@@ -160,6 +166,19 @@ class Runner:
                 raise
             self.start_monitor()
 
+    def watch_kafka_start(self) -> None:
+        """The App's KafkaWatch (``runtime.outage``) for this run; the coordinator reads it."""
+        from statekit.contracts import events_topic
+        from statekit.kafka.retry import request_timeout_for
+        from statekit.runtime.outage import KafkaWatch
+
+        app = self.app
+        if app._outage is not None:
+            app._outage.stop()
+        app._outage = KafkaWatch(app.bootstrap, events_topic(app.name),
+                                 request_timeout_for(app.task_timeout), app._bus.publish).start()
+        app._coordinator.kafka_down = app._outage.probe_down
+
     def worker_spec(self, sink: str):
         from statekit.worker.task import WorkerSpec
 
@@ -167,7 +186,8 @@ class Runner:
         return WorkerSpec(application=app.name, bootstrap=app.bootstrap, plans=dict(app.subplans),
                           partitions=app.partitions, control_dir=app.layout.control_dir,
                           cache_bytes=app.cache_bytes, sink=sink, exactly_once=app.exactly_once,
-                          repartition_topics=tuple(app_topics.repartition_topics(app.plan)))
+                          repartition_topics=tuple(app_topics.repartition_topics(app.plan)),
+                          task_timeout=app.task_timeout)
 
     def launch(self) -> None:
         """One engine query per sub-topology that has none running."""
@@ -187,6 +207,7 @@ class Runner:
                           max_records_per_trigger=opts.get("max_records_per_trigger"),
                           starting_offsets=opts.get("starting_offsets") or "earliest",
                           query_name=app.name if sub == 0 else f"{app.name}_{sub}",
+                          task_timeout=app.task_timeout,
                           extra=app._deploy.placement.run_extra(app._coordinator))
             app.runs[sub] = run
             while True:
@@ -249,6 +270,8 @@ class Runner:
             self.queries = {}
             if app._coordinator is not None:
                 app._coordinator.stop()
+            if app._outage is not None:
+                app._outage.stop()
             app._close_router()
             app._transition(AppState.NOT_RUNNING, "stopped")
             app._close_helpers()
@@ -341,12 +364,33 @@ class Runner:
             return
         failed = co.failed_tasks()
         if failed:
-            t, i, err = failed[0]
+            t, i, err, *kind = failed[0]
             self.abort_queries()
-            app._fail(ProcessorError(err or f"task {t} failed on instance {i}"))
+            cls = TASK_ERRORS.get(kind[0] if kind else None, ProcessorError)
+            app._fail(cls(err or f"task {t} failed on instance {i}"))
+            return
+        if self.watch_kafka(co):
             return
         if app.state in (AppState.RESTORING, AppState.REBALANCING) and co.tasks_ready():
             app._transition(AppState.RUNNING, "every task is open")
+
+    def watch_kafka(self, co) -> bool:
+        """WAITING while Kafka is away (the App's probe, or tasks waiting for it); back by itself
+        when it answers and nothing waits — RUNNING, or RESTORING while tasks replay. True while
+        waiting."""
+        app = self.app
+        watch = app._outage
+        if watch is None:
+            return False
+        w = watch.update(getattr(co, "last_statuses", dict)())
+        if w is not None:
+            if app.state in (AppState.RESTORING, AppState.REBALANCING, AppState.RUNNING):
+                app._transition(AppState.WAITING, str(w))
+            return True
+        if app.state == AppState.WAITING:
+            app._transition(AppState.RUNNING if co.tasks_ready() else AppState.RESTORING,
+                            "Kafka is back")
+        return False
 
     def on_membership(self, what: str) -> None:
         """The coordinator's news: a rebalance (REBALANCING until the moved tasks are open), or no
@@ -447,11 +491,11 @@ class Runner:
                 err = one_line(exc)
             except Exception:  # noqa: BLE001
                 err = StatekitError(f"{type(exc).__name__}: {exc}")
-        if isinstance(err, (ProcessorError, UnknownTopic, BrokerUnreachable, TopologyError)):
+        if isinstance(err, (ProcessorError, UnknownTopic, BrokerUnreachable, TopologyError, DiskFull)):
             return err
         for e in reversed(self.app._bus.task_errors):
             if e.error:
-                return ProcessorError(e.error)
+                return TASK_ERRORS.get(e.kind, ProcessorError)(e.error)
         if "failed on key=" in str(err):
             return ProcessorError(str(err))
         return err
@@ -551,4 +595,17 @@ class Runner:
         return False
 
     def _topic_ends(self, topics: list) -> dict:
-        return {t: self.app.kafka.end_offsets(t) for t in topics}
+        """The repartition topics' ends; a broker that is away is waited for (the tasks wait too),
+        up to the task timeout."""
+        from statekit.kafka.retry import retrying
+
+        app = self.app
+
+        def fresh_client():
+            k, app._kafka = app._kafka, None
+            if k is not None:
+                k.close()
+
+        return retrying(lambda: {t: app.kafka.end_offsets(t) for t in topics},
+                        timeout=app.task_timeout, what=f"app '{app.name}'", bootstrap=app.bootstrap,
+                        on_failure=fresh_client) if topics else {}

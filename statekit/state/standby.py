@@ -37,9 +37,9 @@ class _NoSink:
 class StandbyReplica:
     def __init__(self, application: str, task_id: int, specs, *, state_dir: str,
                  bootstrap: str | None = None, poll_ms: int = 100,
-                 fetch_max_bytes: int | None = None, listener=None):
+                 fetch_max_bytes: int | None = None, listener=None,
+                 request_timeout: float = 30.0):
         from statekit.bootstrap import resolve_bootstrap
-        from statekit.kafka import Kafka
         from statekit.stores import build_stores
 
         self.application = application
@@ -53,6 +53,7 @@ class StandbyReplica:
         self.poll_ms = poll_ms
         self.fetch_max_bytes = fetch_max_bytes
         self.listener = listener
+        self.request_timeout = float(request_timeout)
         os.makedirs(self.task_dir, exist_ok=True)
         self._lock = _Lock(self.task_dir)
         try:
@@ -62,7 +63,7 @@ class StandbyReplica:
             self._lock.release()
             raise
         meta = self.db.read_meta()
-        self._kafka = Kafka(self.bootstrap)  # for the thread
+        self._kafka = None                   # the thread's client (made when it first polls)
         self._query = None                   # for lag() from other threads
         self.replays: dict[str, StoreReplay] = {}
         for spec in self.specs:
@@ -73,6 +74,7 @@ class StandbyReplica:
                 self.replays[spec.name] = StoreReplay(spec.name, -1, NO_BATCH)
         self.records_applied = 0
         self.error: BaseException | None = None
+        self.waiting_since: float | None = None   # epoch s: Kafka has been away since then
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dblock = threading.Lock()
@@ -87,25 +89,44 @@ class StandbyReplica:
             self._thread.start()
         return self
 
+    def _client(self):
+        from statekit.kafka import Kafka
+
+        if self._kafka is None:
+            self._kafka = Kafka(self.bootstrap, timeout=self.request_timeout)
+        return self._kafka
+
     def _run(self):
-        k = self._kafka
+        from statekit.kafka.retry import Backoff, retriable
+
+        backoff = Backoff(first=self.poll_ms / 1000.0)
         while not self._stop.is_set():
             try:
-                got = self.poll_once(k)
-                self.error = None
+                got = self.poll_once(self._client())
+                self.error = self.waiting_since = None
+                backoff.reset()
             except UnknownTopic as e:  # the active task has not created the changelog yet
                 self.error = e
                 got = 0
             except StatekitError as e:
                 self.error = e
-                log.warning("standby %s/%s: %s", self.application, self.task_id, e)
                 got = 0
+                if retriable(e):   # Kafka is away: keep trying, further apart, and say it once
+                    k, self._kafka = self._kafka, None
+                    if k is not None:
+                        k.close()
+                    if self.waiting_since is None:
+                        self.waiting_since = time.time()
+                        log.info("standby %s/%s waits for Kafka: %s", self.application, self.task_id, e)
+                    self._stop.wait(backoff.next())
+                    continue
+                log.warning("standby %s/%s: %s", self.application, self.task_id, e)
             if not got:
                 self._stop.wait(self.poll_ms / 1000.0)
 
     def poll_once(self, kafka=None) -> int:
         """One round over the stores: fetch, apply committed groups. Returns records read."""
-        k = kafka or self._kafka
+        k = kafka or self._client()
         got = 0
         for name, rp in self.replays.items():
             topic = changelog_topic(self.application, name)
@@ -147,7 +168,7 @@ class StandbyReplica:
         from statekit.kafka import Kafka
 
         if self._query is None:
-            self._query = Kafka(self.bootstrap)
+            self._query = Kafka(self.bootstrap, timeout=self.request_timeout)
         total = 0
         for name, rp in self.replays.items():
             try:

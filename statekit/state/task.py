@@ -227,6 +227,9 @@ class TaskState:
         self.last_batch = NO_BATCH
         self.restore_metrics: dict[str, RestoreMetrics] = {}
         self.replayed_from = "none"
+        # the transaction of the last commit: None (none open), "open" (records sent, no EndTxn
+        # yet: a failure now means it aborts) or "ending" (EndTxn sent: committed or not)
+        self.txn_phase: Optional[str] = None
         self.closed = False
         os.makedirs(self.task_dir, exist_ok=True)
         self._lock = _Lock(self.task_dir)
@@ -547,6 +550,7 @@ class TaskState:
             send_many = txp.send_many if txp is not None else self.kafka.send_many
             if txp is not None:
                 txp.begin()
+                self.txn_phase = "open"
             offsets, counts = {}, {}
             extra = [x for x in extra if x[2]]
             together = ((len(self.logged_specs) > 1 or extra) and not _armed(crash, "between_stores", b)
@@ -584,8 +588,10 @@ class TaskState:
                 offsets[spec.name] = last + 1
             crash.hit("before_commit", b)
             if txp is not None:
+                self.txn_phase = "ending"   # from here a lost answer leaves the outcome unknown
                 txp.commit()
                 offsets = self._positions_after_commit(offsets)
+            self.txn_phase = None
             crash.hit("after_ack", b)
             # 3. one RocksDB WriteBatch: data + meta
             meta = {"batch": b}
@@ -596,17 +602,33 @@ class TaskState:
             crash.hit("after_rocksdb", b)
         except SimulatedCrash:
             raise
-        except BaseException:
+        except BaseException as exc:
             # the batch failed: drop its writes; Spark replays it (same id, same values)
             self.abort()
-            if self.producer is not None:
+            from statekit.kafka.retry import retriable
+
+            if self.producer is not None and not retriable(exc):
+                # (a broker that is away would only let the EndTxn wait out its timeout: the task's
+                # next producer aborts the transaction, its txn_phase says how far it got)
+                self.txn_phase = None
                 try:
                     self.producer.abort()
                 except StatekitError:
                     pass   # fenced or gone: whoever owns the task now aborted it
             raise
         # 4. checkpoint
-        self._write_checkpoint(meta)
+        try:
+            self._write_checkpoint(meta)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            from statekit.errors import DiskFull
+
+            # RocksDB holds batch b (its meta is ahead of the old checkpoint: trusted at open)
+            raise DiskFull(f"the disk of the state directory is full: the checkpoint of task "
+                           f"{self.task_id} (stores {', '.join(repr(s.name) for s in self.logged_specs)}) "
+                           f"could not be written at {self.task_dir} ({e.strerror}); its stores hold "
+                           f"batch {b}: free space there, then restart()") from None
         return CommitInfo(b, counts, offsets, (time.perf_counter() - t0) * 1000.0)
 
     def _positions_after_commit(self, offsets: dict) -> dict:

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 import rocksdict as rd
 
-from statekit.errors import CorruptState, StateLocked, StatekitError
+from statekit.errors import NO_SPACE, CorruptState, DiskFull, StateLocked, StatekitError, is_disk_full
 from statekit.stores.api import KV
 from statekit.stores.memory import MemoryStore
 from statekit.stores.overlay import OverlayStore
@@ -101,6 +101,20 @@ def _open_error(path: str, err: BaseException) -> StatekitError:
                            f"close it there first")
     return CorruptState(f"RocksDB state in {path} cannot be opened ({msg}); wipe it "
                         f"(TaskDB.destroy) and restore the task from its changelog")
+
+
+def _write(db: "TaskDB", wb, opts, stores) -> None:
+    """``db._db.write``: a full disk (RocksDB's IO error, ENOSPC) as one ``DiskFull`` line that
+    names the stores and the path; the batch is all or nothing, so nothing of it was written."""
+    try:
+        db._db.write(wb, opts)
+    except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exceptions
+        if not is_disk_full(e):
+            raise
+        names = ", ".join(repr(n) for n in stores) or "its stores"
+        raise DiskFull(f"the disk of the state directory is full: store {names} could not be "
+                       f"written at {db.path} ({NO_SPACE}); nothing of this write is in the store "
+                       f"(the changelog holds every commit): free space there, then restart()") from None
 
 
 def resolve_db_dir(path: str) -> str:
@@ -501,7 +515,8 @@ class TaskDB:
                     counts[s.name] = s._next_count
             self._put_meta(wb, meta, self._windows, counts)
             nbytes = wb.size_in_bytes()
-            self._db.write(wb, self._wopts)
+            _write(self, wb, self._wopts, [s.name for s in rocks if s.pending_count()]
+                   or [s.name for s in rocks])
             for s in rocks:
                 s.count = s._next_count
         else:
@@ -593,7 +608,7 @@ class TaskDB:
             wb = rd.WriteBatch(raw_mode=True)
             n = target._restore_into(wb, items)
             self._put_meta(wb, meta, windows, self._forget_count(store_name))
-            self._db.write(wb, self._restore_wopts)
+            _write(self, wb, self._restore_wopts, [store_name])
         else:
             n = target._restore_into(None, items)
             self._put_meta(None, meta, windows)
@@ -621,7 +636,7 @@ class TaskDB:
         wb = rd.WriteBatch(raw_mode=True)
         n = target._restore_columns(wb, keys, values)
         self._put_meta(wb, meta, {}, self._forget_count(store_name))
-        self._db.write(wb, self._restore_wopts)
+        _write(self, wb, self._restore_wopts, [store_name])
         return n
 
     def _forget_count(self, store_name: str) -> dict:

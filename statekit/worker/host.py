@@ -14,6 +14,13 @@ A micro-batch for a task (``batch``: its offset ranges) is processed at once whe
 and has nothing waiting; otherwise it goes to the task's spool (``statekit.worker.exchange``) and
 the engine moves on. Once a task is open its spool is drained in batch order, before any newer
 batch is processed.
+
+When Kafka goes away (``statekit.kafka.retry.retriable``: refused, reset, timed out) in the middle
+of a batch or an open, the task *waits*: its state is closed without a word to Kafka (nothing of
+the batch is committed: RocksDB only ever holds whole commits), the batch goes to the spool, and
+the opener reopens the task with backoff — the reopen's InitProducerId aborts the transaction in
+flight and its restore reads what did commit, so the batch replays, or is skipped when its commit
+landed after all. A task that has waited ``task_timeout`` seconds fails, in one line.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ from typing import Callable, Optional
 
 from statekit import events as ev
 from statekit.contracts import TaskId, has_state, task_dir
+from statekit.kafka.retry import Backoff, give_up, retriable, timed_out
 from statekit.worker.exchange import Spool, range_records
 from statekit.worker.task import StreamTask, WorkerSpec, is_task_store, one_line, store_specs
 
@@ -44,13 +52,22 @@ class _Slot:
         self.spool = spool
         self.lock = threading.RLock()     # held while a batch runs
         self.stream: Optional[StreamTask] = None
-        self.state = "queued"             # queued | restoring | running | failed | closed
+        self.state = "queued"             # queued | restoring | running | waiting | failed | closed
         self.error: Optional[str] = None
+        self.kind: Optional[str] = None   # the failure's exception class
         self.revoked = False
         self.opened = threading.Event()   # set when opening ended (running, failed or revoked)
         self.draining = False
         self.source = "checkpoint"
         self.to_replay: Optional[int] = None
+        # waiting for Kafka: since when (epoch s), the next reopen (monotonic), its backoff, the
+        # batch whose transaction was in flight, transactions aborted by this task's waits
+        self.wait_since: Optional[float] = None
+        self.retry_at = 0.0
+        self.backoff = Backoff(first=0.2)
+        self.in_doubt: Optional[int] = None
+        self.wait_batch: Optional[int] = None
+        self.aborted = 0
 
 
 class TaskHost:
@@ -68,8 +85,16 @@ class TaskHost:
         self._lock = threading.RLock()
         self._open_queue: "queue.Queue" = queue.Queue()
         self._stopping = threading.Event()
+        self.aborted = 0       # transactions aborted because Kafka went away (this process)
         self._opener = threading.Thread(target=self._open_loop, name="statekit-opener", daemon=True)
         self._opener.start()
+
+    @property
+    def kafka_down_since(self) -> Optional[float]:
+        """Since when (epoch s) a task of this instance has been waiting for Kafka, or None."""
+        with self._lock:
+            since = [s.wait_since for s in self.slots.values() if s.state == "waiting"]
+        return min(since) if since else None
 
     def publish(self, e) -> None:
         """Publish with the generation this instance acts under."""
@@ -139,6 +164,8 @@ class TaskHost:
         """``{store: [start, end]}``: the changelog offsets the task's restore will read, per store
         (its internal store left out, as the restore's events leave it out): from a replica's
         position, the checkpoint, or the log start. None when unknown."""
+        if self.kafka_down_since is not None:
+            return None   # Kafka is away: a plan would wait out the request timeout
         try:
             from statekit.contracts import changelog_topic
             from statekit.state import checkpoint as ckpt
@@ -169,7 +196,7 @@ class TaskHost:
         from statekit.kafka import Kafka
         from statekit.state.forecast import rate_now
 
-        k = Kafka(self.spec.bootstrap)
+        k = Kafka(self.spec.bootstrap, timeout=self.spec.request_timeout)
         def busy():   # batches share the CPU with it
             return time.monotonic() - self._last_fragment < 2.0
 
@@ -185,7 +212,7 @@ class TaskHost:
         if self._k is None:
             from statekit.kafka import Kafka
 
-            self._k = Kafka(self.spec.bootstrap)
+            self._k = Kafka(self.spec.bootstrap, timeout=self.spec.request_timeout)
         return self._k
 
     def _close_slot(self, slot: _Slot, reason: str) -> None:
@@ -209,7 +236,8 @@ class TaskHost:
         try:
             sb = StandbyReplica(self.spec.application, t, store_specs(self.spec.plan(t.subtopology),
                                                                       t.subtopology),
-                                state_dir=self.state_dir, bootstrap=self.spec.bootstrap)
+                                state_dir=self.state_dir, bootstrap=self.spec.bootstrap,
+                                request_timeout=self.spec.request_timeout)
         except Exception as exc:  # noqa: BLE001 - e.g. a corrupt store: the next rebalance retries
             log.warning("replica of %s did not start: %s", t, one_line(exc))
             return
@@ -217,7 +245,7 @@ class TaskHost:
         if not self.paused:
             sb.start()
         try:
-            lag = sb.lag()
+            lag = sb.lag() if self.kafka_down_since is None else None
         except Exception:  # noqa: BLE001
             lag = None
         self.publish(ev.ReplicaStarted(task=str(t), instance=self.instance, role=role, lag=lag,
@@ -236,8 +264,16 @@ class TaskHost:
     def _open_loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                slot = self._open_queue.get(timeout=SPOOL_CHECK_S)
+                slot = self._open_queue.get(timeout=self._next_look())
             except queue.Empty:
+                # tasks waiting for Kafka whose next attempt is due: reopen them
+                now = time.monotonic()
+                with self._lock:
+                    due = [s for s in self.slots.values() if s.state == "waiting" and s.retry_at <= now]
+                for s in due:
+                    self._open(s, None)
+                    if s.state == "running":
+                        self._drain(s)
                 # batches an engine spooled while this instance was unreachable: drain them (a
                 # batch delivered meanwhile drains them first; this is for a task that gets none)
                 with self._lock:
@@ -255,6 +291,13 @@ class TaskHost:
             self._open(slot, rep)
             if slot.state == "running":
                 self._drain(slot)
+
+    def _next_look(self) -> float:
+        """Seconds until the open loop looks again: at the next reopen due of a task waiting for
+        Kafka (its backoff starts at 0.1 s), else SPOOL_CHECK_S."""
+        with self._lock:
+            due = [s.retry_at for s in self.slots.values() if s.state == "waiting"]
+        return SPOOL_CHECK_S if not due else min(SPOOL_CHECK_S, max(0.02, min(due) - time.monotonic()))
 
     def _open(self, slot: _Slot, rep) -> None:
         t = slot.task
@@ -276,11 +319,10 @@ class TaskHost:
             with slot.lock:
                 if slot.revoked:
                     slot.state = "closed"
+                elif retriable(exc):
+                    self._wait_for_kafka(slot, exc)
                 else:
-                    slot.state = "failed"
-                    slot.error = one_line(exc)
-                    self.publish(ev.TaskFailed(task=str(t), instance=self.instance, error=slot.error,
-                                               kind=type(exc).__name__, generation=self.generation))
+                    self._fail(slot, exc)
             slot.opened.set()
             return
         with slot.lock:
@@ -288,9 +330,71 @@ class TaskHost:
                 stream.close(reason="revoked")
                 slot.state = "closed"
             else:
+                if slot.wait_since is not None:   # (its counts first: a status poll may come now)
+                    self._resumed(slot, stream)
                 slot.stream = stream
                 slot.state = "running"
         slot.opened.set()
+
+    # -- waiting for Kafka ------------------------------------------------------------------
+    def _fail(self, slot: _Slot, exc: BaseException, batch: Optional[int] = None) -> None:
+        slot.state = "failed"
+        slot.error = one_line(exc)
+        slot.kind = type(exc).__name__
+        self.publish(ev.TaskFailed(task=str(slot.task), instance=self.instance, error=slot.error,
+                                   kind=type(exc).__name__, batch=-1 if batch is None else batch,
+                                   generation=self.generation))
+
+    def _wait_for_kafka(self, slot: _Slot, exc: BaseException, batch: Optional[int] = None) -> None:
+        """Kafka went away under the task (its slot lock held): close its state without a word to
+        Kafka and try again later — or fail once it has waited ``task_timeout``."""
+        stream, slot.stream = slot.stream, None
+        if stream is not None:
+            phase = stream.txn_phase
+            if phase == "open":       # records sent, no EndTxn: the reopen aborts it
+                slot.aborted += 1
+                self.aborted += 1
+            elif phase == "ending":   # EndTxn sent, answer lost: the reopen's restore will tell
+                slot.in_doubt = batch
+            try:
+                stream.abandon()
+            except Exception as e:  # noqa: BLE001 - it is gone either way
+                log.info("abandoning %s: %s", slot.task, one_line(e))
+        now = time.time()
+        first = slot.wait_since is None
+        if first:
+            slot.wait_since = now
+            slot.wait_batch = batch
+            slot.backoff.reset()
+        if stream is not None and has_state(self._dir(slot.task)):
+            slot.source = "checkpoint"    # what the reopen restores from
+        if timed_out(slot.wait_since, self.spec.task_timeout, now):
+            self._fail(slot, give_up(f"task {slot.task}", self.spec.bootstrap, now - slot.wait_since,
+                                     self.spec.task_timeout, exc), batch)
+            return
+        slot.state = "waiting"
+        slot.error = one_line(exc)
+        slot.retry_at = time.monotonic() + slot.backoff.next()
+        if first:
+            self.publish(ev.TaskWaiting(task=str(slot.task), instance=self.instance,
+                                        batch=-1 if batch is None else batch, error=slot.error,
+                                        since=slot.wait_since, aborted=slot.aborted,
+                                        generation=self.generation))
+
+    def _resumed(self, slot: _Slot, stream: StreamTask) -> None:
+        """The task reopened after waiting for Kafka: say how long, and what became of the
+        transaction that was in flight."""
+        if slot.in_doubt is not None and stream.last_batch < slot.in_doubt:
+            slot.aborted += 1          # its EndTxn never took effect: the reopen aborted it
+            self.aborted += 1
+        committed = slot.in_doubt is not None and stream.last_batch >= slot.in_doubt
+        self.publish(ev.TaskResumed(task=str(slot.task), instance=self.instance,
+                                    waited_s=time.time() - slot.wait_since, attempts=slot.backoff.attempts,
+                                    aborted=slot.aborted, last_batch=stream.last_batch,
+                                    committed_in_doubt=committed, generation=self.generation))
+        slot.wait_since = slot.in_doubt = slot.wait_batch = None
+        slot.aborted = 0
+        slot.error = None
 
     def _drain(self, slot: _Slot) -> None:
         """Process the task's spool, oldest batch first, until it is empty."""
@@ -323,6 +427,9 @@ class TaskHost:
         try:
             n = self._run(slot, b, slot.spool.get(b), from_spool=from_spool)
         except Exception as exc:  # noqa: BLE001 - already published as TaskFailed
+            if from_spool and retriable(exc):
+                self._wait_for_kafka(slot, exc, b)   # the batch stays in the spool
+                return None
             if from_spool:
                 slot.state = "failed"
                 slot.error = one_line(exc)
@@ -354,7 +461,15 @@ class TaskHost:
                 return ("done", 0)        # applied already: a task Spark retried
             try:
                 if running and not slot.spool.batches():      # nothing before it: run it now
-                    return ("done", self._run(slot, batch, ranges))
+                    try:
+                        return ("done", self._run(slot, batch, ranges))
+                    except Exception as exc:  # noqa: BLE001
+                        if not retriable(exc):
+                            raise
+                        self._wait_for_kafka(slot, exc, batch)   # Kafka went away: wait, replay
+                        if slot.state == "failed":
+                            return ("failed", slot.error, "KafkaTimeout")
+                        running = False
                 slot.spool.put(batch, ranges)
             except Exception as exc:  # noqa: BLE001 - the engine reports it (Spark retries)
                 return ("failed", one_line(exc), type(exc).__name__)
@@ -389,7 +504,8 @@ class TaskHost:
         tasks = {}
         for t, s in slots.items():
             row = {"role": "active", "state": s.state, "source": s.source, "error": s.error,
-                   "backlog": len(s.spool.batches()), "to_replay": s.to_replay}
+                   "backlog": len(s.spool.batches()), "to_replay": s.to_replay,
+                   "waiting_since": s.wait_since, "aborted": s.aborted, "kind": s.kind}
             st = s.stream
             if st is not None:
                 try:
@@ -404,11 +520,11 @@ class TaskHost:
                 pos = sb.positions()
             except Exception:  # noqa: BLE001
                 pos = {}
-            replicas[str(t)] = {"role": role, "positions": pos,
+            replicas[str(t)] = {"role": role, "positions": pos, "waiting_since": sb.waiting_since,
                                 "error": None if sb.error is None else one_line(sb.error)}
         return {"instance": self.instance, "incarnation": self.incarnation, "pid": os.getpid(),
                 "generation": self.generation, "tasks": tasks, "replicas": replicas,
-                "replicas_paused": self.paused, "at": time.time()}
+                "replicas_paused": self.paused, "aborted": self.aborted, "at": time.time()}
 
     def stop(self) -> None:
         """Close every task and replica (a graceful shutdown)."""

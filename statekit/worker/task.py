@@ -93,7 +93,22 @@ class WorkerSpec:
     exactly_once: bool = False           # every commit one Kafka transaction (transactional.id
     #                                      "<app>-<task>"); else at-least-once output
     events: bool = True
+    task_timeout: float = 300.0          # seconds a task waits for Kafka before it fails
+    #                                      (Kafka Streams' task.timeout.ms; statekit.kafka.retry)
     extra: dict = field(default_factory=dict)
+
+    @property
+    def request_timeout(self) -> float:
+        """The request timeout of the instances' Kafka clients (a tenth of the task timeout)."""
+        from statekit.kafka.retry import request_timeout_for
+
+        return request_timeout_for(self.task_timeout)
+
+    def kafka(self):
+        """A Kafka client for a task or a replica of this application."""
+        from statekit.kafka import Kafka
+
+        return Kafka(self.bootstrap, timeout=self.request_timeout)
 
     def plan(self, subtopology: int):
         p = self.plans.get(int(subtopology))
@@ -410,9 +425,7 @@ class StreamTask:
         self._own_kafka = None
         self.producer = None
         if kafka is None:
-            from statekit.kafka import Kafka
-
-            kafka = self._own_kafka = Kafka(spec.bootstrap)
+            kafka = self._own_kafka = spec.kafka()
         try:
             if spec.exactly_once:
                 # before the restore: it fences a previous owner and aborts what it left open, so
@@ -584,7 +597,9 @@ class StreamTask:
             info = state.commit(batch_id, extra=to_kafka)
         except BaseException as exc:
             state.abort()  # drop the uncommitted writes: the batch is replayed
-            if isinstance(exc, Exception):
+            from statekit.kafka.retry import retriable
+
+            if isinstance(exc, Exception) and not retriable(exc):   # Kafka away: its host waits
                 self.publish(ev.TaskFailed(task=task_s, instance=self.instance, batch=batch_id,
                                            error=one_line(exc), kind=type(exc).__name__))
             raise
@@ -612,11 +627,16 @@ class StreamTask:
         return {s.name: (meta.get(meta_key(s.name)) or {}).get("offset")
                 for s in self.state.logged_specs}
 
-    def _release(self) -> None:
+    @property
+    def txn_phase(self):
+        """How far the last commit's transaction got (``TaskState.txn_phase``)."""
+        return self.state.txn_phase
+
+    def _release(self, abort: bool = True) -> None:
         p, self.producer = self.producer, None
         if p is not None:
             try:
-                p.close()
+                p.close(abort=abort)
             except Exception:  # noqa: BLE001 - fenced or gone: nothing left to release
                 pass
         k, self._own_kafka = self._own_kafka, None
@@ -631,8 +651,10 @@ class StreamTask:
         self.publish(ev.TaskClosed(task=str(self.task), instance=self.instance, reason=reason))
 
     def abandon(self) -> None:
+        """Close without a word to Kafka (a kill, or a broker that is away): memory dropped,
+        nothing committed; the next open aborts the transaction left open and replays."""
         self.state.abandon()
-        self._release()
+        self._release(abort=False)
 
 
 def run_task_batch(spec: WorkerSpec, task, batch_id: int, batch, *, state_dir: str,
@@ -644,5 +666,11 @@ def run_task_batch(spec: WorkerSpec, task, batch_id: int, batch, *, state_dir: s
     t = StreamTask(spec, task, state_dir, instance=instance, publish=publish, kafka=kafka)
     try:
         return t.process(batch_id, batch)
+    except BaseException as exc:
+        from statekit.kafka.retry import retriable
+
+        if retriable(exc):   # Kafka is away: no EndTxn that would only wait out its timeout
+            t.abandon()
+        raise
     finally:
         t.close(reason="stopped")

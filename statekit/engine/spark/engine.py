@@ -437,7 +437,8 @@ class SparkEngine:
              .option("bootstrap", run.bootstrap)
              .option("topics", ",".join(dict.fromkeys(source_topics(run.plan))))
              .option("startingOffsets", run.starting_offsets)
-             .option("isolation.level", run.isolation))
+             .option("isolation.level", run.isolation)
+             .option("taskTimeout", str(float(run.task_timeout))))
         if tasks:
             r = r.option("tasks", str(int(run.partitions)))
             if run.extra.get("placement") != "executors":

@@ -152,15 +152,27 @@ def _die_with_executor(task_root: str):
 _KAFKA: dict = {}
 
 
-def _kafka(bootstrap: str):
+def _kafka(bootstrap: str, task_timeout: float = 300.0):
     """One Kafka client per Python worker process (Spark reuses workers across batches)."""
     key = (os.getpid(), bootstrap)
     k = _KAFKA.get(key)
     if k is None:
         from statekit.kafka import Kafka
+        from statekit.kafka.retry import request_timeout_for
 
-        k = _KAFKA[key] = Kafka(bootstrap)
+        k = _KAFKA[key] = Kafka(bootstrap, timeout=request_timeout_for(task_timeout))
     return k
+
+
+def _riding_out(run: RunSpec, attempt):
+    """``attempt()`` (a batch of a task here), again with backoff while Kafka is away, up to the
+    task timeout (``statekit.kafka.retry``): each failed attempt dropped its copy of the task, so
+    the next reopens it — aborting the transaction left in flight — and replays the batch, or
+    skips it when its commit landed after all."""
+    from statekit.kafka.retry import retrying
+
+    return retrying(attempt, timeout=run.task_timeout, what=f"a task of {run.app}",
+                    bootstrap=run.bootstrap, on_failure=lambda: _drop_kafka(run.bootstrap))
 
 
 def _drop_kafka(bootstrap: str) -> None:
@@ -186,7 +198,8 @@ def run_resident(run: RunSpec, task, batch_id: int, ranges) -> int:
     r = resident()
     app = r.app_for(run, root, eid)
     try:
-        return r.run_batch(app, task, batch_id, ranges, _kafka(run.bootstrap))
+        return _riding_out(run, lambda: r.run_batch(app, task, batch_id, ranges,
+                                                    _kafka(run.bootstrap, run.task_timeout)))
     except (BrokerUnreachable, OSError):
         _drop_kafka(run.bootstrap)   # the next attempt starts on a fresh connection
         raise
@@ -208,9 +221,9 @@ def run_on_executor(run: RunSpec, task, batch_id: int, ranges) -> int:
     deadline = time.monotonic() + _LOCK_WAIT_S
     while True:
         try:
-            return run_task_batch(spec, task, batch_id, ranges, state_dir=root,
-                                  instance=instance_number(eid), publish=publish,
-                                  kafka=_kafka(run.bootstrap))
+            return _riding_out(run, lambda: run_task_batch(
+                spec, task, batch_id, ranges, state_dir=root, instance=instance_number(eid),
+                publish=publish, kafka=_kafka(run.bootstrap, run.task_timeout)))
         except StateLocked:
             # the previous attempt's Python worker is still going away: its lock goes with it
             if time.monotonic() > deadline:

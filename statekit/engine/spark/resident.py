@@ -154,8 +154,12 @@ class Resident:
                 ent = self._open(app, task, kafka)
             try:
                 return ent.task.process(batch_id, ranges)
-            except BaseException:
-                self._drop(key, "failed")   # the retry reopens it from what was committed
+            except BaseException as exc:
+                from statekit.kafka.retry import retriable
+
+                # the retry reopens it from what was committed (Kafka away: without an EndTxn
+                # that would only wait out the request timeout)
+                self._drop(key, "failed", dirty=retriable(exc))
                 raise
         finally:
             if ent is not None:
@@ -236,14 +240,18 @@ class Resident:
                                        lag=lag))
         return True
 
-    def _drop(self, key, reason: str, only_idle: bool = False) -> bool:
-        """Close an open task (``only_idle``: unless a micro-batch is using it right now)."""
+    def _drop(self, key, reason: str, only_idle: bool = False, dirty: bool = False) -> bool:
+        """Close an open task (``only_idle``: unless a micro-batch is using it right now;
+        ``dirty``: without a word to Kafka, as a kill would)."""
         with self.lock:
             ent = self.tasks.get(key)
             if ent is None or (only_idle and ent.busy):
                 return False
             del self.tasks[key]
         try:
+            if dirty:
+                ent.task.abandon()
+                return True
             ent.task.close(reason=reason)
         except Exception:  # noqa: BLE001 - a task that failed mid-commit: let the lock go
             try:

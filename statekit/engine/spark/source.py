@@ -256,6 +256,9 @@ class _Options:
         # Kafka's isolation.level: read_committed ends at the last stable offset and drops the
         # records of aborted transactions (exactly-once output of an upstream sub-topology)
         self.isolation = str(o.get("isolation.level") or o.get("isolation") or "read_uncommitted")
+        # how long the source waits for a broker that is away before the query fails
+        # (statekit's App passes its task_timeout; Kafka Streams' task.timeout.ms)
+        self.task_timeout = float(o.get("tasktimeout") or 300.0)
         if self.isolation not in ("read_uncommitted", "read_committed"):
             raise SourceOptionError(f"isolation.level must be read_uncommitted or read_committed, "
                                     f"not {self.isolation!r}")
@@ -297,26 +300,37 @@ class _OffsetsMixin:
 
     def _client(self):
         from statekit.kafka import Kafka
+        from statekit.kafka.retry import request_timeout_for
 
         k = getattr(self, "_kafka", None)
         if k is None:
-            k = self._kafka = Kafka(self.opts.bootstrap)
+            k = self._kafka = Kafka(self.opts.bootstrap,
+                                    timeout=request_timeout_for(getattr(self.opts, "task_timeout", 300.0)))
         return k
 
-    def _call(self, fn):
-        try:
-            return fn(self._client())
-        except StatekitError as e:
-            from statekit.errors import UnknownTopic
+    def _drop_client(self) -> None:
+        k = getattr(self, "_kafka", None)
+        self._kafka = None
+        if k is not None:
+            try:
+                k.close()
+            except Exception:
+                pass
 
-            k = getattr(self, "_kafka", None)
-            self._kafka = None
-            if k is not None:
-                try:
-                    k.close()
-                except Exception:
-                    pass
-            if isinstance(e, UnknownTopic):
+    def _call(self, fn):
+        """``fn(client)``; a broker that is away is waited for (a fresh connection each attempt,
+        with backoff) up to the task timeout, then the query fails in one line; any other error
+        gets one more try on a fresh connection."""
+        from statekit.errors import KafkaTimeout, UnknownTopic
+        from statekit.kafka.retry import retrying
+
+        try:
+            return retrying(lambda: fn(self._client()), timeout=getattr(self.opts, "task_timeout", 300.0),
+                            what="the query's source", bootstrap=self.opts.bootstrap,
+                            on_failure=self._drop_client)
+        except StatekitError as e:
+            self._drop_client()
+            if isinstance(e, (UnknownTopic, KafkaTimeout)):
                 raise
             return fn(self._client())  # one retry on a fresh connection
 
