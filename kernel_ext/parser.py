@@ -24,7 +24,7 @@ VALUE_FORMATS = ("json", "avro", "protobuf", "json_schema")
 SUBCOMMANDS = (
     "up", "down", "status", "topics", "produce", "app", "apps", "start", "wait", "stop", "watch",
     "crash", "restart", "instances", "kill", "revive", "add-instance", "remove-instance", "scale",
-    "query", "lag", "history", "help",
+    "query", "lag", "history", "broker", "help",
 )
 ENGINES = ("changelog", "local", "spark")
 
@@ -155,6 +155,16 @@ def _interval(text: str) -> float:
     return value
 
 
+def _seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected 0 to 3600 seconds, got {value:g}")
+    return value
+
+
 def _build() -> _Parser:
     top = _Parser(
         prog=PROG,
@@ -187,6 +197,17 @@ def _build() -> _Parser:
                                "broker this kernel started.")
     sub.add_parser("status", help="broker, Spark, apps and producers at a glance",
                    description="Show the broker, the Spark session, apps and producers.")
+
+    p = sub.add_parser("broker", help="an outage on purpose: pause the embedded broker, or restart it",
+                       description="`broker pause SECONDS`: the embedded broker stops answering "
+                                   "for that long (connections stay open: a real stall). `broker "
+                                   "restart [--down S]`: kill -9 it and start it again on the same "
+                                   "directory and port S seconds later. Apps ride it out (WAITING).")
+    p.add_argument("action", choices=("pause", "restart"), metavar="pause|restart")
+    p.add_argument("seconds", nargs="?", type=_seconds_arg, metavar="SECONDS",
+                   help="how long a pause lasts (default 10)")
+    p.add_argument("--down", type=_seconds_arg, default=0.0, metavar="S",
+                   help="restart: seconds between the kill and the new start (default 0)")
 
     p = sub.add_parser("topics", help="topics: partitions, end offsets, cleanup policy, compaction",
                        description="List topics with partitions, end offsets, cleanup policy and, "
@@ -241,6 +262,9 @@ def _build() -> _Parser:
                    help="warmup replicas at once (max.warmup.replicas, default 2)")
     p.add_argument("--probing-interval", type=_seconds, metavar="S",
                    help="seconds between probing rebalances while warmups catch up (default 10)")
+    p.add_argument("--task-timeout", type=_seconds_arg, metavar="S",
+                   help="seconds the app rides out a Kafka that is away before ERROR (Kafka "
+                        "Streams' task.timeout.ms; default 300); requests time out after a tenth")
     p.add_argument("--guarantee", choices=("exactly_once", "at_least_once"),
                    help="exactly_once (default: each commit of a micro-batch is one Kafka "
                         "transaction) or at_least_once (no transactions: a crash may repeat a "

@@ -211,15 +211,21 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000, even
     if snap.state == "ERROR":
         err = guard("error", lambda: getattr(app, "error", None))
         snap.app_error = clip(err, 400) if err else None
+    waiting = snap.state == "WAITING"   # Kafka is away: what needs it would only time out
+    if waiting:
+        w = guard("waiting", lambda: getattr(app, "waiting", None))
+        if w is not None:
+            snap.waiting = {"line": str(w), "since": w.since, "aborted": w.aborted,
+                            "tasks": list(w.tasks)}
     snap.metrics = guard("metrics", lambda: dict(app.metrics() or {})) or {}
-    if lag:
+    if lag and not waiting:
         snap.tasks = guard("lag", lambda: records(app.lag())) or []
     if callable(getattr(app, "task_status", None)):
         snap.status = guard("task status", app.task_status) or {}
     if callable(getattr(app, "instances_frame", None)):
         snap.instances = guard("instances", lambda: records(app.instances_frame())) or []
     names = list(stores) if stores is not None else guard("stores", lambda: _store_names(app)) or []
-    live = snap.state in LIVE_STATES
+    live = snap.state in LIVE_STATES and not waiting
     for name in names:
         sig = got = None
         if cache is not None:
@@ -240,7 +246,7 @@ def collect(app, stores: Iterable[str] | None = None, max_rows: int = 2000, even
     snap.has_events = callable(getattr(app, "events", None))
     if events is not None:
         guard("events", events.poll)
-    if changelog is not None:
+    if changelog is not None and not waiting:
         snap.changelog = guard("changelog", changelog) or []
     if forecast is not None and live:
         try:  # optional: a forecast that cannot be made now leaves the panel without one
@@ -421,7 +427,7 @@ class Poller:
         something changed since the last (commits, the generation) and none is recent; never
         during a restore. Made in a thread of its own (a first one calibrates: a second or more),
         so the light polls go on meanwhile; `force` waits for it up to `FORCE_WAIT_S`."""
-        if self.forecast_fn is None or snap.state not in LIVE_STATES:
+        if self.forecast_fn is None or snap.state not in LIVE_STATES or snap.state == "WAITING":
             return None
         from statekit.runtime import forecasts
 

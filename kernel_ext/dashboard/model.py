@@ -59,6 +59,7 @@ class Snapshot:
     has_events: bool = True  # the app publishes statekit.events (Spark's own state store does not)
     error: str | None = None  # a panel that could not be read (one line)
     asked_at: float | None = None  # when the polling began (what it read is at least this new)
+    waiting: dict | None = None  # App.waiting while WAITING: line, since, aborted, tasks
 
 
 TASK_FIELDS = ("task", "instance", "role", "store", "rows", "dirty", "checkpoint", "changelog_end",
@@ -239,7 +240,7 @@ class ChartMarker:
     label: str = ""
 
 
-LIVE_STATES = ("RESTORING", "REBALANCING", "RUNNING")
+LIVE_STATES = ("RESTORING", "REBALANCING", "RUNNING", "WAITING")
 NOISY_EVENTS = (ev.Committed, ev.RestoreProgress, ev.BatchSpooled)
 # the events a picture must show at once (the refresh thread is woken for them)
 URGENT_EVENTS = (ev.StateChanged, ev.InstanceDied, ev.InstanceStarted, ev.InstanceLeft, ev.Rebalance,
@@ -285,6 +286,7 @@ class Picture:
     ownership: OwnershipTimeline
     t0: float
     store_stale: list = field(default_factory=list)   # one line per task whose rows are not current
+    outages: list = field(default_factory=list)   # Kafka away: (start, end, label), seconds since t0
 
 
 class DashboardModel:
@@ -335,6 +337,8 @@ class DashboardModel:
         self.store_commits: dict[str, int] = {}   # store -> commits that wrote it (the store reader's signal)
         self._round_done_seen: set = set()
         self._own_frozen: tuple = (None, None)
+        self.outages: list = []    # Kafka away: [since, until or None, aborted] (epoch seconds)
+        self.waiting: dict | None = None   # the app's own line while it waits for Kafka
         self.live = False          # a live dashboard: pictures are taken now (else at the latest fact)
         self._latest: float | None = None   # the time of the latest event or poll
 
@@ -391,6 +395,10 @@ class DashboardModel:
             if e.moves:
                 self.markers.append(ChartMarker(ts, "rebalance", f"g{e.generation if e.generation is not None else ''}: "
                                                                  f"{len(e.moves)} move(s)"))
+        elif isinstance(e, ev.KafkaUnavailable):
+            self._outage(e.since or ts, None)
+        elif isinstance(e, ev.KafkaAvailable):
+            self._outage(e.since or ts, (e.since or ts) + (e.seconds or 0.0), e.aborted)
         elif isinstance(e, ev.InstanceStarted) and e.reason in ("add", "revive"):
             self.markers.append(ChartMarker(ts, "join" if e.reason == "add" else "revive",
                                             f"instance {e.instance}"))
@@ -407,6 +415,19 @@ class DashboardModel:
         made = getattr(fc, "made_at", None)
         if fc is not None and made is not None and (self.forecast_at is None or made > self.forecast_at):
             self.forecast, self.forecast_at = forecast_data(fc), made
+
+    def _outage(self, since: float, until: float | None, aborted: int | None = None) -> None:
+        """An outage seen by a poll (WAITING) or an event: merged with the one it belongs to."""
+        for o in self.outages:
+            if abs(o[0] - since) < 1.0 or (o[1] is None and since >= o[0]):
+                o[0] = min(o[0], since)
+                if until is not None:
+                    o[1] = until
+                if aborted is not None:
+                    o[2] = aborted
+                return
+        self.outages.append([since, until, aborted or 0])
+        del self.outages[:-20]
 
     def _round_finished(self) -> None:
         cur = self.restores.current
@@ -437,6 +458,12 @@ class DashboardModel:
             if b.app_state == "NOT_RUNNING" and b.state_at == at:
                 b._all_stopped(at)
             self.app_error = snap.app_error if snap.state == "ERROR" else None
+            self.waiting = snap.waiting if snap.state == "WAITING" else None
+            if self.waiting:
+                self._outage(float(self.waiting.get("since") or snap.t), None,
+                             self.waiting.get("aborted"))
+            elif self.outages and self.outages[-1][1] is None and snap.state != "UNKNOWN":
+                self.outages[-1][1] = snap.t   # over (its event may come a moment later)
             if snap.app_error:
                 self.last_error = snap.app_error
             self.input.add(snap.t, num(self.metrics.get("records_processed")))
@@ -554,7 +581,11 @@ class DashboardModel:
             changelog=self._changelog_rows(tasks), events=list(self.events)[-14:],
             lag=self._series(self.lag_history, t0), standby_lag=self._series(self.standby_lag_history, t0),
             markers=[(m.t - t0, m.kind, m.label) for m in self.markers if m.t >= t0 - 1],
-            ownership=self._ownership(), t0=t0, store_stale=stale)
+            ownership=self._ownership(), t0=t0, store_stale=stale,
+            outages=[(a - t0, (b if b is not None else now) - t0,
+                      f"Kafka away {(b if b is not None else now) - a:.0f} s"
+                      + (f" · {n} transaction{'' if n == 1 else 's'} aborted" if n else ""))
+                     for a, b, n in self.outages if (b if b is not None else now) >= t0 - 1])
         pic.reason = self._reason(pic)
         header["reason"] = pic.reason
         return pic
@@ -714,6 +745,8 @@ class DashboardModel:
                 parts.append(f"{queued} queued")
             if parts:
                 return ", ".join(parts)
+        if state == "WAITING":
+            return (self.waiting or {}).get("line") or "waiting for Kafka"
         if state == "REBALANCING" and self.last_rebalance is not None:
             e = self.last_rebalance
             moves = e.moves or []

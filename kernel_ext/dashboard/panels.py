@@ -23,8 +23,9 @@ def _pic(m) -> Picture:
 
 STATE_COLORS = {"RUNNING": "#2e7d32", "RESTORING": "#ef6c00", "REBALANCING": "#f9a825",
                 "CREATED": "#546e7a", "NOT_RUNNING": "#616161", "ERROR": "#c62828",
-                "PENDING_SHUTDOWN": "#8d6e63"}
+                "PENDING_SHUTDOWN": "#8d6e63", "WAITING": "#6d4c41"}
 CHIP_COLORS = {"running": "#43a047", "restoring": "#ef6c00", "queued": "#b0bec5", "failed": "#c62828",
+               "waiting": "#8d6e63",
                "closed": "#9e9e9e", "unknown": "#cfd8dc"}
 # a Restoration row's class: red only for a failed task (a promoted or done row of a task whose
 # instance died is a success, drawn as one)

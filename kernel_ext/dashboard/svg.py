@@ -78,9 +78,13 @@ def task_colors(tasks) -> dict:
     return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(sorted(set(tasks), key=task_order))}
 
 
-def lag_chart(series: dict, standby: dict | None = None, markers=()) -> str:
+OUTAGE_FILL = "#8d6e63"   # the bands of the times Kafka was away
+
+
+def lag_chart(series: dict, standby: dict | None = None, markers=(), outages=()) -> str:
     """The lag-over-time chart: `series` and `standby` map a task to (seconds, lag) lists;
-    `markers` are (seconds, kind, label): crash, restart, restored, rebalance, join, revive, leave."""
+    `markers` are (seconds, kind, label): crash, restart, restored, rebalance, join, revive, leave;
+    `outages` (start, end, label) are drawn as bands behind the lines: Kafka was away."""
     standby = standby or {}
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
     xmax, ymax = 1.0, 0
@@ -89,6 +93,8 @@ def lag_chart(series: dict, standby: dict | None = None, markers=()) -> str:
             xmax, ymax = max(xmax, xs[-1]), max(ymax, max(ys))
     for x, _k, _l in markers:
         xmax = max(xmax, x)
+    for _a, b, _l in outages:
+        xmax = max(xmax, b)
     xl, yl = axis_limit(xmax, floor=30.0), axis_limit(max(4, ymax * 1.15), floor=4)
 
     def px(x):
@@ -110,6 +116,12 @@ def lag_chart(series: dict, standby: dict | None = None, markers=()) -> str:
                f"transform='rotate(-90 12 {TOP + ph / 2:.0f})'>records behind</text>")
     out.append(f"<line x1='{LEFT}' y1='{TOP + ph}' x2='{LEFT + pw}' y2='{TOP + ph}' stroke='#999'/>"
                f"<line x1='{LEFT}' y1='{TOP}' x2='{LEFT}' y2='{TOP + ph}' stroke='#999'/>")
+    for a, b, label in outages:
+        x0, x1 = px(a), px(b)
+        out.append(f"<rect x='{x0:.1f}' y='{TOP}' width='{max(x1 - x0, 2.0):.1f}' height='{ph}' "
+                   f"fill='{OUTAGE_FILL}' fill-opacity='0.18' class='kafka-away'><title>{_e(label)}</title></rect>"
+                   f"<text x='{x0 + 2:.1f}' y='{TOP + 9}' font-size='8' fill='{OUTAGE_FILL}'>"
+                   f"{_e(label.split(' · ')[0])}</text>")
     kinds = []
     for x, kind, label in markers:
         color, style, _ = MARKER_STYLE.get(kind, ("#999", ":", kind))
@@ -141,6 +153,9 @@ def lag_chart(series: dict, standby: dict | None = None, markers=()) -> str:
     for k in sorted(kinds):
         color, style, label = MARKER_STYLE.get(k, ("#999", ":", k))
         legend.append((_line_swatch(color, DASH.get(style, ""), 1.2), label))
+    if outages:
+        legend.append((f"<rect x='0' y='0' width='16' height='8' fill='{OUTAGE_FILL}' "
+                       f"fill-opacity='0.3'/>", "Kafka away"))
     out += _legend(legend)
     out.append("</svg>")
     return "".join(out)

@@ -346,11 +346,12 @@ class DashboardView:
     def _render_lag(self, p: Picture) -> None:
         """Drawn when a task's lag or a marker changed, else every `CHART_EVERY` s."""
         sig = (tuple((t, tuple(ys[-120:])) for t, (_xs, ys) in p.lag.items()),
-               tuple((t, tuple(ys[-120:])) for t, (_xs, ys) in p.standby_lag.items()), tuple(p.markers))
+               tuple((t, tuple(ys[-120:])) for t, (_xs, ys) in p.standby_lag.items()), tuple(p.markers),
+               tuple((round(a), round(b), label) for a, b, label in p.outages))
         if sig == self._lag_sig and p.t - self._lag_at < self.CHART_EVERY:
             return
         self._lag_sig, self._lag_at = sig, p.t
-        self._set(self.lag, svg.lag_chart(p.lag, p.standby_lag, p.markers))
+        self._set(self.lag, svg.lag_chart(p.lag, p.standby_lag, p.markers, p.outages))
 
     def _render_ownership(self, p: Picture) -> None:
         """Drawn when the ownership changed, else every `CHART_EVERY` s while the app runs (the
@@ -361,7 +362,7 @@ class DashboardView:
             return
         self.ownership_box.layout.display = None
         self._set(self.moves, render_moves(p))
-        running = p.state in ("RUNNING", "RESTORING", "REBALANCING")
+        running = p.state in ("RUNNING", "RESTORING", "REBALANCING", "WAITING")
         if own.version == self._own_sig and (not running or p.t - self._own_at < self.CHART_EVERY):
             return
         self._own_sig, self._own_at = own.version, p.t

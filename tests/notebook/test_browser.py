@@ -430,3 +430,33 @@ def test_notebook_13_on_a_cluster_every_number_shown_twice_agrees(tmp_path):
         assert not agree.problems, agree.problems[:8]
         assert not _errors(page), _errors(page)[:3]
         _lab.screenshot(page, "nb13-notebook.png")
+
+
+def test_notebook_15_shows_the_outage_on_the_dashboard(tmp_path):
+    """The broker frozen for 10 s, then killed and restarted: the badge says WAITING and what for
+    while it lasts, the lag chart gets a band per outage (labelled with what it aborted), and the
+    notebook's check (nothing lost, nothing written twice, no restart) prints OK."""
+    badge_js = ("() => { const d = document.querySelector('.statekit-dashboard .sk-head');"
+                " return d ? d.textContent : ''; }")
+    bands_js = ("() => Array.from(document.querySelectorAll('.statekit-dashboard rect.kafka-away'))"
+                ".map(r => r.textContent)")
+    with _lab.jupyterlab(tmp_path, ["15_when_kafka_goes_away.ipynb"], {"STATEKIT_TOUR_KEYS": "20000"}) \
+            as lab, _lab.browser_page() as page:
+        _lab.open_notebook(page, lab, "15_when_kafka_goes_away.ipynb")
+        _lab.run_all(page)
+        waiting = []
+
+        def poll():
+            head = page.evaluate(badge_js) or ""
+            if "WAITING" in head and "waiting for Kafka at" in head:
+                waiting.append(head)
+
+        _lab.wait_for_output(page, "stopped: ", timeout=420, poll=poll)
+        assert not _errors(page), _errors(page)[:3]
+        assert any(o.strip().endswith("OK") or "\nOK" in o for o in _lab.outputs_text(page))
+        assert waiting, "the badge never said WAITING (waiting for Kafka at ...)"
+        bands = page.evaluate(bands_js)
+        assert len(bands) >= 1 and all(b.startswith("Kafka away") for b in bands), bands
+        _no_clipping(page, "notebook 15")
+        dash = page.locator(".statekit-dashboard").first
+        _lab.screenshot(page, "nb15-dashboard.png", dash)

@@ -773,3 +773,28 @@ def test_an_executors_death_noticed_after_its_tasks_reopened_elsewhere_queues_no
     assert "queued" not in p.reason and p.header["generation"] == 2
     assert disagreements(p) == []
     assert "promoted standby" in panels.render_restore(m) and "<tr class='dead'>" not in panels.render_restore(m)
+
+
+def test_an_outage_is_a_band_on_the_lag_chart_and_the_badge_says_what_the_app_waits_for():
+    from kernel_ext.dashboard import svg
+    from kernel_ext.dashboard.model import disagreements
+
+    E = Events()
+    m = DashboardModel()
+    m.update(Snapshot(t=100.0, state="RUNNING", tasks=[task("0_0", 0)]))
+    line = "waiting for Kafka at h:1 since 3 s; 1 transaction aborted; tasks waiting: 0_0"
+    m.update(Snapshot(t=104.0, state="WAITING", tasks=[],
+                      waiting={"line": line, "since": 101.0, "aborted": 1, "tasks": ["0_0"]}))
+    p = m.picture()
+    assert p.state == "WAITING" and p.reason == line and not disagreements(p)
+    assert p.outages == [(1.0, 4.0, "Kafka away 3 s · 1 transaction aborted")]   # still open: to now
+    # Kafka is back: the poll closes the band, the event (published after the outage) fixes its end
+    m.update(Snapshot(t=108.0, state="RESTORING", tasks=[task("0_0", 40)]))
+    m.update(Snapshot(t=109.0, state="RUNNING", tasks=[task("0_0", 0)],
+                      events=[E(ev.KafkaAvailable, 108.5, bootstrap="h:1", since=101.0, seconds=6.5,
+                                aborted=2, tasks_waited=["0_0"])]))
+    p = m.picture()
+    assert p.outages == [(1.0, 7.5, "Kafka away 6 s · 2 transactions aborted")]
+    chart = svg.lag_chart(p.lag, p.standby_lag, p.markers, p.outages)
+    assert chart.count("class='kafka-away'") == 1 and "Kafka away 6 s · 2 transactions aborted" in chart
+    assert "Kafka away" not in svg.lag_chart(p.lag, p.standby_lag, p.markers)

@@ -25,6 +25,8 @@ GOOD = {
         ("produce", {"generator": "clicks", "value_format": "avro"}),
     "produce c --generator clicks --limit 10": ("produce", {"value_format": "json"}),
     "apps": ("apps", {}),
+    "broker pause 10": ("broker", {"action": "pause", "seconds": 10.0, "down": 0.0}),
+    "broker restart --down 2.5": ("broker", {"action": "restart", "seconds": None, "down": 2.5}),
     "wait wc": ("wait", {"name": "wc", "timeout": None}),
     "wait wc --timeout 30": ("wait", {"timeout": 30.0}),
     "start wc": ("start", {"name": "wc", "watch": False}),
@@ -82,6 +84,8 @@ def test_cell_app():
     assert (cmd.engine, cmd.acceptable_lag, cmd.max_warmups, cmd.probing_interval) == ("spark", 500, 1, 2.5)
     assert parse("app wc", "pass").guarantee is None
     assert parse("app wc --guarantee at_least_once", "pass").guarantee == "at_least_once"
+    assert parse("app wc --task-timeout 60", "pass").task_timeout == 60.0
+    assert parse("app wc", "pass").task_timeout is None
     with pytest.raises(ParseError, match="invalid choice"):
         parse("app wc --guarantee maybe_once", "pass")
 
@@ -104,6 +108,9 @@ def test_top_level_help_lists_every_subcommand():
 
 
 BAD = {
+    "broker nap 3": "invalid choice",
+    "broker pause soon": "expected seconds",
+    "broker pause 5000": "expected 0 to 3600 seconds",
     "bogus": "unknown subcommand 'bogus'",
     "stat": "did you mean status",
     "up --bootstrap nohost": "expected HOST:PORT",

@@ -202,3 +202,34 @@ def test_the_start_line_counts_executors_as_spark_places_them():
 
     assert Session._tasks_on(App("executors")) == "4 tasks on Spark's executors"
     assert Session._tasks_on(App("instances")) == "4 tasks on 1 instance"
+
+
+def test_broker_pause_and_restart_act_on_the_embedded_broker_this_kernel_runs(ip, broker, capsys):
+    import time
+
+    import kernel_ext
+    from statekit.kafka import Kafka
+
+    sess = kernel_ext.session()
+    old = (sess.bootstrap, sess.broker)
+    sess.bootstrap, sess.broker = broker.bootstrap, broker
+    try:
+        with Kafka(broker.bootstrap, timeout=30) as k:
+            k.ensure_topic("bounced", 1)
+            ip.run_line_magic("statekit", "broker pause 1.5")
+            assert "stops answering for 1.5 s" in capsys.readouterr().out
+            t0 = time.monotonic()
+            k.send("bounced", 0, [(b"k", b"v")])
+            assert time.monotonic() - t0 > 0.5          # it waited for the pause to end
+            pid = broker.pid
+            ip.run_line_magic("statekit", "broker restart --down 0.2")
+            out = capsys.readouterr().out
+            assert "killed (kill -9) and started again 0.2 s later" in out
+            assert sess.broker.pid != pid and sess.broker.bootstrap == broker.bootstrap
+            assert k.end_offsets("bounced") == {0: 1}     # its data survived, the client reconnected
+        ip.run_line_magic("statekit", "broker pause 0")
+        assert "a pause needs more than 0 seconds" in capsys.readouterr().err
+    finally:
+        if sess.broker is not broker:
+            sess.broker.stop()     # the one the restart started
+        sess.bootstrap, sess.broker = old
