@@ -2,7 +2,7 @@
 nothing in the store that did not commit, and a restart after space is freed that resumes exactly.
 
 Two ways to fill a disk: a store write that fails with RocksDB's ENOSPC error (injected: it always
-runs), and a real one — an instance's disk (its state directory) on a small tmpfs this test mounts
+runs, in `make test`), and a real one (`make test-slow`) — an instance's disk (its state directory) on a small tmpfs this test mounts
 (root only; it is skipped where mounting is not allowed), filled up with a file while the app runs.
 """
 from __future__ import annotations
@@ -90,6 +90,7 @@ def _fill(path) -> str:
     return filler
 
 
+@pytest.mark.slow
 def test_a_full_state_disk_stops_the_app_in_one_line_and_a_restart_resumes_exactly(broker, tmp_path):
     import statekit
     from statekit.kafka import Kafka

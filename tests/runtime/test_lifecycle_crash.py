@@ -26,14 +26,20 @@ def test_lifecycle_happy_path_and_listeners():
     lc.transition(AppState.RUNNING)
     lc.transition(AppState.REBALANCING, "instance 1 died")
     lc.transition(AppState.RUNNING)
+    lc.transition(AppState.WAITING, "waiting for Kafka at h:1 since 3 s; 0 transactions aborted")
+    lc.transition(AppState.RESTORING, "Kafka is back")   # tasks replay what waited
+    lc.transition(AppState.RUNNING)
     lc.transition(AppState.PENDING_SHUTDOWN)
     lc.transition(AppState.NOT_RUNNING)
     assert seen == [("CREATED", "RESTORING"), ("RESTORING", "RUNNING"), ("RUNNING", "ERROR"),
                     ("ERROR", "RESTORING"), ("RESTORING", "RUNNING"), ("RUNNING", "REBALANCING"),
-                    ("REBALANCING", "RUNNING"), ("RUNNING", "PENDING_SHUTDOWN"),
+                    ("REBALANCING", "RUNNING"), ("RUNNING", "WAITING"), ("WAITING", "RESTORING"),
+                    ("RESTORING", "RUNNING"), ("RUNNING", "PENDING_SHUTDOWN"),
                     ("PENDING_SHUTDOWN", "NOT_RUNNING")]
-    assert [str(s) for s in AppState] == ["CREATED", "RESTORING", "REBALANCING", "RUNNING",
+    assert [str(s) for s in AppState] == ["CREATED", "RESTORING", "REBALANCING", "RUNNING", "WAITING",
                                           "PENDING_SHUTDOWN", "NOT_RUNNING", "ERROR"]
+    assert AppState.WAITING.is_running()
+    assert not Lifecycle().can(AppState.WAITING)     # not before the app has started
 
 
 def test_lifecycle_rejects_illegal_moves():

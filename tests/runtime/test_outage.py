@@ -56,7 +56,7 @@ def build(app):
 class Env:
     """A broker behind a proxy, and an app on it (through the proxy)."""
 
-    def __init__(self, tmp_path, task_timeout=20.0, seed=0, instances=2):
+    def __init__(self, tmp_path, task_timeout=20.0, seed=0, instances=2, engine="local"):
         import statekit
         from statekit import broker as broker_mod
         from statekit.kafka import Kafka
@@ -75,7 +75,7 @@ class Env:
         self.name = unique("outage")
         self.app = statekit.App(self.name, bootstrap=self.proxy.bootstrap, partitions=2,
                                 instances=instances, standby_replicas=1 if instances > 1 else 0,
-                                state_dir=str(tmp_path / "state"), engine="local",
+                                state_dir=str(tmp_path / "state"), engine=engine,
                                 task_timeout=task_timeout, probing_rebalance_interval=0.3)
         build(self.app)
         self.states: list = []
@@ -270,6 +270,27 @@ def test_one_kind_of_outage_during_a_crash_point(kind, tmp_path):
             env.app.revive(0)
             env.settle()
         env.check_exact()
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_outages_on_spark(tmp_path, spark_session):
+    """The Spark engine: its source waits through the outages (the Python data source's
+    latestOffset), the instances as on the local engine."""
+    env = Env(tmp_path, engine="changelog")
+    try:
+        env.start()
+        for i, kind in enumerate(("blackhole", "restart", "cut-request")):
+            t0 = time.time()
+            env.produce(i)
+            env.outage(kind, 3.0)
+            env.produce(i + 3)
+            env.settle()
+            assert wait_until(lambda: waits_seen(env.app, t0), 30, f"the events of the {kind} outage")
+        env.check_exact()
+        assert env.app.restarts == []
     finally:
         env.close()
 
