@@ -48,6 +48,7 @@ _DOWN_UNTIL: dict = {}   # bootstrap -> monotonic time before which publishing i
 BACKOFF_S = 5.0
 EVENTS_TIMEOUT_S = 5.0   # the events client's request timeout: a lost broker holds a publisher this long
 HOLD_MAX = 10_000        # events held per broker while it is away
+HOLD_S = 900.0           # ... for this long at most: a broker gone for good drops them
 _CLIENT_LOCK = threading.Lock()
 _HELD: dict = {}         # (pid, bootstrap) -> deque of (topic, [(None, json bytes)]), oldest first
 _HELD_DROPPED: dict = {}
@@ -98,11 +99,19 @@ def _flush_held(bootstrap: str) -> None:
     backoff = Backoff(first=0.2)
     k = None
     ensured: set = set()
+    failing_since = None
     while True:
         with _CLIENT_LOCK:
             q = _HELD.get(key)
-            if not q:
-                _FLUSHERS.pop(key, None)
+            if q and failing_since is not None and time.monotonic() - failing_since > HOLD_S:
+                dropped = sum(len(p) for _t, p in q)
+                q.clear()
+                _HELD_DROPPED[key] = _HELD_DROPPED.get(key, 0) + dropped
+                log.warning("statekit: %d events for %s dropped: the broker stayed away %.0f s",
+                            dropped, bootstrap, HOLD_S)
+            if not q or _FLUSHERS.get(key) is not threading.current_thread():
+                if _FLUSHERS.get(key) is threading.current_thread():
+                    _FLUSHERS.pop(key, None)
                 break
             item = q[0]
             topic, payload = item
@@ -114,12 +123,14 @@ def _flush_held(bootstrap: str) -> None:
                 ensured.add(topic)
             k.send(topic, 0, payload)
             backoff.reset()
+            failing_since = None
             with _CLIENT_LOCK:
                 if q and q[0] is item:   # (unless HOLD_MAX dropped it meanwhile)
                     q.popleft()
                 if not q:
                     _DOWN_UNTIL.pop(bootstrap, None)
         except Exception:  # noqa: BLE001 - still away: try again later
+            failing_since = failing_since or time.monotonic()
             if k is not None:
                 try:
                     k.close()
@@ -141,8 +152,11 @@ def _drop_client(bootstrap: str) -> None:
 
 
 def close_clients() -> None:
-    """Close every cached client of this process (tests, shutdown)."""
+    """Close every cached client of this process (tests, shutdown); events still held are
+    dropped and their threads end."""
     with _CLIENT_LOCK:
+        _HELD.clear()
+        _FLUSHERS.clear()
         for c in list(_CLIENTS.values()):
             try:
                 c.close()

@@ -64,7 +64,7 @@ class Backoff:
         self.attempts = 0
 
     def next(self) -> float:
-        d = min(self.cap, self.first * (2 ** self.attempts))
+        d = min(self.cap, self.first * (2 ** min(self.attempts, 30)))
         self.attempts += 1
         return d * random.uniform(0.8, 1.2)
 

@@ -32,6 +32,8 @@ def test_backoff_doubles_to_its_cap_with_jitter():
         assert want * 0.8 <= got <= want * 1.2
     b.reset()
     assert b.next() <= 0.12
+    b.attempts = 5000          # a thread that retried for hours still waits the cap, no overflow
+    assert b.next() <= 1.2
 
 
 def test_retrying_rides_out_failures_then_gives_up_in_one_line():
