@@ -299,34 +299,9 @@ class Session:
         how = self._up(cmd.bootstrap, spark=not cmd.no_spark, master=cmd.master, tls=cmd.tls, mtls=cmd.mtls)
         self.display(html_text=self._status_card(f"statekit is up ({time.monotonic() - t0:.1f} s): {how}"))
 
-    def cmd_broker(self, cmd: Command):
-        """`broker pause SECONDS` / `broker restart [--down S]`: the embedded broker goes away on
-        purpose (statekit.broker.pause / restart); the apps show it (WAITING) and ride it out."""
-        from statekit import broker as broker_mod
-        from statekit.errors import StatekitError
-
-        self._ensure_up(spark=False)
-        if self.broker is None:
-            raise StatekitError("this kernel uses an external Kafka: only the embedded broker "
-                                "(`%statekit up` without --bootstrap) can be paused or restarted here")
-        if cmd.action == "pause":
-            if cmd.down:
-                raise StatekitError("--down is for `broker restart`; a pause takes SECONDS")
-            seconds = 10.0 if cmd.seconds is None else cmd.seconds
-            if seconds <= 0:
-                raise StatekitError("a pause needs more than 0 seconds, e.g. `%statekit broker pause 10`")
-            broker_mod.pause(self.broker, seconds)
-            say(f"the broker at {self.bootstrap} stops answering for {seconds:g} s (connections stay "
-                f"open); apps wait for it, then catch up")
-            return
-        if cmd.seconds is not None:
-            raise StatekitError("`broker restart` takes --down S, not SECONDS")
-        owned = self.broker.owned
-        self.broker = broker_mod.restart(self.broker, down=cmd.down)
-        self.broker.owned = owned    # `down` stops it only if this kernel started the first one
-        say(f"the broker at {self.bootstrap} was killed (kill -9) and started again"
-            f"{f' {cmd.down:g} s later' if cmd.down else ''} on the same directory and port "
-            f"(pid {self.broker.pid}); apps reconnect and replay what was in flight")
+    def cmd_broker(self, cmd: Command):   # pause / restart the embedded broker: kernel_ext.outages
+        from kernel_ext.outages import run_broker
+        run_broker(self, cmd)
 
     def _status_card(self, title: str) -> str:
         rows = []
@@ -480,17 +455,15 @@ class Session:
         old = self.apps.get(cmd.name)
         self._ensure_up(spark=False)
         native = cmd.engine == "spark"
-        options = (("partitions", "partitions"),) if native else (
+        every = (
             ("partitions", "partitions"), ("instances", "instances"), ("standby", "standby_replicas"),
             ("commit_interval", "commit_interval"), ("cache_bytes", "cache_bytes"), ("engine", "engine"),
             ("acceptable_lag", "acceptable_recovery_lag"), ("max_warmups", "max_warmup_replicas"),
             ("probing_interval", "probing_rebalance_interval"), ("guarantee", "processing_guarantee"),
             ("task_timeout", "task_timeout"))
-        if native:
-            unsupported = [o for o in ("instances", "standby", "commit_interval", "cache_bytes",
-                                       "acceptable_lag", "max_warmups", "probing_interval", "guarantee",
-                                       "task_timeout")
-                           if cmd.args.get(o) is not None]
+        options = every[:1] if native else every
+        if native:   # (Spark's own state store: one instance, its own engine)
+            unsupported = [o for o, _a in every[1:] if o != "engine" and cmd.args.get(o) is not None]
             if unsupported:
                 raise StatekitError(f"--engine spark (Spark's own state store) runs one instance without "
                                     f"standbys or warmups: drop --{unsupported[0].replace('_', '-')}")
