@@ -22,12 +22,13 @@ def run_broker(session, cmd: Command) -> None:
         seconds = 10.0 if cmd.seconds is None else cmd.seconds
         if seconds <= 0:
             raise StatekitError("a pause needs more than 0 seconds, e.g. `%statekit broker pause 10`")
-        broker_mod.pause(session.broker, seconds)
-        say(f"the broker at {session.bootstrap} stops answering for {seconds:g} s (connections stay "
-            f"open); apps wait for it, then catch up")
+        broker_mod.pause(session.broker, seconds, mid_transaction=cmd.mid_transaction)
+        when = " from the next transaction's produce request on" if cmd.mid_transaction else ""
+        say(f"the broker at {session.bootstrap} stops answering for {seconds:g} s{when} (connections "
+            f"stay open); apps wait for it, then catch up")
         return
-    if cmd.seconds is not None:
-        raise StatekitError("`broker restart` takes --down S, not SECONDS")
+    if cmd.seconds is not None or cmd.mid_transaction:
+        raise StatekitError("`broker restart` takes --down S, not SECONDS or --mid-transaction")
     owned = session.broker.owned
     session.broker = broker_mod.restart(session.broker, down=cmd.down)
     session.broker.owned = owned    # `down` stops it only if this kernel started the first one

@@ -208,6 +208,9 @@ def _build() -> _Parser:
                    help="how long a pause lasts (default 10)")
     p.add_argument("--down", type=_seconds_arg, default=0.0, metavar="S",
                    help="restart: seconds between the kill and the new start (default 0)")
+    p.add_argument("--mid-transaction", action="store_true",
+                   help="pause: begin the stall with the next produce request of a transaction, "
+                        "its records in flight (the commit it waits for is then aborted)")
 
     p = sub.add_parser("topics", help="topics: partitions, end offsets, cleanup policy, compaction",
                        description="List topics with partitions, end offsets, cleanup policy and, "

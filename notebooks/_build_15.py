@@ -56,17 +56,18 @@ each commit of a task — its changelog records and its outputs — is one Kafka
 ## The broker stops answering for 10 seconds
 
 `%statekit broker pause 10` freezes the embedded broker: nothing is read or answered, connections
-stay open — as a long garbage-collection pause or a frozen virtual machine would. A producer keeps
-writing 3,000 movements at 300 a second meanwhile (it waits too). Watch the dashboard above: the
-badge turns WAITING and says since when, the lag chart gets a band, and after the freeze the lag
-rises and falls again as the tasks catch up.
+stay open — as a long garbage-collection pause or a frozen virtual machine would. With
+`--mid-transaction` the freeze begins just as a task's commit has sent its records, so a
+transaction is caught open. A producer keeps writing 3,000 movements at 300 a second meanwhile
+(it waits too). Watch the dashboard above: the badge turns WAITING and says since when, the lag
+chart gets a band, and after the freeze the lag rises and falls again as the tasks catch up.
 """),
     code("""
 import time
 %statekit produce accounts --generator accounts --seed 7 --limit 3000 --keys {KEYS} --rate 300/s
 time.sleep(2)
-%statekit broker pause 10
-time.sleep(7)
+%statekit broker pause 10 --mid-transaction
+time.sleep(8)
 print(app.state, "·", app.waiting)
 """),
     code("""
@@ -99,7 +100,8 @@ connections do not, and they reconnect.
 %statekit produce accounts --generator accounts --seed 8 --limit 2000 --keys {KEYS} --wait
 %statekit broker restart --down 3
 %statekit wait bounce
-print(app.state, "· outages so far:", [f"{o['seconds']:.0f} s" for o in app._outage.outages])
+print(app.wait_for_state("RUNNING", 60), "· outages so far:",
+      ", ".join(f"{e.seconds:.0f} s ({e.aborted} transaction(s) aborted)" for e in app.events(types="kafka_available")))
 """),
     md("""
 ## Check

@@ -5,7 +5,8 @@ one that is killed and started again on the same directory and port.
   ``DIR/pause-request``, answered in ``DIR/paused.json`` before it stops): nothing is read or
   answered, connections stay open, new ones wait in the kernel's backlog — a real stall, as a long
   GC pause or a frozen VM gives; then everything queued is served. It ends by itself, whatever
-  happens to the process that asked.
+  happens to the process that asked. ``mid_transaction=True`` arms it for the next produce
+  request of a transaction instead: the stall begins with a transaction's records in flight.
 * ``restart(target, down=0)`` — ``kill -9`` (or a graceful stop with ``kill=False``), ``down``
   seconds of nothing, then a new broker on the same directory, host, port, configs, auth and TLS: what
   survives a crash comes back (the logs, the transactions' state, the groups).
@@ -72,9 +73,13 @@ def _dir_of(bootstrap: str):
     return None
 
 
-def pause(target=None, seconds: float = 10.0, timeout: float = 10.0) -> dict:
+def pause(target=None, seconds: float = 10.0, timeout: float = 10.0,
+          mid_transaction: bool = False) -> dict:
     """Make the broker stop answering for ``seconds`` (see the module docstring). Returns once the
-    pause has begun: ``{"dir", "bootstrap", "seconds", "since", "until"}`` (epoch seconds)."""
+    pause has begun: ``{"dir", "bootstrap", "seconds", "since", "until"}`` (epoch seconds).
+    ``mid_transaction``: the pause begins with the next produce request of a transaction (its
+    records sent, its commit to come: what a transactional client then waits for is aborted by
+    the client's next producer) and this returns once it is armed (``"armed": True``)."""
     try:
         seconds = float(seconds)
     except (TypeError, ValueError):
@@ -86,7 +91,7 @@ def pause(target=None, seconds: float = 10.0, timeout: float = 10.0) -> dict:
     token = uuid.uuid4().hex
     path = os.path.join(data_dir, PAUSE_REQUEST)
     with open(path + ".tmp", "w") as f:
-        json.dump({"seconds": seconds, "token": token}, f)
+        json.dump({"seconds": seconds, "token": token, "mid_transaction": bool(mid_transaction)}, f)
     os.replace(path + ".tmp", path)
     os.kill(int(info["pid"]), signal.SIGUSR1)
     deadline = time.monotonic() + timeout
@@ -96,7 +101,8 @@ def pause(target=None, seconds: float = 10.0, timeout: float = 10.0) -> dict:
                 ack = json.load(f)
             if ack.get("token") == token:
                 return {"dir": data_dir, "bootstrap": info.get("bootstrap"), "seconds": seconds,
-                        "since": ack["since"], "until": ack["until"]}
+                        "since": ack.get("since"), "until": ack.get("until"),
+                        "armed": bool(ack.get("armed"))}
         except (OSError, ValueError):
             pass
         time.sleep(0.02)

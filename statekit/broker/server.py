@@ -171,6 +171,7 @@ class Broker:
             raise BrokerError(str(e)) from None
         self.advertised_host = advertised_host or (host if host not in ("0.0.0.0", "::", "") else "127.0.0.1")
         self.advertised_port = port
+        self._txn_pause = None   # (seconds, token): statekit.broker.pause(..., mid_transaction=True)
         self.topics = TopicManager(self.dir, self.config.topic_defaults())
         self.coordinator = None
         self.transactions = None
@@ -271,8 +272,19 @@ class Broker:
             seconds = min(max(0.0, float(req["seconds"])), MAX_PAUSE_S)
         except (OSError, ValueError, KeyError, TypeError):
             return
+        if req.get("mid_transaction"):   # armed: the next transactional produce stalls (_handle)
+            self._txn_pause = (seconds, req.get("token"))
+            write_json_atomic(os.path.join(self.dir, PAUSED), {"token": req.get("token"), "armed": True},
+                              durable=False)
+            return
+        self._stall(seconds, req.get("token"))
+
+    def _stall(self, seconds: float, token) -> None:
+        """Stop the event loop here for ``seconds`` — the pause itself — after saying so."""
+        from .faults import PAUSED
+
         now = time.time()
-        write_json_atomic(os.path.join(self.dir, PAUSED), {"token": req.get("token"), "since": now,
+        write_json_atomic(os.path.join(self.dir, PAUSED), {"token": token, "since": now,
                                                            "until": now + seconds}, durable=False)
         log.warning("paused for %.1f s (statekit.broker.pause): nothing is read or answered", seconds)
         time.sleep(seconds)   # noqa: the stall itself
@@ -606,6 +618,9 @@ class Broker:
         bad = illegal_null(req, api_version)
         if bad:
             raise Malformed(f"{req_cls.__name__} v{api_version}: required field {bad} is null")
+        if self._txn_pause is not None and api_key == 0 and getattr(req, "transactional_id", None):
+            (seconds, token), self._txn_pause = self._txn_pause, None
+            self._stall(seconds, token)    # a pause armed for the middle of a transaction
         if entry is not None:
             resp = await entry[4](self, req, api_version)
         else:

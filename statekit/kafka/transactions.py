@@ -211,7 +211,7 @@ class TransactionalProducer:
                     redo.append(i)
                 except ProducerFenced as e:
                     first_error = first_error or e
-                except KafkaError as e:
+                except StatekitError as e:   # (after a lost connection, the first error says why)
                     first_error = first_error or e
             if first_error is not None:
                 if isinstance(first_error, ProducerFenced):

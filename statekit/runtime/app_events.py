@@ -8,6 +8,9 @@ report (which turn an engine failure into the task's one-line ``ProcessorError``
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
 from typing import Callable, Optional
 
 from statekit import events as ev
@@ -28,6 +31,8 @@ class AppEvents:
         self.reader = None
         self._publisher = None
         self.task_errors: list[ev.TaskFailed] = []
+        self._outbox: Optional[queue.Queue] = None   # what publish() hands to its thread
+        self._outbox_lock = threading.Lock()
 
     def start(self) -> None:
         if self.reader is not None:
@@ -38,6 +43,7 @@ class AppEvents:
         self.reader.subscribe(self.handle)
 
     def stop(self) -> None:
+        self._drain_outbox()
         r, self.reader = self.reader, None
         if r is not None:
             try:
@@ -62,7 +68,36 @@ class AppEvents:
                 log.info("event callback failed: %s", exc)
 
     def publish(self, e: ev.Event) -> None:
-        """The control side's events (state changes, membership, rebalances) go to the same topic."""
+        """The control side's events (state changes, membership, rebalances) go to the same topic,
+        in order, from a thread of their own: the first event after Kafka went away may wait out
+        the publisher's request timeout, and the App's monitor, which changes the state, must not
+        (its state says WAITING at once)."""
+        if not e.ts:
+            e.ts = time.time()   # when it happened, not when the thread sends it
+        with self._outbox_lock:
+            if self._outbox is None:
+                self._outbox = queue.Queue()
+                threading.Thread(target=self._send_loop, args=(self._outbox,), daemon=True,
+                                 name=f"statekit-publish-{self.name}").start()
+            self._outbox.put(e)
+
+    def _send_loop(self, outbox) -> None:
+        while True:
+            e = outbox.get()
+            try:
+                if e is not None:
+                    self._send(e)
+            finally:
+                outbox.task_done()
+
+    def _drain_outbox(self, timeout: float = 10.0) -> None:
+        """Wait (a little) until what was published has been handed to the publisher."""
+        q = self._outbox
+        deadline = time.monotonic() + timeout
+        while q is not None and q.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _send(self, e: ev.Event) -> None:
         try:
             if self._publisher is None:
                 bootstrap = self._bootstrap()

@@ -72,6 +72,7 @@ class KafkaWatch:
         self._baseline: dict = {}
         self._waited: set = set()
         self._stop = threading.Event()
+        self._wake = threading.Event()      # probe now (the tasks are back: is Kafka?)
         self._thread: Optional[threading.Thread] = None
 
     # -- the probe ---------------------------------------------------------------------------
@@ -85,6 +86,7 @@ class KafkaWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         t, self._thread = self._thread, None
         if t is not None and t is not threading.current_thread():
             t.join(timeout=self.request_timeout + 1)
@@ -112,7 +114,8 @@ class KafkaWatch:
                     log.info("kafka watch: %s", exc)
             finally:
                 self.probing_since = None
-            self._stop.wait(max(0.05, PROBE_EVERY_S - (time.time() - t0)))
+            self._wake.wait(max(0.05, PROBE_EVERY_S - (time.time() - t0)))
+            self._wake.clear()
         if k is not None:
             k.close()
 
@@ -137,6 +140,8 @@ class KafkaWatch:
                     if row.get("waiting_since"):
                         since.append(float(row["waiting_since"]))
         down = self.probe_down()
+        if down and not waiting and self.current is not None and self.current.tasks:
+            self._wake.set()     # the tasks reopened: ask Kafka again now, not in a second
         if not down and not waiting:
             self._end()
             self._calm = aborted

@@ -34,6 +34,26 @@ def test_a_pause_stalls_every_request_then_answers_them_all(broker):
         k.close()
 
 
+def test_a_pause_mid_transaction_waits_for_a_transactions_records(broker):
+    k = Kafka(broker.bootstrap, timeout=30)
+    try:
+        k.ensure_topic("txn", 1)
+        r = broker_mod.pause(broker, 1.5, mid_transaction=True)
+        assert r["armed"] and r["since"] is None
+        t0 = time.monotonic()
+        k.send("txn", 0, [(b"k", b"plain")])          # not a transaction: answered at once
+        assert time.monotonic() - t0 < 1.0
+        txp = k.transactional_producer("stalled-1")
+        txp.begin()
+        t0 = time.monotonic()
+        txp.send_many([("txn", 0, [(b"k", b"in a transaction")])])   # its records: the stall
+        assert time.monotonic() - t0 > 1.0
+        txp.commit()
+        txp.close()
+    finally:
+        k.close()
+
+
 def test_a_request_that_outlives_the_timeout_fails_as_kafka_unavailable(broker):
     k = Kafka(broker.bootstrap, timeout=0.5)
     try:
