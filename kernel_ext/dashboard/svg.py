@@ -116,12 +116,12 @@ def lag_chart(series: dict, standby: dict | None = None, markers=(), outages=())
                f"transform='rotate(-90 12 {TOP + ph / 2:.0f})'>records behind</text>")
     out.append(f"<line x1='{LEFT}' y1='{TOP + ph}' x2='{LEFT + pw}' y2='{TOP + ph}' stroke='#999'/>"
                f"<line x1='{LEFT}' y1='{TOP}' x2='{LEFT}' y2='{TOP + ph}' stroke='#999'/>")
-    for a, b, label in outages:
+    for i, (a, b, label) in enumerate(outages):
         x0, x1 = px(a), px(b)
         out.append(f"<rect x='{x0:.1f}' y='{TOP}' width='{max(x1 - x0, 2.0):.1f}' height='{ph}' "
                    f"fill='{OUTAGE_FILL}' fill-opacity='0.18' class='kafka-away'><title>{_e(label)}</title></rect>"
-                   f"<text x='{x0 + 2:.1f}' y='{TOP + 9}' font-size='8' fill='{OUTAGE_FILL}'>"
-                   f"{_e(label.split(' · ')[0])}</text>")
+                   f"<text x='{x0 + 2:.1f}' y='{TOP + 9 + 9 * (i % 2)}' font-size='8' fill='{OUTAGE_FILL}'>"
+                   f"{_e(label.split(' · ')[0])}</text>")   # (labels of close bands on two lines)
     kinds = []
     for x, kind, label in markers:
         color, style, _ = MARKER_STYLE.get(kind, ("#999", ":", kind))
