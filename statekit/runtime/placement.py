@@ -577,7 +577,7 @@ class ExecutorsCoordinator:
         if self._kafka is None:
             from statekit.kafka import Kafka
 
-            self._kafka = Kafka(self.spec.bootstrap)
+            self._kafka = Kafka(self.spec.bootstrap, timeout=self.spec.request_timeout)
         return self._kafka
 
     def lag_rows(self) -> list:
