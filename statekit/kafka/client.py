@@ -596,7 +596,8 @@ class Kafka(TopicAdmin):
                 try:
                     resp = conn.recv(conn.send(req))
                 finally:
-                    conn.sock.settimeout(old)
+                    if conn.sock.fileno() >= 0:   # (a failed long poll closed it: its error stands)
+                        conn.sock.settimeout(old)
                 for t in resp.responses:
                     for p in t.partitions:
                         at = positions.get((t.topic, p.partition_index), 0)

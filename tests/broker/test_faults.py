@@ -144,3 +144,15 @@ def test_advertised_listeners_send_clients_through_a_proxy(tmp_path):
     finally:
         lsock.close()
         h.stop()
+
+
+def test_a_long_poll_that_outlives_its_timeout_is_kafka_unavailable_too(broker):
+    """(The long poll sets its own socket timeout and puts it back: not on a closed socket.)"""
+    k = Kafka(broker.bootstrap, timeout=0.5)
+    try:
+        k.ensure_topic("lp", 1)
+        broker_mod.pause(broker, 2.5)
+        with pytest.raises(KafkaUnavailable):
+            k.wait_for_data({("lp", 0): 0}, 200)
+    finally:
+        k.close()
