@@ -56,7 +56,7 @@ def _broker_pause(args) -> int:
 def _broker_restart(args) -> int:
     from statekit import broker
 
-    h = broker.restart(args.dir, down=args.down)
+    h = broker.restart(args.dir, down=args.down, detach=True)   # (this process ends now)
     print(f"restarted the broker on {h.dir}: {h.bootstrap} (pid {h.pid})")
     return 0
 

@@ -125,9 +125,13 @@ def _cmdline_configs(pid: int) -> dict:
     return out
 
 
-def restart(target=None, down: float = 0.0, kill: bool = True, timeout: float = 30.0) -> BrokerHandle:
+def restart(target=None, down: float = 0.0, kill: bool = True, timeout: float = 30.0,
+            detach: bool | None = None) -> BrokerHandle:
     """Kill the broker (SIGKILL; ``kill=False``: a graceful stop), wait ``down`` seconds, and start
-    a broker on the same directory, host, port, configs, auth and TLS. Returns its handle."""
+    a broker on the same directory, host, port, configs, auth and TLS. Returns its handle.
+    ``detach``: whether the new broker runs apart (`statekit.lifeline`); by default as the old
+    one did — a broker tied to a kernel is tied to the process that restarts it, so a restart
+    from another process (the CLI) passes ``detach=True``."""
     if float(down) < 0:
         raise StatekitError(f"down must be >= 0 seconds, got {down}")
     data_dir, info = find(target)
@@ -150,4 +154,5 @@ def restart(target=None, down: float = 0.0, kill: bool = True, timeout: float = 
     time.sleep(float(down))
     return start(data_dir, host=info.get("host") or "127.0.0.1", port=int(info["port"]),
                  configs=configs, auth=bool(info.get("auth")), tls=bool(info.get("tls")),
-                 mtls=bool(info.get("mtls")), timeout=timeout)
+                 mtls=bool(info.get("mtls")), timeout=timeout,
+                 detach=not info.get("tied") if detach is None else detach)
