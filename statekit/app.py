@@ -127,6 +127,22 @@ def _forward(path: str, doc: str = "", settable: bool = False) -> property:
                     (lambda self, v: setattr(owner(self), last, v)) if settable else None, doc=doc)
 
 
+def _pause_kafka(self, seconds: float = 10.0, mid_transaction: bool = False) -> dict:
+    """The broker this app uses (one this machine runs: the embedded one) stops answering for
+    ``seconds`` (``statekit.broker.pause``): the app goes WAITING, then catches up by itself."""
+    from statekit import broker
+
+    return broker.pause(self.bootstrap, seconds, mid_transaction=mid_transaction)
+
+
+def _restart_kafka(self, down: float = 0.0):
+    """``kill -9`` the broker this app uses and start it again ``down`` seconds later on the same
+    directory and port (``statekit.broker.restart``); returns the new broker's handle."""
+    from statekit import broker
+
+    return broker.restart(self.bootstrap, down=down)
+
+
 class App:
     """A stateful stream-processing application run by ``instances`` instance processes.
 
@@ -515,6 +531,8 @@ class App:
 
     def resume_standbys(self, instance: Optional[int] = None) -> list:
         return self._require_started("resume_standbys").pause_replicas(False, instance)
+
+    pause_kafka, restart_kafka = _pause_kafka, _restart_kafka   # Kafka going away, on purpose
 
     @property
     def assignment(self):

@@ -56,24 +56,26 @@ def build(app):
 class Env:
     """A broker behind a proxy, and an app on it (through the proxy)."""
 
-    def __init__(self, tmp_path, task_timeout=20.0, seed=0, instances=2, engine="local"):
+    def __init__(self, tmp_path, task_timeout=20.0, seed=0, instances=2, engine="local", proxy=True):
         import statekit
         from statekit import broker as broker_mod
         from statekit.kafka import Kafka
 
         self.tmp = tmp_path
-        self.proxy = FaultProxy()
+        self.proxy = FaultProxy() if proxy else None   # without: the app talks to the broker itself
         self.broker_dir = str(tmp_path / "broker")
-        self.broker = broker_mod.start(dir=self.broker_dir, port=0,
-                                       configs={"advertised.listeners": self.proxy.listener})
+        self.broker = broker_mod.start(dir=self.broker_dir, port=0, configs={
+            "advertised.listeners": self.proxy.listener} if proxy else None)
         self.port = int(self.broker.bootstrap.rsplit(":", 1)[1])
-        self.proxy.upstream = self.broker.bootstrap
-        self.kafka = Kafka(self.proxy.bootstrap)
+        if proxy:
+            self.proxy.upstream = self.broker.bootstrap
+        self.bootstrap = self.proxy.bootstrap if proxy else self.broker.bootstrap
+        self.kafka = Kafka(self.bootstrap)
         self.app = None
         for t in ("lines", "clicks", "users", "counts-out", "region-out"):
             self.kafka.ensure_topic(t, 2)
         self.name = unique("outage")
-        self.app = statekit.App(self.name, bootstrap=self.proxy.bootstrap, partitions=2,
+        self.app = statekit.App(self.name, bootstrap=self.bootstrap, partitions=2,
                                 instances=instances, standby_replicas=1 if instances > 1 else 0,
                                 state_dir=str(tmp_path / "state"), engine=engine,
                                 task_timeout=task_timeout, probing_rebalance_interval=0.3)
@@ -167,7 +169,8 @@ class Env:
                 self.app.stop()
         finally:
             self.kafka.close()
-            self.proxy.close()
+            if self.proxy is not None:
+                self.proxy.close()
             self.broker.stop()
 
 
@@ -246,6 +249,34 @@ def test_past_the_task_timeout_the_app_fails_in_one_line_and_restart_works(tmp_p
         env.produce(1)
         env.settle()
         env.check_exact()
+    finally:
+        env.close()
+
+
+@pytest.mark.slow   # (40 s on a busy machine: two outages, waited out)
+def test_the_app_freezes_and_restarts_its_own_broker_and_rides_both_out(tmp_path):
+    """``App.pause_kafka`` / ``App.restart_kafka`` (what notebook 15 does with `%statekit broker`)
+    act on the broker the app uses; it waits (the request timeout is 2 s, the freeze 5 s), comes
+    back by itself, and ends exact."""
+    env = Env(tmp_path, proxy=False)
+    try:
+        env.start()
+        for i, (what, act) in enumerate((("pause", lambda: env.app.pause_kafka(5.0)),
+                                         ("restart", lambda: env.app.restart_kafka(down=1.0)))):
+            t0, n_states = time.time(), len(env.states)
+            env.produce(i)
+            done = act()
+            if what == "pause":
+                assert done["bootstrap"] == env.bootstrap and done["until"] - done["since"] == pytest.approx(5.0)
+            else:
+                old_pid, env.broker = env.broker.pid, done
+                assert done.bootstrap == env.bootstrap and done.pid != old_pid
+            env.produce(i + 2)
+            env.settle()
+            assert wait_until(lambda: waits_seen(env.app, t0), 30, f"the events of the {what}")
+            assert "WAITING" in env.states[n_states:], (what, env.states)
+        env.check_exact()
+        assert env.app.restarts == []
     finally:
         env.close()
 
