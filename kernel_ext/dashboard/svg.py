@@ -119,9 +119,11 @@ def lag_chart(series: dict, standby: dict | None = None, markers=(), outages=())
     for i, (a, b, label) in enumerate(outages):
         x0, x1 = px(a), px(b)
         out.append(f"<rect x='{x0:.1f}' y='{TOP}' width='{max(x1 - x0, 2.0):.1f}' height='{ph}' "
-                   f"fill='{OUTAGE_FILL}' fill-opacity='0.18' class='kafka-away'><title>{_e(label)}</title></rect>"
-                   f"<text x='{x0 + 2:.1f}' y='{TOP + 9 + 9 * (i % 2)}' font-size='8' fill='{OUTAGE_FILL}'>"
-                   f"{_e(label.split(' · ')[0])}</text>")   # (labels of close bands on two lines)
+                   f"fill='{OUTAGE_FILL}' fill-opacity='0.18' class='kafka-away'><title>{_e(label)}</title></rect>")
+        for j, part in enumerate(label.split(" · ")[:2]):   # its length, then what it aborted
+            y = TOP + 9 + 9 * j + 18 * (i % 2)               # (close bands: their labels on other lines)
+            out.append(f"<text x='{x0 + 2:.1f}' y='{y}' font-size='8' fill='{OUTAGE_FILL}' "
+                       f"class='kafka-away-label'>{_e(part)}</text>")
     kinds = []
     for x, kind, label in markers:
         color, style, _ = MARKER_STYLE.get(kind, ("#999", ":", kind))

@@ -434,8 +434,8 @@ def test_notebook_13_on_a_cluster_every_number_shown_twice_agrees(tmp_path):
 
 def test_notebook_15_shows_the_outage_on_the_dashboard(tmp_path):
     """The broker frozen for 10 s, then killed and restarted: the badge says WAITING and what for
-    while it lasts, the lag chart gets a band per outage (labelled with what it aborted), and the
-    notebook's check (nothing lost, nothing written twice, no restart) prints OK."""
+    while it lasts, the lag chart gets a band per outage (labelled with its length and what it
+    aborted), and the notebook's check (nothing lost, nothing written twice, no restart) prints OK."""
     badge_js = ("() => { const d = document.querySelector('.statekit-dashboard .sk-head');"
                 " return d ? d.textContent : ''; }")
     bands_js = ("() => Array.from(document.querySelectorAll('.statekit-dashboard rect.kafka-away'))"
@@ -456,7 +456,11 @@ def test_notebook_15_shows_the_outage_on_the_dashboard(tmp_path):
         assert any(o.strip().endswith("OK") or "\nOK" in o for o in _lab.outputs_text(page))
         assert waiting, "the badge never said WAITING (waiting for Kafka at ...)"
         bands = page.evaluate(bands_js)
-        assert len(bands) >= 1 and all(b.startswith("Kafka away") for b in bands), bands
+        assert len(bands) == 2 and all(b.startswith("Kafka away") for b in bands), bands   # freeze, restart
+        assert "aborted" in bands[0], bands        # --mid-transaction caught a commit open
+        labels = page.evaluate("() => Array.from(document.querySelectorAll("
+                               "'.statekit-dashboard text.kafka-away-label')).map(t => t.textContent)")
+        assert bands[0].split(" · ")[1] in labels, labels   # written on the chart, not only in a tooltip
         _no_clipping(page, "notebook 15")
         dash = page.locator(".statekit-dashboard").first
         _lab.screenshot(page, "nb15-dashboard.png", dash)

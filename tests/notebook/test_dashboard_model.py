@@ -3,6 +3,7 @@ Spark, no widgets, no broker."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -797,4 +798,6 @@ def test_an_outage_is_a_band_on_the_lag_chart_and_the_badge_says_what_the_app_wa
     assert p.outages == [(1.0, 7.5, "Kafka away 6 s · 2 transactions aborted")]
     chart = svg.lag_chart(p.lag, p.standby_lag, p.markers, p.outages)
     assert chart.count("class='kafka-away'") == 1 and "Kafka away 6 s · 2 transactions aborted" in chart
+    # what it aborted is written on the chart, under its length, not only in the tooltip
+    assert re.findall(r"class='kafka-away-label'>([^<]*)<", chart) == ["Kafka away 6 s", "2 transactions aborted"]
     assert "Kafka away" not in svg.lag_chart(p.lag, p.standby_lag, p.markers)
