@@ -30,6 +30,10 @@ class _Pipe:
 
     def __init__(self, proxy: "FaultProxy", client: socket.socket, upstream: socket.socket):
         self.proxy, self.client, self.upstream = proxy, client, upstream
+        try:
+            self.client_port = client.getpeername()[1]   # the client's own port
+        except OSError:
+            self.client_port = None
         self.closed = threading.Event()
         for src, dst, direction in ((client, upstream, "up"), (upstream, client, "down")):
             threading.Thread(target=self._pump, args=(src, dst, direction), daemon=True,
@@ -50,7 +54,7 @@ class _Pipe:
                     break
                 if p.delay_s:
                     time.sleep(p.delay_s)
-                if p.take_cut(direction, len(data)):
+                if p.take_cut(direction, len(data), self.client_port):
                     dst.sendall(data[: max(1, len(data) // 2)])
                     self.reset()
                     p.cuts_done += 1
@@ -133,15 +137,16 @@ class FaultProxy:
         """Forward every chunk ``seconds`` late (0: no delay)."""
         self.delay_s = float(seconds)
 
-    def cut(self, direction: str = "down", min_bytes: int = 1) -> None:
+    def cut(self, direction: str = "down", min_bytes: int = 1, spare=None) -> None:
         """Reset the next connection that forwards at least ``min_bytes`` in ``direction`` ("down":
-        an answer, "up": a request), halfway through that chunk."""
-        self._cut = (direction, int(min_bytes))
+        an answer, "up": a request), halfway through that chunk. ``spare(port)``: true for the
+        client ports whose connections are left alone (the test's own client), asked at the cut."""
+        self._cut = (direction, int(min_bytes), spare)
 
-    def take_cut(self, direction: str, n: int) -> bool:
+    def take_cut(self, direction: str, n: int, client_port=None) -> bool:
         with self._lock:
             c = self._cut
-            if c is not None and c[0] == direction and n >= c[1]:
+            if c is not None and c[0] == direction and n >= c[1] and not (c[2] and c[2](client_port)):
                 self._cut = None
                 return True
         return False

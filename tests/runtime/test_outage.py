@@ -101,8 +101,21 @@ class Env:
 
     def produce_big(self, seed):
         """Lines enough that the word count's next Fetch answer and its commit's Produce request
-        are bigger than CUT_BYTES (nothing else here sends that much at once)."""
-        produce_chunk(self.kafka, make_chunks(seed, 1, 3000, 0)[0], rnd=self.rnd, parts=2)
+        are bigger than CUT_BYTES (nothing else here sends that much at once): one send per
+        partition, so that its Fetch answer holds them all."""
+        produce_chunk(self.kafka, make_chunks(seed, 1, 4000, 0)[0], rnd=self.rnd, parts=2, sends=1)
+
+    def own_port(self, port) -> bool:
+        """Is ``port`` a client port of the test's own connections (spared by a cut)?"""
+        k = self.kafka
+        conns = list(k._conns.values()) + ([k._boot_conn] if k._boot_conn else [])
+        ports = set()
+        for c in conns:
+            try:
+                ports.add(c.sock.getsockname()[1])
+            except OSError:
+                pass
+        return port in ports
 
     # -- faults ----------------------------------------------------------------------------------
     def restart_broker(self, down: float):
@@ -124,9 +137,11 @@ class Env:
             time.sleep(seconds)
         elif kind in CUTS:
             # the connection of a task reading its input (an answer cut mid-Fetch) or committing
-            # (a transaction's produce request cut in the middle): it waits, aborts, replays
+            # (a transaction's produce request cut in the middle): it waits, aborts, replays. Armed
+            # before the input is written (so the app cannot have read it all already), sparing
+            # the test's own client
+            p.cut("down" if kind == "cut-answer" else "up", min_bytes=CUT_BYTES, spare=self.own_port)
             self.produce_big(int(seconds * 1000))
-            p.cut("down" if kind == "cut-answer" else "up", min_bytes=CUT_BYTES)
             wait_until(lambda: p._cut is None, 60, "a connection to be cut")
         elif kind == "slow":
             # slower than the request timeout (a tenth of task_timeout, at least 2 s): requests
