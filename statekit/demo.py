@@ -331,8 +331,8 @@ def format_report(results: list[NotebookResult], wall: float | None = None) -> s
 # instead of one long one running alone (seconds in a run of three at a time here: 03 169, 09 127,
 # 02 116, 13 92, 10 84, 05 56, 11 44, 04 42, 01 41, 07 31, 06 28, 08 23, 12 11; 14 about 45
 # alone in the tests). Notebook 13 starts a standalone cluster (8 JVMs) but mostly waits on it: it
-# goes first, beside 09 and 03. Notebook 15 (a 10-second broker freeze and a restart) is placed by
-# its waits alone, not measured in such a run yet.
+# goes first, beside 09 and 03. Notebook 15 (a 10-second broker freeze and a restart: 77 alone)
+# mostly waits: it starts among the long ones.
 LONGEST_FIRST = ("13_", "09_", "03_", "02_", "10_", "15_", "05_", "11_", "14_", "04_", "01_", "07_", "06_",
                  "08_", "12_")
 
