@@ -156,3 +156,31 @@ def test_a_long_poll_that_outlives_its_timeout_is_kafka_unavailable_too(broker):
             k.wait_for_data({("lp", 0): 0}, 200)
     finally:
         k.close()
+
+
+def test_a_restart_keeps_the_lifeline_and_the_cli_restarts_a_broker_that_outlives_it(tmp_path):
+    """A broker tied to this process comes back tied to it; `statekit broker restart` (a process
+    that ends at once) starts one apart, or it would die with the CLI."""
+    import subprocess
+    import sys
+
+    from statekit.broker.process import running_info
+
+    d = str(tmp_path / "b")
+    h = broker_mod.start(dir=d, port=0)
+    try:
+        assert h.tied
+        h = broker_mod.restart(h, down=0)
+        assert h.tied and running_info(d)["tied"]
+        r = subprocess.run([sys.executable, "-m", "statekit.cli", "broker", "restart", "--dir", d],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        info = running_info(d)
+        assert info is not None and not info["tied"] and info["pid"] != h.pid
+        time.sleep(0.5)    # the CLI is gone: the broker it started is not
+        with Kafka(h.bootstrap, timeout=10) as k:
+            k.ensure_topic("alive", 1)
+    finally:
+        broker_mod.stop(d)      # the CLI's (or, had it failed, the tied one)
+        if h._proc is not None:
+            h._proc.poll()      # the one the CLI killed: reaped
