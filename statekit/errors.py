@@ -45,6 +45,14 @@ class DiskFull(StatekitError):
 NO_SPACE = "No space left on device"
 
 
+def store_disk_full(stores, path: str) -> DiskFull:
+    """The one line of a store write that met a full disk: the stores, the path, what to do."""
+    names = ", ".join(repr(n) for n in stores) or "its stores"
+    return DiskFull(f"the disk of the state directory is full: store {names} could not be "
+                    f"written at {path} ({NO_SPACE}); nothing of this write is in the store "
+                    f"(the changelog holds every commit): free space there, then restart()")
+
+
 def is_disk_full(err: BaseException) -> bool:
     """An ENOSPC from the OS, or RocksDB's IO error that carries one."""
     return (isinstance(err, OSError) and err.errno == 28) or NO_SPACE in str(err) \

@@ -1,7 +1,7 @@
 """Outages on purpose, for the tour and the tests: a broker that stops answering for a while, and
 one that is killed and started again on the same directory and port.
 
-* ``pause(target, seconds)`` — the broker's event loop stops for ``seconds`` (SIGUSR1 and
+* ``pause(target, seconds)`` — the broker's event loop stops for ``seconds`` (SIGUSR2 and
   ``DIR/pause-request``, answered in ``DIR/paused.json`` before it stops): nothing is read or
   answered, connections stay open, new ones wait in the kernel's backlog — a real stall, as a long
   GC pause or a frozen VM gives; then everything queued is served. It ends by itself, whatever
@@ -93,7 +93,7 @@ def pause(target=None, seconds: float = 10.0, timeout: float = 10.0,
     with open(path + ".tmp", "w") as f:
         json.dump({"seconds": seconds, "token": token, "mid_transaction": bool(mid_transaction)}, f)
     os.replace(path + ".tmp", path)
-    os.kill(int(info["pid"]), signal.SIGUSR1)
+    os.kill(int(info["pid"]), signal.SIGUSR2)   # (SIGUSR1 wakes the log cleaner)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

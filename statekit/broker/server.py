@@ -248,8 +248,8 @@ class Broker:
                 self.transactions.tick)),
         ]
         self._write_stats()
-        try:   # statekit.broker.pause: SIGUSR1 (the main thread's loop only; not in-process tests)
-            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self._pause_requested)
+        try:   # statekit.broker.pause: SIGUSR2 (the main thread's loop only; not in-process tests)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, self._pause_requested)
         except (ValueError, RuntimeError, NotImplementedError):
             pass
         security = ("SASL_" if self.users else "") + ("SSL" if self.tls else "PLAINTEXT")

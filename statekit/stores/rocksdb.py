@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 import rocksdict as rd
 
-from statekit.errors import NO_SPACE, CorruptState, DiskFull, StateLocked, StatekitError, is_disk_full
+from statekit.errors import CorruptState, StateLocked, StatekitError, is_disk_full, store_disk_full
 from statekit.stores.api import KV
 from statekit.stores.memory import MemoryStore
 from statekit.stores.overlay import OverlayStore
@@ -104,17 +104,13 @@ def _open_error(path: str, err: BaseException) -> StatekitError:
 
 
 def _write(db: "TaskDB", wb, opts, stores) -> None:
-    """``db._db.write``: a full disk (RocksDB's IO error, ENOSPC) as one ``DiskFull`` line that
-    names the stores and the path; the batch is all or nothing, so nothing of it was written."""
+    """``db._db.write``; a full disk as one ``DiskFull`` line (a batch is all or nothing)."""
     try:
         db._db.write(wb, opts)
     except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exceptions
         if not is_disk_full(e):
             raise
-        names = ", ".join(repr(n) for n in stores) or "its stores"
-        raise DiskFull(f"the disk of the state directory is full: store {names} could not be "
-                       f"written at {db.path} ({NO_SPACE}); nothing of this write is in the store "
-                       f"(the changelog holds every commit): free space there, then restart()") from None
+        raise store_disk_full(stores, db.path) from None
 
 
 def resolve_db_dir(path: str) -> str:
