@@ -318,11 +318,7 @@ class Session:
         elif self.registry_error:
             rows.append(("schema registry", f"not started: {_e(self.registry_error)}"))
         if self.spark is not None:
-            try:
-                sc = self.spark.sparkContext
-                rows.append(("spark", f"{_e(sc.version)} · {_e(sc.master)} · app id {_e(sc.applicationId)}"))
-            except Exception:
-                rows.append(("spark", "stopped"))
+            rows.append(("spark", self._spark_row()))
         else:
             rows.append(("spark", "not started"))
         for name, app in sorted(self.apps.items()):
@@ -333,6 +329,25 @@ class Session:
             rows.append((f"producer {topic}", f"{'running' if job.running else 'done'} · {job.source} · "
                                               f"{sent:,} records sent"))
         return _card(title, rows, ok=self.bootstrap is not None)
+
+    def _spark_row(self) -> str:
+        """Spark's version, master and whose session it is (Spark Connect: the server's URL)."""
+        from statekit.engine.spark import session_api
+        from statekit.engine.spark.session import statekit_owns
+
+        api = session_api.of(self.spark)
+        if not api.alive():
+            return "stopped"
+        try:
+            parts = [_e(self.spark.version), _e(api.master() or "?")]
+        except Exception:
+            return "stopped"
+        if api.connect:
+            from statekit.engine.spark.session import connect_url
+
+            parts.append(f"Spark Connect · <code>{_e(connect_url(self.spark) or '?')}</code>")
+        parts.append("started by statekit" if statekit_owns(self.spark) else "your own session")
+        return " · ".join(parts)
 
     @staticmethod
     def _app_shape(app, standbys: bool = True) -> str:
@@ -351,12 +366,13 @@ class Session:
     def cmd_down(self, cmd: Command):
         stopped = self._stop_everything_of_apps()
         left = []
-        if self.spark is not None:
+        if self.spark is not None:   # only what statekit started: a session you made stays
             from statekit.engine.spark.session import stop_session
 
-            stop_session()
+            report = stop_session()
             self.spark = None
-            stopped.append("spark")
+            stopped += [x for x in report.stopped if not x.startswith("query ")]
+            left += report.left
         if self.registry is not None:
             if self.registry.owned:
                 self.registry.stop()

@@ -193,14 +193,19 @@ class Deployment:
         """The master the queries will run on, without starting a session just to ask."""
         if self.engine_arg != "changelog":
             return None
-        from statekit.engine.spark.session import resolve_master, session_master
+        from statekit.engine.spark.session import is_connect_url, resolve_master, session_master
 
         if self.spark is not None:
             return session_master(self.spark)
         from pyspark.sql import SparkSession
 
         active = SparkSession.getActiveSession()
-        return session_master(active) if active is not None else resolve_master()
+        if active is not None:
+            return session_master(active)
+        master = resolve_master()
+        if is_connect_url(master):   # the server's master, asked through the session we will use
+            return session_master(self.engine().session())
+        return master
 
     # -- the placement
     def choose_placement(self, *, layout, bootstrap: str, sink: str):

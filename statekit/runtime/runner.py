@@ -252,6 +252,37 @@ class Runner:
             app._close_router()
             app._transition(AppState.NOT_RUNNING, "stopped")
             app._close_helpers()
+            self.release_engine_helpers(self.query_names(), grace=1.0)
+
+    def query_names(self, inactive_only: bool = False) -> list:
+        """The engine queries' names of every sub-topology (only those not running, if asked)."""
+        app = self.app
+        names = [app.name if sub == 0 else f"{app.name}_{sub}" for sub in sorted(app.subplans)]
+        if inactive_only:
+            running = {sub for sub, q in self.queries.items() if active(q)}
+            names = [n for sub, n in zip(sorted(app.subplans), names) if sub not in running]
+        return names
+
+    def release_engine_helpers(self, names: list, grace: float = 0.0) -> None:
+        """The helper processes a Spark Connect server keeps for these stopped queries end
+        (``engine.spark.helpers``): after ``grace`` seconds, in a thread (the executors' tasks
+        close their copies first, on the stop the coordinator published)."""
+        release = getattr(self.app._deploy._engine, "release_helpers", None)
+        if release is None or not names:
+            return
+        control = self.app.layout.control_dir
+
+        def run():
+            time.sleep(grace)
+            try:
+                release(control, names)
+            except Exception as exc:  # noqa: BLE001 - a best effort
+                log.info("ending the engine's helpers: %s", exc)
+
+        if grace <= 0:
+            run()
+        else:
+            threading.Thread(target=run, name=f"statekit-release-{self.app.name}", daemon=True).start()
 
     def restart(self, timeout: float = 120, wait: bool = False, crash_during: Optional[dict] = None,
                 restore_rate: Optional[float] = None) -> dict:
@@ -285,6 +316,7 @@ class Runner:
             app._error = None
             app._bus.forget_task_errors()
             app._transition(AppState.RESTORING, "restart")
+            self.release_engine_helpers(self.query_names(inactive_only=True))
             self.launch()
             if self._monitor is None:
                 self.start_monitor()

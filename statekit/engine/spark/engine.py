@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Callable
 
-from statekit.engine.spark.planners import REAPER
-from statekit.engine.spark.session import SparkFailure, get_session, map_in_arrow, one_line
+from statekit.engine.spark import session_api
+from statekit.engine.spark.session import SparkFailure, get_session, one_line, own_query
 from statekit.engine.spark.stage_rows import OUTPUT_SCHEMA, task_rows, trace
 from statekit.engine.spec import RunSpec
 from statekit.errors import StatekitError
@@ -81,6 +81,7 @@ def make_deliver(run: RunSpec):
     spooled), and fails with the first task's failure."""
     control_dir, sub = run.control_dir, int(run.subtopology)
     app, bootstrap, events = run.app, run.bootstrap, run.events
+    query = run.query_name or run.app
 
     def deliver_tasks(batches):
         import time as _time
@@ -90,7 +91,10 @@ def make_deliver(run: RunSpec):
         from statekit.contracts import TaskId
         from statekit.worker.exchange import deliver
 
+        from statekit.engine.spark.helpers import note
+
         batch_id = int(TaskContext.get().getLocalProperty("streaming.sql.batchId") or -1)
+        note(control_dir, query)
         publish = None
         if events:
             from statekit.event_bus import EventPublisher
@@ -279,6 +283,11 @@ class RunningQuery:
             if err is not None:
                 raise EngineError(f"query {self.name} failed: {err}")
             if not self.is_active:
+                # asked again: over Spark Connect each answer is a call of its own, and a query
+                # that failed between the two looks stopped, not failed, to the first
+                err = self.exception()
+                if err is not None:
+                    raise EngineError(f"query {self.name} failed: {err}")
                 return
             got = self._committed_ends(want)
             if got is None:           # no micro-batch yet (a query that started at "latest")
@@ -425,7 +434,7 @@ class SparkEngine:
         self._spark = spark
 
     def session(self):
-        if self._spark is None or self._spark.sparkContext._jsc is None:
+        if self._spark is None or not session_api.of(self._spark).alive():
             self._spark = get_session()
         return self._spark
 
@@ -446,8 +455,7 @@ class SparkEngine:
                 r = r.option("taskGroups", "1")
         if run.max_records_per_trigger:
             r = r.option("maxRecordsPerTrigger", str(int(run.max_records_per_trigger)))
-        with REAPER.busy():                  # Spark's planners look the source up and create it
-            return r.load()
+        return r.load()
 
     def build(self, run: RunSpec):
         """The streaming DataFrame of output rows (topic, key, value), not started."""
@@ -456,7 +464,7 @@ class SparkEngine:
             from statekit.engine.spark.executors import executor_frame
 
             return executor_frame(self.session(), src, run)
-        return map_in_arrow(src, make_deliver(run), OUTPUT_SCHEMA)
+        return src.mapInArrow(make_deliver(run), OUTPUT_SCHEMA)
 
     @staticmethod
     def memory_table_name(run: RunSpec) -> str:
@@ -479,6 +487,15 @@ class SparkEngine:
     def spark_sink(self, run: RunSpec) -> str:
         """Spark's sink for this engine's queries: none, since the tasks write their outputs."""
         return "none"
+
+    def release_helpers(self, control_dir: str | None, queries) -> list:
+        """End the Python helpers a Spark Connect server keeps for these stopped queries
+        (``engine.spark.helpers``); a classic session has none to end. Returns their pids."""
+        if not control_dir or not session_api.is_connect(self._spark):
+            return []
+        from statekit.engine.spark.helpers import reap
+
+        return reap(control_dir, queries)
 
 
 def launch(spark, out, run: RunSpec, memory_table: str, output_mode: str = "append",
@@ -505,11 +522,10 @@ def launch(spark, out, run: RunSpec, memory_table: str, output_mode: str = "appe
         raise EngineError(f"unknown sink {sink!r}: use 'kafka', 'memory' or 'none'")
     w = _apply_trigger(w.outputMode(output_mode), run.trigger)
     try:
-        with REAPER.busy():
-            q = w.start()
-            REAPER.watch(q)   # Spark's planners are ended once its first micro-batch planned
+        q = w.start()
     except Exception as e:
         raise one_line(e, f"cannot start {name}") from None
+    own_query(q)      # statekit stops it (stop_session); a query the user started, never
     rq = RunningQuery(spark, q, run)
     if on_progress is not None:
         _Listener.subscribe(spark, rq.id, on_progress)

@@ -271,6 +271,7 @@ def make_resident_stage(run: RunSpec):
     """The stateful operator's function: the task of this group (one row: its ranges) runs on its
     resident copy; the group's state becomes the batch id."""
     sub = int(run.subtopology)
+    query = run.query_name or run.app
 
     def stage(key, frames, state):
         import json as _json
@@ -279,9 +280,11 @@ def make_resident_stage(run: RunSpec):
         from pyspark import TaskContext
 
         from statekit.contracts import TaskId
+        from statekit.engine.spark.helpers import note
 
         ctx = TaskContext.get()
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
+        note(run.control_dir, query)
         for pdf in frames:
             for task, ranges in zip(pdf["task"].tolist(), pdf["ranges"].tolist()):
                 t0 = _time.perf_counter()
@@ -301,6 +304,7 @@ def make_executor_stage(run: RunSpec):
     """The query's one stage with ``STATEKIT_EXECUTOR_LOCALITY=off``: each task's micro-batch
     opened, processed, committed and closed in whichever Python worker received it."""
     sub = int(run.subtopology)
+    query = run.query_name or run.app
 
     def stage(batches):
         import time as _time
@@ -308,9 +312,11 @@ def make_executor_stage(run: RunSpec):
         from pyspark import TaskContext
 
         from statekit.contracts import TaskId
+        from statekit.engine.spark.helpers import note
 
         ctx = TaskContext.get()
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
+        note(run.control_dir, query)
         for task, ranges in task_rows(batches):
             t0 = _time.perf_counter()
             n = run_on_executor(run, TaskId(sub, task), batch_id, ranges)
