@@ -265,24 +265,18 @@ class Runner:
 
     def release_engine_helpers(self, names: list, grace: float = 0.0) -> None:
         """The helper processes a Spark Connect server keeps for these stopped queries end
-        (``engine.spark.helpers``): after ``grace`` seconds, in a thread (the executors' tasks
-        close their copies first, on the stop the coordinator published)."""
-        release = getattr(self.app._deploy._engine, "release_helpers", None)
-        if release is None or not names:
+        (``engine.spark.helpers``), ``grace`` seconds after their stop (the executors' tasks close
+        their copies first, on the stop the coordinator published)."""
+        engine = self.app._deploy._engine
+        keeps = getattr(engine, "keeps_helpers", None)
+        if not names or keeps is None or not keeps():
             return
-        control = self.app.layout.control_dir
-
-        def run():
+        if grace > 0 and self.app._deploy.placement_name == "executors":
             time.sleep(grace)
-            try:
-                release(control, names)
-            except Exception as exc:  # noqa: BLE001 - a best effort
-                log.info("ending the engine's helpers: %s", exc)
-
-        if grace <= 0:
-            run()
-        else:
-            threading.Thread(target=run, name=f"statekit-release-{self.app.name}", daemon=True).start()
+        try:
+            engine.release_helpers(self.app.layout.control_dir, names)
+        except Exception as exc:  # noqa: BLE001 - a best effort
+            log.info("ending the engine's helpers: %s", exc)
 
     def restart(self, timeout: float = 120, wait: bool = False, crash_during: Optional[dict] = None,
                 restore_rate: Optional[float] = None) -> dict:

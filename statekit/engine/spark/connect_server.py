@@ -110,6 +110,9 @@ def server_conf(master: str, host: str, port: int, loopback: bool) -> dict:
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.python.worker.reuse": "true",
         "spark.sql.session.timeZone": "UTC",
+        # a room's kernels start their first queries at the same moment on a few cores: a Python
+        # worker forked then may take longer than Spark's 15 s to connect back
+        "spark.python.authenticate.socketTimeout": "120s",
     }
     if local:
         conf.update({"spark.task.maxFailures": "1", "spark.default.parallelism":

@@ -81,7 +81,6 @@ def make_deliver(run: RunSpec):
     spooled), and fails with the first task's failure."""
     control_dir, sub = run.control_dir, int(run.subtopology)
     app, bootstrap, events = run.app, run.bootstrap, run.events
-    query = run.query_name or run.app
 
     def deliver_tasks(batches):
         import time as _time
@@ -91,10 +90,7 @@ def make_deliver(run: RunSpec):
         from statekit.contracts import TaskId
         from statekit.worker.exchange import deliver
 
-        from statekit.engine.spark.helpers import note
-
         batch_id = int(TaskContext.get().getLocalProperty("streaming.sql.batchId") or -1)
-        note(control_dir, query)
         publish = None
         if events:
             from statekit.event_bus import EventPublisher
@@ -455,6 +451,9 @@ class SparkEngine:
                 r = r.option("taskGroups", "1")
         if run.max_records_per_trigger:
             r = r.option("maxRecordsPerTrigger", str(int(run.max_records_per_trigger)))
+        if run.control_dir and session_api.is_connect(spark):
+            r = (r.option("helpers.dir", run.control_dir)
+                 .option("helpers.query", run.query_name or run.app))
         return r.load()
 
     def build(self, run: RunSpec):
@@ -487,6 +486,10 @@ class SparkEngine:
     def spark_sink(self, run: RunSpec) -> str:
         """Spark's sink for this engine's queries: none, since the tasks write their outputs."""
         return "none"
+
+    def keeps_helpers(self) -> bool:
+        """Whether the session's server keeps Python helpers per query (Spark Connect)."""
+        return session_api.is_connect(self._spark)
 
     def release_helpers(self, control_dir: str | None, queries) -> list:
         """End the Python helpers a Spark Connect server keeps for these stopped queries

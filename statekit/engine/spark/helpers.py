@@ -1,20 +1,24 @@
-"""The Python helper processes a Spark Connect server starts for statekit's queries, and their end.
+"""The Python helper processes a Spark Connect server starts for statekit, and their end.
 
-A Spark Connect server runs every client session — and every streaming query, which runs on a
-clone of its session — under an artifact id of its own (``SPARK_JOB_ARTIFACT_UUID`` in the
-environment of the Python processes it starts). Spark keeps one Python worker factory per id: a
-daemon that forks the workers, and one for each kind of planner (``lookup_data_sources``,
-``create_data_source``, ``plan_data_source_read``, ...). Spark 4.3 never ends them: a session
-that is released, or a query that stopped, leaves its daemons behind (each query start or restart
-of an App left two or three, ~40-110 MB each; one server held 29 helpers, 1.66 GiB, after ten
-client sessions). A classic session runs everything under the id ``default``: nothing to end.
+A Spark Connect server runs a client session's Python planners — and each streaming query run's,
+which runs on a clone of its session — under an artifact id of its own
+(``SPARK_JOB_ARTIFACT_UUID`` in the environment of the processes it starts), and keeps one
+daemon per id and kind of planner (``lookup_data_sources``, ``create_data_source``,
+``plan_data_source_read``, ...), with its worker. Spark 4.3 never ends them: a released session,
+or a query that stopped, leaves them behind (here every start or restart of a query left a
+daemon and a worker, ~35 MB each, and every client session two more pairs; one server held 29
+helpers, 1.66 GiB, after ten client sessions). The Python workers of the queries' stages run
+under ``default``, one pool for every session, which Spark trims itself (an idle worker goes
+after a minute).
 
-So the stages of statekit's queries note their id (``note``: a file per query and id in the
-application's control directory), and once a query has stopped (``App.stop()``, or before
-``restart()`` starts it again) the driver ends that id's daemons on this machine (``reap``): SIGTERM
-to a daemon, which hangs up on its workers. Only processes of the ids statekit's own queries and
-own session ran under are touched, never a session's the user made: its ``default`` or session id
-is not among them. A server on another machine keeps them (the driver cannot reach its processes).
+So the ``statekit-kafka`` source notes the id its stream reader is built under (``note``: in
+the server's ``plan_data_source_read`` planner, a file per query and id in the application's
+control directory), and once a query has stopped (``App.stop()``, or before ``restart()`` starts
+it again) the driver ends that id's daemons on this machine (``reap``): SIGTERM to a daemon,
+which hangs up on its worker. ``stop_session()`` does the same for the session statekit created
+(its ids asked with one small job). Only processes of the ids statekit's own queries and own
+session ran under are touched, never a session's the user made. A server on another machine
+keeps them (the driver cannot reach its processes).
 """
 from __future__ import annotations
 
@@ -37,8 +41,8 @@ def artifact_id() -> str | None:
 
 
 def note(control_dir: str | None, query: str) -> None:
-    """In a Python worker of ``query``: record its artifact id, once per process (best effort: a
-    control directory the executors do not see gets nothing)."""
+    """In a planner of ``query``: record its artifact id, once per process (best effort: a
+    control directory the server does not see gets nothing)."""
     uid = artifact_id()
     if not uid or not control_dir or (query, uid) in _NOTED:
         return

@@ -315,7 +315,13 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
                 set_aside = set_archive_aside(archive)
                 b = with_jvm_options(b, None)
                 spark = b.getOrCreate()
-    except Exception as exc:  # the JVM did not come up
+    except Exception as exc:  # the JVM did not come up: what it said, if it said something
+        said = [ln for ln in said_since(stderr, said_from).splitlines()
+                if "Exception" in ln and not ln.lstrip().startswith("at ")]
+        if said:
+            cause = explain(re.sub(r'^Exception in thread "[^"]*"\s*', "", said[0].strip()))
+            raise SparkFailure(f"Spark did not start: {cause} (the JVM's output: "
+                               f"{stderr})") from None
         raise one_line(exc, f"Spark did not start (the JVM's output: {stderr})") from None
     if set_aside:
         print(f"statekit: the JVM did not start with the class archive {archive}; it is "
