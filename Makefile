@@ -56,7 +56,7 @@ test-cluster: $(STAMP) java
 	$(PY) -m pytest -m "cluster and not browser" -q -s
 
 test-connect: $(STAMP) java
-	$(PY) -m pytest -m "connect" -q -s tests/connect
+	$(PY) -m pytest -m "connect" -q -s tests/connect tests/notebook/test_notebooks.py
 
 test-slow: $(STAMP) java
 	$(PY) -m pytest -m "slow" -q
