@@ -23,3 +23,4 @@ def connect_server(tmp_path_factory):
     finally:
         left = server.stop()
         assert left == [], f"processes of the Connect server still alive: {left}"
+

@@ -7,7 +7,8 @@ Prints one JSON line:
 1. the user's session, with the user's own streaming query running: an App on it (``spark=``)
    starts, counts, stops; ``%statekit up`` / ``%statekit down`` (the kernel's commands) run beside
    it. The user's query and session must survive both.
-2. the user's session stopped by the user; ``%statekit up`` starts statekit's own session; the user
+2. the user's session stopped by the user; ``%statekit up`` starts statekit's own session (over
+   Connect: on ``SPARK_REMOTE``, set now); the user
    starts a query on it (``SparkSession.builder.getOrCreate()`` hands out the active one); ``down``
    must leave it running and say why; once the user's query is stopped, ``down`` stops it.
 """
@@ -77,9 +78,12 @@ def main(root: str, mode: str, url: str, bootstrap: str) -> dict:
     mine.stop()
     spark.stop()
 
-    # statekit's own session, with a query of the user's on it
+    # statekit's own session (over Connect: found through SPARK_REMOTE, as a workshop's kernels
+    # find the room's server), with a query of the user's on it
+    if mode == "connect":
+        os.environ["SPARK_REMOTE"] = url
     sess = Session()
-    _magic(sess, f"up --bootstrap {bootstrap}" + (f" --master {url}" if mode == "connect" else ""))
+    _magic(sess, f"up --bootstrap {bootstrap}")
     from pyspark.sql import SparkSession
 
     theirs = SparkSession.builder.getOrCreate()

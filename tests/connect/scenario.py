@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "runtime"))
 import harness as H  # noqa: E402
 
 SEED = 28
-PARTITIONS = 3
+PARTITIONS = 2
 COUNTRIES = ("de", "fr", "jp", "br")
 
 
@@ -126,7 +126,7 @@ def run(root: str, url: str, placement: str) -> dict:
 
         for u in H.USERS:
             k.send("users", partition_for(u.encode(), PARTITIONS), [(u.encode(), country(u).encode())])
-        app.start(max_records_per_trigger=40, sink="kafka")
+        app.start(max_records_per_trigger=200, sink="kafka")
         res["placement"] = app.placement
         steps: list = []
         res["steps"] = steps

@@ -21,6 +21,7 @@ import sys
 import time
 
 import pytest
+from alone import run_alone
 
 pytestmark = pytest.mark.connect
 
@@ -57,10 +58,10 @@ def _outside_the_shared_pool(server) -> list:
 def scenario(request, connect_server, tmp_path_factory):
     root = str(tmp_path_factory.mktemp(f"connect-{request.param}"))
     t0 = time.monotonic()
-    with open(os.path.join(root, "scenario.stderr"), "wb") as err:
-        p = subprocess.run([sys.executable, os.path.join(HERE, "scenario.py"), root, connect_server.url,
-                            request.param], stdout=subprocess.DEVNULL, stderr=err, timeout=900,
-                           env=_env(tmp_path_factory.mktemp("home")))
+    with open(os.path.join(root, "scenario.stderr"), "w") as err:
+        p = run_alone([sys.executable, os.path.join(HERE, "scenario.py"), root, connect_server.url,
+                       request.param], timeout=1200, env=_env(tmp_path_factory.mktemp("home")),
+                      stdout=subprocess.DEVNULL, stderr=err, brokers=[os.path.join(root, "broker")])
     try:
         with open(os.path.join(root, "result.json")) as f:
             res = json.load(f)
@@ -128,7 +129,7 @@ CELLS = [
     ("wait2", "%statekit wait wc"),
     ("restart", "%statekit restart wc --no-watch"),
     ("wait3", "%statekit wait wc"),
-    ("check", "import collections\n"
+    ("check", "import collections, kernel_ext\n"
               "from statekit.kafka import Kafka\n"
               "k = Kafka(); want = collections.Counter()\n"
               "for p, end in k.end_offsets('lines').items():\n"
@@ -153,7 +154,8 @@ def _run_cell(kc, code: str, timeout: float = 600) -> dict:
         elif t == "error":
             out["error"] = f"{c['ename']}: {c['evalue']}"
         elif t in ("execute_result", "display_data"):
-            out["stdout"] += c.get("data", {}).get("text/plain", "") + "\n"
+            data = c.get("data", {})
+            out["stdout"] += (data.get("text/html") or data.get("text/plain", "")) + "\n"
 
     kc.execute_interactive(code, output_hook=hook, timeout=timeout)
     return out
@@ -165,15 +167,19 @@ def test_the_magics_run_on_a_connect_server_in_a_real_kernel(connect_server, tmp
     env = _env(tmp_path)
     km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
     said: dict = {}
+    helpers_at_down = None
     try:
         for name, code in CELLS:
             word = said["check"]["stdout"].split()[-2] if "check" in said else ""
-            said[name] = _run_cell(kc, code.format(url=connect_server.url, word=word))
+            said[name] = _run_cell(kc, code.replace("{url}", connect_server.url).replace("{word}", word))
             assert said[name]["error"] is None, (name, said[name])
         helpers_at_down = _outside_the_shared_pool(connect_server)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+        from statekit import broker as broker_mod
+
+        broker_mod.stop(str(tmp_path / "home" / "broker"))   # its own session: not the kernel's group
     for name in ("up", "start", "wait", "crash", "wait2", "restart", "wait3", "down"):
         assert "Traceback" not in said[name]["stderr"], (name, said[name]["stderr"])
     assert "Spark Connect" in said["up"]["stdout"] and connect_server.url in said["up"]["stdout"]
@@ -189,3 +195,33 @@ def test_the_magics_run_on_a_connect_server_in_a_real_kernel(connect_server, tmp
     down = said["down"]["stdout"]
     assert "app wc" in down and "statekit's Spark Connect session" in down and "embedded broker" in down
     assert helpers_at_down == [], helpers_at_down
+
+
+API_MODE = """
+import json, os
+from statekit.engine.spark import session as S, session_api
+from statekit.engine.spark.connect_server import alive, descendants
+spark = S.get_session()
+server = S._OWNED.server
+res = {"connect": session_api.is_connect(spark), "url": S.connect_url(spark), "server": server.url,
+       "counted": spark.range(5).count(), "master": S.session_master(spark)}
+pids = [server.pid, *descendants(server.pid)]
+res["stopped"] = S.stop_session().stopped
+res["alive_after"] = [p for p in pids if alive(p)]
+res["env_after"] = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+print(json.dumps(res))
+"""
+
+
+def test_spark_api_mode_connect_starts_a_server_of_statekits_and_stops_it(tmp_path):
+    """``SPARK_API_MODE=connect`` (Spark 4's ``spark.api.mode``): statekit's session is a Spark
+    Connect client of a local server statekit starts (an ephemeral port); stopping the session
+    stops the server and every process it started, and clears the Connect mode statekit set."""
+    env = dict(_env(tmp_path), SPARK_API_MODE="connect", TMPDIR=str(tmp_path))
+    p = run_alone([sys.executable, "-c", API_MODE], timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["connect"] is True and res["url"] == res["server"] and res["counted"] == 5
+    assert res["master"] == "local[2]"
+    assert res["stopped"] == ["spark (and the local Spark Connect server statekit started)"]
+    assert res["alive_after"] == [] and res["env_after"] is False

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from alone import run_alone
 
 pytestmark = pytest.mark.spark
 
@@ -21,8 +21,8 @@ def _run(tmp_path, mode, url, bootstrap) -> dict:
     env = dict(os.environ, STATEKIT_HOME=str(tmp_path / "home"))
     for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_API_MODE", STATEKIT_MASTER):
         env.pop(k, None)
-    p = subprocess.run([sys.executable, os.path.join(HERE, "owner.py"), str(tmp_path), mode, url or "",
-                        bootstrap], capture_output=True, text=True, timeout=420, env=env)
+    p = run_alone([sys.executable, os.path.join(HERE, "owner.py"), str(tmp_path), mode, url or "",
+                   bootstrap], timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

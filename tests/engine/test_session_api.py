@@ -138,3 +138,45 @@ def test_a_query_that_failed_between_two_answers_is_a_failure_not_caught_up(monk
     with pytest.raises(EngineError) as ei:
         RunningQuery(None, Failing(), run).process_all_available(timeout=5)
     assert "failed" in one_line(ei.value)
+
+
+def _at(endpoint: str, master: str = "local[2]"):
+    s = ConnectLike({"spark.master": master})
+    s.client = type("Client", (), {"_builder": type("B", (), {"endpoint": endpoint})()})()
+    return s
+
+
+def test_a_connect_server_elsewhere_runs_the_tasks_on_its_executors():
+    """A Spark Connect server on this machine with a local master can run the instances placement
+    (its Python workers reach the instances on 127.0.0.1); one on another machine cannot, whatever
+    its master: `auto` picks the executors there."""
+    from statekit.runtime.deployment import Deployment
+    from statekit.runtime.placement import resolve_placement
+
+    here, there = _at("127.0.0.1:15002"), _at("dbc-1234.cloud.example.com:443")
+    assert Deployment.master_of(here) == "local[2]"
+    assert Deployment.master_of(there) == "sc://dbc-1234.cloud.example.com:443"
+    assert resolve_placement("auto", engine="changelog", master=Deployment.master_of(here)) == "instances"
+    assert resolve_placement("auto", engine="changelog", master=Deployment.master_of(there)) == "executors"
+
+
+def test_an_unreachable_connect_server_is_said_at_once_in_one_line():
+    """pyspark's client retries a server that does not answer for minutes; statekit asks for a
+    TCP connection first and says so in one line."""
+    import socket
+    import time
+
+    from statekit.engine.spark.session import SparkFailure, _reachable
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()                                   # nothing listens there now
+    t0 = time.monotonic()
+    with pytest.raises(SparkFailure) as ei:
+        _reachable(f"sc://127.0.0.1:{port}")
+    assert time.monotonic() - t0 < 10
+    assert f"could not reach the Spark Connect server at sc://127.0.0.1:{port}" in one_line(ei.value)
+    with pytest.raises(SparkFailure) as ei:
+        _reachable("spark://h:7077")
+    assert "sc://HOST:PORT" in one_line(ei.value)

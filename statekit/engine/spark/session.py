@@ -169,6 +169,22 @@ CONNECT_CONF = {
 }
 
 
+def _reachable(url: str, timeout: float = 10.0) -> None:
+    """A TCP connection to the server answers, or a one-line error at once (pyspark's client
+    retries an unreachable server for minutes)."""
+    import socket
+
+    m = re.match(r"^sc://\[?([^\]/:;]+)\]?(?::(\d+))?", url)
+    if not m:
+        raise SparkFailure(f"{url} is not a Spark Connect URL: use sc://HOST:PORT")
+    host, port = m.group(1), int(m.group(2) or 15002)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise SparkFailure(f"could not reach the Spark Connect server at {url} ({exc.strerror or exc}): "
+                           f"is it running? (`statekit spark status` on its machine)") from None
+
+
 def _connect_session(url: str, shuffle_partitions: int | None):
     """A Spark Connect client session on ``url``."""
     from pyspark.sql import SparkSession
@@ -177,14 +193,21 @@ def _connect_session(url: str, shuffle_partitions: int | None):
         raise SessionConflict(f"a classic Spark session runs in this process, and pyspark runs one "
                               f"mode per process: stop it first (%statekit down, or statekit.engine."
                               f"spark.stop_session()), then connect to {url}")
+    _reachable(url)
     had_env = "SPARK_CONNECT_MODE_ENABLED" in os.environ
     b = SparkSession.builder.remote(url)
     for k, v in dict(CONNECT_CONF, **{"spark.sql.shuffle.partitions": str(shuffle_partitions or 2)}).items():
         b = b.config(k, v)
+    spark = None
     try:
         spark = b.getOrCreate()
         spark.range(1).count()   # the server answers (getOrCreate alone does not ask it)
     except Exception as exc:  # noqa: BLE001
+        if spark is not None:    # not handed out again by a later getOrCreate
+            try:
+                spark.stop()
+            except Exception:  # noqa: BLE001
+                pass
         if not had_env:
             os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
         raise one_line(exc, f"could not reach the Spark Connect server at {url}") from None
@@ -357,6 +380,16 @@ def connect_url(spark) -> str | None:
         return f"sc://{spark.client._builder.endpoint}"
     except Exception:  # noqa: BLE001
         return None
+
+
+def connect_url_is_here(url: str) -> bool:
+    """Whether a Spark Connect URL's server runs on this machine (what a local master there means
+    for the instances placement, whose processes listen on 127.0.0.1)."""
+    import socket
+
+    m = re.match(r"^sc://\[?([^\]/:;]+)", url or "")
+    host = m.group(1) if m else ""
+    return host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", socket.gethostname(), socket.getfqdn())
 
 
 def session_master(spark) -> str | None:
