@@ -90,6 +90,17 @@ def pss_mb(pids) -> float:
     return total / 1024
 
 
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return "?"
+    words = [a.decode(errors="replace") for a in args if a]
+    mod = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "-m"), None)
+    return mod or os.path.basename(words[0]) if words else "?"
+
+
 def cpu_seconds(pids) -> float:
     total = 0
     for p in pids:
@@ -136,6 +147,7 @@ class Participant:
         self.remote = remote
         self.km = self.kc = None
         self.result: dict = {}
+        self.said: list = []
 
     def start(self) -> None:
         from jupyter_client.manager import start_new_kernel
@@ -160,8 +172,11 @@ class Participant:
         try:
             for c in code:
                 got = run(self.kc, c)
+                self.said.append((c, got["stdout"]))
                 if got["error"]:
-                    raise RuntimeError(f"participant {self.i}: {got['error']} in {c[:60]!r}")
+                    said = " | ".join(out.strip()[-300:] for _c, out in self.said[-3:])
+                    raise RuntimeError(f"participant {self.i}: {got['error']} in {c[:60]!r} "
+                                       f"(said before: {said})")
             probe = run(self.kc, PROBE)
             first = json.loads(probe["stdout"].split("FIRST ", 1)[1].split("\n", 1)[0])
             self.result.update(first_numbers=(first - t0) if first else float("nan"),
@@ -174,10 +189,13 @@ class Participant:
             run(self.kc, c)
 
     def shutdown(self) -> None:
+        from statekit import broker as broker_mod
+
         if self.kc is not None:
             self.kc.stop_channels()
         if self.km is not None:
             self.km.shutdown_kernel(now=True)
+        broker_mod.stop(os.path.join(self.home, "broker"))   # its own session: not the kernel's
 
 
 def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int | None) -> dict:
@@ -205,6 +223,8 @@ def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int |
         trees = {p.i: tree(p.pid) for p in people}
         server = tree(server_pid) if server_pid else []
         for p in people:
+            p.result["pss_by_process"] = sorted(((round(pss_mb([q]), 1), _name(q)) for q in trees[p.i]),
+                                                reverse=True)
             p.result["pss_mb"] = pss_mb(trees[p.i])
             p.result["idle_cpu"] = (cpu_seconds(trees[p.i]) - cpu0[p.i]) / idle_s
             p.result["processes"] = len(trees[p.i])
@@ -228,6 +248,9 @@ def report(name: str, r: dict) -> None:
     for i, k in enumerate(r["kernels"]):
         say(f"{name}, participant {i}: first numbers {k['first_numbers']:.1f} s, PSS "
             f"{k['pss_mb']:.0f} MB ({k['processes']} processes), idle CPU {k['idle_cpu']:.3f} cores")
+    biggest = max(r["kernels"], key=lambda k: k["pss_mb"])
+    say(f"{name}, the largest kernel's processes (PSS MB): "
+        + ", ".join(f"{n} {m:.0f}" for m, n in biggest["pss_by_process"]))
     say(f"{name}, the room: PSS {r['room_pss_mb']:,.0f} MB (server {r['server_pss_mb']:.0f} MB, "
         f"{r['server_processes']} processes), idle CPU {r['room_idle_cpu']:.3f} cores, first numbers "
         f"max {max(k['first_numbers'] for k in r['kernels']):.1f} s")
