@@ -318,7 +318,9 @@ class Session:
         elif self.registry_error:
             rows.append(("schema registry", f"not started: {_e(self.registry_error)}"))
         if self.spark is not None:
-            rows.append(("spark", self._spark_row()))
+            from statekit.engine.spark.session import describe
+
+            rows.append(("spark", " · ".join(_e(x) for x in describe(self.spark))))
         else:
             rows.append(("spark", "not started"))
         for name, app in sorted(self.apps.items()):
@@ -329,25 +331,6 @@ class Session:
             rows.append((f"producer {topic}", f"{'running' if job.running else 'done'} · {job.source} · "
                                               f"{sent:,} records sent"))
         return _card(title, rows, ok=self.bootstrap is not None)
-
-    def _spark_row(self) -> str:
-        """Spark's version, master and whose session it is (Spark Connect: the server's URL)."""
-        from statekit.engine.spark import session_api
-        from statekit.engine.spark.session import statekit_owns
-
-        api = session_api.of(self.spark)
-        if not api.alive():
-            return "stopped"
-        try:
-            parts = [_e(self.spark.version), _e(api.master() or "?")]
-        except Exception:
-            return "stopped"
-        if api.connect:
-            from statekit.engine.spark.session import connect_url
-
-            parts.append(f"Spark Connect · <code>{_e(connect_url(self.spark) or '?')}</code>")
-        parts.append("started by statekit" if statekit_owns(self.spark) else "your own session")
-        return " · ".join(parts)
 
     @staticmethod
     def _app_shape(app, standbys: bool = True) -> str:

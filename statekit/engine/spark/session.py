@@ -392,6 +392,22 @@ def connect_url_is_here(url: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", socket.gethostname(), socket.getfqdn())
 
 
+def describe(spark) -> list:
+    """What the status card says of a session: version, master, a Spark Connect session's server
+    URL and whose session it is (``["stopped"]`` once it is gone)."""
+    api = session_api.of(spark)
+    if not api.alive():
+        return ["stopped"]
+    try:
+        parts = [spark.version, api.master() or "?"]
+    except Exception:  # noqa: BLE001 - stopped between the two questions
+        return ["stopped"]
+    if api.connect:
+        parts.append(f"Spark Connect · {connect_url(spark) or '?'}")
+    parts.append("started by statekit" if statekit_owns(spark) else "your own session")
+    return parts
+
+
 def session_master(spark) -> str | None:
     """The master of a session (a Spark Connect session's: the server's ``spark.master``)."""
     return session_api.of(spark).master()
