@@ -313,7 +313,7 @@ def _spark_serve(args) -> int:
             raise StatekitError(f"--conf wants KEY=VALUE, got {kv!r}")
         conf[k.strip()] = v
     server = ConnectServer(root, master=args.master, host=args.host, port=args.port, conf=conf,
-                           driver_memory=args.driver_memory).start()
+                           driver_memory=args.driver_memory, detach=True).start()
     print(f"Spark Connect server running at {server.url} (pid {server.pid}, master {args.master}; "
           f"log {server.log_path})")
     print(_participants(server.url))

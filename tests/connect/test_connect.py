@@ -225,3 +225,39 @@ def test_spark_api_mode_connect_starts_a_server_of_statekits_and_stops_it(tmp_pa
     assert res["master"] == "local[2]"
     assert res["stopped"] == ["spark (and the local Spark Connect server statekit started)"]
     assert res["alive_after"] == [] and res["env_after"] is False
+
+
+LIFELINE = """
+import os, sys, time
+from statekit.engine.spark.connect_server import ConnectServer, descendants
+server = ConnectServer(sys.argv[1]).start()
+print(server.pid, *descendants(server.pid), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_statekit_started_ends_with_the_process_that_started_it(tmp_path):
+    """A kernel that dies (SIGKILL: no stop(), no atexit) leaves no Connect server behind: the
+    lifeline's keeper ends the server's process group (``statekit spark serve`` detaches: it runs
+    until ``statekit spark stop``)."""
+    from statekit.engine.spark.connect_server import alive
+
+    proc = subprocess.Popen([sys.executable, "-c", LIFELINE, str(tmp_path / "server")],
+                            stdout=subprocess.PIPE, text=True, env=_env(tmp_path),
+                            start_new_session=True)
+    pids: list = []
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert pids and all(alive(p) for p in pids[:1]), pids
+        os.kill(proc.pid, 9)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.2)
+        assert [p for p in pids if alive(p)] == []
+    finally:
+        for p in pids:                       # only if the assertion failed: they are ours
+            if alive(p):
+                os.kill(p, 9)
+        if proc.poll() is None:
+            os.kill(proc.pid, 9)

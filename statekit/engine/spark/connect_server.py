@@ -19,6 +19,10 @@ daemons, Python data source planners, streaming source runners) can be found and
     with ConnectServer(root) as server:
         spark = SparkSession.builder.remote(server.url).getOrCreate()
 
+The server ends with the process that started it (``statekit.lifeline``: a kernel restarted or
+killed leaves no server behind) unless ``detach`` (``statekit spark serve``: the room's server runs
+until ``statekit spark stop``).
+
 ``server.json`` in ``root`` records ``{pid, url, master, log, started_at}`` while it runs (how
 ``statekit spark status|stop`` find it).
 """
@@ -33,6 +37,7 @@ import sys
 import time
 from typing import Optional
 
+from statekit import lifeline
 from statekit.engine.spark import jvm
 from statekit.errors import StatekitError
 
@@ -130,7 +135,8 @@ class ConnectServer:
 
     def __init__(self, root: str, master: str = "local[2]", host: str = "127.0.0.1", port: int = 0,
                  conf: Optional[dict] = None, driver_memory: str = "1g",
-                 start_timeout: float = 180.0):
+                 start_timeout: float = 180.0, detach: bool = False):
+        self.detach = detach
         self.root = os.path.abspath(str(root))
         self.master = master
         self.host = host
@@ -205,6 +211,8 @@ class ConnectServer:
         finally:
             out.close()
         self._seen.add(self.proc.pid)
+        if not self.detach:
+            lifeline.keep(self.proc.pid, group=True)   # ended with this process if stop() never comes
         return offset
 
     def _wait_started(self, offset_log: int, deadline: float) -> Optional[str]:
@@ -296,6 +304,9 @@ class ConnectServer:
             os.unlink(self.state_path)
         except OSError:
             pass
+        if not self.detach:
+            for pid in sorted(self._seen):
+                lifeline.forget(pid)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(alive(x) for x in self._seen):
             time.sleep(0.05)
