@@ -261,3 +261,40 @@ def test_a_server_statekit_started_ends_with_the_process_that_started_it(tmp_pat
                 os.kill(p, 9)
         if proc.poll() is None:
             os.kill(proc.pid, 9)
+
+
+def test_statekit_spark_serve_status_stop(tmp_path):
+    """The teacher's commands: ``serve`` starts a server that outlives the command (detached) and
+    says the URL participants set as SPARK_REMOTE; ``serve`` again says it already runs; ``status``
+    names it; ``stop`` ends it and every process it started; ``status`` then says none runs."""
+    from statekit.engine.spark.connect_server import alive, descendants, read_state
+
+    root = str(tmp_path / "room")
+    env = _env(tmp_path)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "statekit.cli", "spark", *args, "--dir", root],
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    served = cli("serve", "--port", "0", "--master", "local[1]", "--driver-memory", "512m")
+    st = read_state(root)
+    pids = [st["pid"], *descendants(st["pid"])] if st else []
+    try:
+        assert served.returncode == 0, served.stderr[-2000:]
+        assert st is not None and alive(st["pid"])          # the command ended, the server runs on
+        url = st["url"]
+        assert re.fullmatch(r"sc://127\.0\.0\.1:\d+", url)
+        assert f"export SPARK_REMOTE={url}" in served.stdout, served.stdout
+        again = cli("serve")
+        assert again.returncode == 0 and f"already runs at {url}" in again.stderr, again
+        status = cli("status")
+        assert status.returncode == 0 and status.stdout.startswith(f"running: {url}"), status
+        stopped = cli("stop")
+        assert stopped.returncode == 0 and url in stopped.stdout, stopped
+        assert [p for p in pids if alive(p)] == []
+        none = cli("status")
+        assert none.returncode == 1 and none.stdout.startswith("no Spark Connect server runs"), none
+    finally:
+        for p in pids:                       # only when an assertion failed: they are ours
+            if alive(p):
+                os.kill(p, 9)
