@@ -174,7 +174,7 @@ class Participant:
                 got = run(self.kc, c)
                 self.said.append((c, got["stdout"]))
                 if got["error"]:
-                    said = " | ".join(out.strip()[-300:] for _c, out in self.said[-3:])
+                    said = " | ".join(out.strip()[-300:] for _c, out in self.said[-4:])
                     raise RuntimeError(f"participant {self.i}: {got['error']} in {c[:60]!r} "
                                        f"(said before: {said})")
             probe = run(self.kc, PROBE)
@@ -213,7 +213,9 @@ def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int |
             t.join()
         errors = [p.result["error"] for p in people if "error" in p.result]
         if errors:
-            raise RuntimeError(errors[0])
+            for e in errors[1:]:
+                say(f"also: {e}")
+            raise RuntimeError(f"{len(errors)} of {n} participants failed; the first: {errors[0]}")
         time.sleep(2)                        # the last kernel's cell has just returned
         trees = {p.i: tree(p.pid) for p in people}
         server = tree(server_pid) if server_pid else []
@@ -261,6 +263,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", type=int, default=8)
     ap.add_argument("--idle-seconds", type=float, default=15.0)
     ap.add_argument("--master", default="local[4]", help="the shared server's master")
+    ap.add_argument("--only", choices=("local", "connect"), default=None,
+                    help="run one of the two rooms (no RESULT line: it compares both)")
     args = ap.parse_args(argv)
 
     from statekit.engine.spark.connect_server import ConnectServer
@@ -268,9 +272,12 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="statekit-bench-workshop-")
     results = {}
     try:
-        say(f"(a) {args.kernels} kernels, each with its own local Spark")
-        results["local"] = room(args.kernels, os.path.join(work, "local"), args.idle_seconds, None, None)
-        report("own Spark", results["local"])
+        if args.only != "connect":
+            say(f"(a) {args.kernels} kernels, each with its own local Spark")
+            results["local"] = room(args.kernels, os.path.join(work, "local"), args.idle_seconds, None, None)
+            report("own Spark", results["local"])
+            if args.only == "local":
+                return 0
         say(f"(b) {args.kernels} kernels on one Spark Connect server ({args.master})")
         t = time.perf_counter()
         server = ConnectServer(os.path.join(work, "server"), master=args.master).start()
@@ -282,6 +289,8 @@ def main(argv=None) -> int:
         finally:
             server.stop()
         report("shared server", results["connect"])
+        if args.only == "connect":
+            return 0
         a, b = results["local"], results["connect"]
         fa = max(k["first_numbers"] for k in a["kernels"])
         fb = max(k["first_numbers"] for k in b["kernels"])
@@ -297,8 +306,10 @@ def main(argv=None) -> int:
             f"baseline={a['room_idle_cpu']:.3f} ratio={b['room_idle_cpu'] / max(a['room_idle_cpu'], 1e-9):.3f}")
         say(f"RESULT name=workshop_room_pss value={b['room_pss_mb']:.0f} unit=MB "
             f"baseline={a['room_pss_mb']:.0f} ratio={b['room_pss_mb'] / a['room_pss_mb']:.3f}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        say(f"kept for a look: {work} (each participant's STATEKIT_HOME)")
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
