@@ -24,6 +24,8 @@ def _run(tmp_path, mode, url, bootstrap) -> dict:
     p = run_alone([sys.executable, os.path.join(HERE, "owner.py"), str(tmp_path), mode, url or "",
                    bootstrap], timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
+    # no raw traceback from a thread (a Connect session made first, then `up`, printed one)
+    assert "Traceback" not in p.stderr and "Exception in thread" not in p.stderr, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
