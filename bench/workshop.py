@@ -276,8 +276,9 @@ def main(argv=None) -> int:
             say(f"(a) {args.kernels} kernels, each with its own local Spark")
             results["local"] = room(args.kernels, os.path.join(work, "local"), args.idle_seconds, None, None)
             report("own Spark", results["local"])
-            if args.only == "local":
-                return 0
+        if args.only == "local":
+            shutil.rmtree(work, ignore_errors=True)
+            return 0
         say(f"(b) {args.kernels} kernels on one Spark Connect server ({args.master})")
         t = time.perf_counter()
         server = ConnectServer(os.path.join(work, "server"), master=args.master).start()
@@ -290,6 +291,7 @@ def main(argv=None) -> int:
             server.stop()
         report("shared server", results["connect"])
         if args.only == "connect":
+            shutil.rmtree(work, ignore_errors=True)
             return 0
         a, b = results["local"], results["connect"]
         fa = max(k["first_numbers"] for k in a["kernels"])
