@@ -30,7 +30,8 @@ import time
 from typing import Callable
 
 from statekit.engine.spark import session_api
-from statekit.engine.spark.session import SparkFailure, get_session, one_line, own_query
+from statekit.engine.spark.planners import REAPER
+from statekit.engine.spark.session import SparkFailure, get_session, map_in_arrow, one_line, own_query
 from statekit.engine.spark.stage_rows import OUTPUT_SCHEMA, task_rows, trace
 from statekit.engine.spec import RunSpec
 from statekit.errors import StatekitError
@@ -454,7 +455,8 @@ class SparkEngine:
         if run.control_dir and session_api.is_connect(spark):
             r = (r.option("helpers.dir", run.control_dir)
                  .option("helpers.query", run.query_name or run.app))
-        return r.load()
+        with REAPER.busy():                  # Spark's planners look the source up and create it
+            return r.load()
 
     def build(self, run: RunSpec):
         """The streaming DataFrame of output rows (topic, key, value), not started."""
@@ -463,7 +465,7 @@ class SparkEngine:
             from statekit.engine.spark.executors import executor_frame
 
             return executor_frame(self.session(), src, run)
-        return src.mapInArrow(make_deliver(run), OUTPUT_SCHEMA)
+        return map_in_arrow(src, make_deliver(run), OUTPUT_SCHEMA)
 
     @staticmethod
     def memory_table_name(run: RunSpec) -> str:
@@ -525,7 +527,9 @@ def launch(spark, out, run: RunSpec, memory_table: str, output_mode: str = "appe
         raise EngineError(f"unknown sink {sink!r}: use 'kafka', 'memory' or 'none'")
     w = _apply_trigger(w.outputMode(output_mode), run.trigger)
     try:
-        q = w.start()
+        with REAPER.busy():
+            q = w.start()
+            REAPER.watch(q)   # Spark's planners are ended once its first micro-batch planned
     except Exception as e:
         raise one_line(e, f"cannot start {name}") from None
     own_query(q)      # statekit stops it (stop_session); a query the user started, never

@@ -273,12 +273,55 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
         return spark
 
 
+class _NumpyOnly:
+    """One of pyspark's numpy input converters, asked only about a numpy object.
+
+    py4j asks every input converter about every argument a Python call passes to the JVM, and
+    pyspark's two numpy converters answer by importing `pyspark.testing.utils` to learn whether
+    numpy is installed: that module imports pandas and pyarrow (~40 MB of the driver's PSS and
+    ~1 s of CPU here) on the first call that passes a list, in a driver that never uses either. An
+    ndarray or a numpy scalar can only exist once numpy is imported, so asking `sys.modules`
+    first answers the same."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def can_convert(self, obj) -> bool:
+        np = sys.modules.get("numpy")
+        return (np is not None and isinstance(obj, (np.ndarray, np.generic))
+                and self.inner.can_convert(obj))
+
+    def convert(self, obj, gateway_client):
+        return self.inner.convert(obj, gateway_client)
+
+
+def _light_numpy_converters() -> None:
+    """Wrap pyspark's numpy converters in ``_NumpyOnly`` (once; registered by pyspark.sql.types)."""
+    from py4j.protocol import INPUT_CONVERTER
+    from pyspark.sql import types
+
+    numpy_kinds = tuple(getattr(types, n) for n in ("NumpyArrayConverter", "NumpyScalarConverter")
+                        if hasattr(types, n))
+    for i, conv in enumerate(INPUT_CONVERTER):
+        if isinstance(conv, numpy_kinds):
+            INPUT_CONVERTER[i] = _NumpyOnly(conv)
+
+
+def _jvm_pid() -> int | None:
+    """The pid of the JVM this process launched for its session (None when it did not)."""
+    from pyspark import SparkContext
+
+    proc = getattr(getattr(SparkContext, "_gateway", None), "proc", None)
+    return getattr(proc, "pid", None)
+
+
 def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memory: str,
                      extra_conf: dict | None):
     """Start the classic session (its JVM in this process)."""
     from pyspark.sql import SparkSession
 
     check_java()
+    _light_numpy_converters()
     loopback = _loopback_master(master)
     _prepare_env(loopback)
     props = os.path.join(log_dir(), f"log4j2-{os.getpid()}.properties")
@@ -321,6 +364,8 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
         # workers forked with statekit's imports done and frozen (worker_daemon.py); on
         # this machine, where the executors' Python is this one
         b = b.config("spark.python.daemon.module", "statekit.engine.spark.worker_daemon")
+        if not is_local_master(master):   # the executors placement's tasks use pandas
+            b = b.config("spark.executorEnv.STATEKIT_DAEMON_PANDAS", "1")
     for k, v in (extra_conf or {}).items():
         b = b.config(k, str(v))
     set_aside = None
@@ -346,6 +391,9 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
             raise SparkFailure(f"Spark did not start: {cause} (the JVM's output: "
                                f"{stderr})") from None
         raise one_line(exc, f"Spark did not start (the JVM's output: {stderr})") from None
+    from statekit.engine.spark.planners import REAPER
+
+    REAPER.own(_jvm_pid())   # Spark's idle planner daemons end (engine.spark.planners)
     if set_aside:
         print(f"statekit: the JVM did not start with the class archive {archive}; it is "
               f"now {set_aside} and Spark started without it (make writes a new one)",
@@ -413,6 +461,39 @@ def session_master(spark) -> str | None:
     return session_api.of(spark).master()
 
 
+def map_in_arrow(df, func, schema):
+    """``df.mapInArrow(func, schema)`` without importing pandas and pyarrow into the driver.
+
+    pyspark's ``mapInArrow`` goes through ``pandas_udf``, which checks the installed pandas and
+    pyarrow versions by importing both (~80 MB of a lone process's PSS, ~1 s of CPU here), and
+    checks the return type with pyarrow's types; the driver only pickles ``func`` for the Python
+    workers, which import pyarrow themselves. A Spark Connect
+    DataFrame (no JVM object here) takes pyspark's own path."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return df.mapInArrow(func, schema)
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType, _parse_datatype_string
+    from pyspark.sql.udf import UserDefinedFunction
+    from pyspark.util import PythonEvalType
+
+    class ArrowMapFunction(UserDefinedFunction):
+        """pyspark's UDF, without the check of its return type through pyarrow's types (which
+        imports pyarrow into the driver, ~20 MB): the schema is a struct of plain columns, and
+        the workers convert it anyway."""
+
+        @property
+        def returnType(self):
+            if self._returnType_placeholder is None:
+                t = self._returnType
+                self._returnType_placeholder = t if isinstance(t, StructType) else _parse_datatype_string(t)
+            return self._returnType_placeholder
+
+    udf = ArrowMapFunction(func, returnType=schema, evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[df[c] for c in df.columns])
+    return DataFrame(jdf.mapInArrow(column._jc, False, None), df.sparkSession)
+
+
 def _warm_partition(batches):
     """In a Python worker: import what a statekit query's stage uses."""
     import statekit.event_bus  # noqa: F401
@@ -451,7 +532,7 @@ def warm_workers(spark) -> None:
         return
     try:
         n = max(2, session_api.of(spark).default_parallelism())
-        spark.range(n).repartition(n).mapInArrow(_warm_partition, "id long").collect()
+        map_in_arrow(spark.range(n).repartition(n), _warm_partition, "id long").collect()
     except Exception:  # noqa: BLE001 - a warm-up only; the query says what is wrong, if anything
         pass
 
@@ -532,6 +613,9 @@ def stop_session(jvm_exit_timeout: float = 20) -> StopReport:
         if session_api.is_connect(own):
             _stop_connect(own, report)
         else:
+            from statekit.engine.spark.planners import REAPER
+
+            REAPER.own(None)
             quiet_accumulator_hangup(SparkContext._active_spark_context)
             own.stop()
             _stop_gateway(jvm_exit_timeout)
