@@ -7,7 +7,7 @@ STAMP := $(VENV)/.statekit-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: lab demo test test-slow test-native test-cluster test-browser test-browser-cluster bench java clean venv
+.PHONY: lab demo test test-slow test-native test-cluster test-connect test-browser test-browser-cluster bench java clean venv
 
 venv: $(STAMP)
 
@@ -28,6 +28,7 @@ java:
 # root too (--allow-root, said in one line), the first free port from 8888, no browser without a
 # display, the URL with its token printed last (scripts/lab.py); LAB_ARGS go to jupyter lab
 lab: $(STAMP) java
+	@echo "A workshop room on one Spark Connect server: \`.venv/bin/statekit spark serve\` (the teacher), then each participant sets SPARK_REMOTE to the URL it prints (README: A workshop on one server)."
 	@$(PY) scripts/lab.py $(LAB_ARGS)
 
 demo: $(STAMP) java
@@ -37,7 +38,7 @@ demo: $(STAMP) java
 # one notebook-side file) and the state layer's crash property in one, the rest in the other (the
 # moved files even out the two halves); the first one's report follows the second's. Slower suites
 # have targets of their own.
-FAST = not slow and not cluster and not browser and not native
+FAST = not slow and not cluster and not browser and not native and not connect
 TO_B = tests/notebook/test_session_mistakes.py
 TO_A = tests/state/test_state_property.py
 PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py)) $(TO_A)
@@ -53,6 +54,9 @@ test-native: $(STAMP) java
 
 test-cluster: $(STAMP) java
 	$(PY) -m pytest -m "cluster and not browser" -q -s
+
+test-connect: $(STAMP) java
+	$(PY) -m pytest -m "connect" -q -s tests/connect tests/notebook/test_notebooks.py
 
 test-slow: $(STAMP) java
 	$(PY) -m pytest -m "slow" -q

@@ -322,11 +322,9 @@ class Session:
         elif self.registry_error:
             rows.append(("schema registry", f"not started: {_e(self.registry_error)}"))
         if self.spark is not None:
-            try:
-                sc = self.spark.sparkContext
-                rows.append(("spark", f"{_e(sc.version)} · {_e(sc.master)} · app id {_e(sc.applicationId)}"))
-            except Exception:
-                rows.append(("spark", "stopped"))
+            from statekit.engine.spark.session import describe
+
+            rows.append(("spark", " · ".join(_e(x) for x in describe(self.spark))))
         else:
             rows.append(("spark", "not started"))
         for name, app in sorted(self.apps.items()):
@@ -355,12 +353,13 @@ class Session:
     def cmd_down(self, cmd: Command):
         stopped = self._stop_everything_of_apps()
         left = []
-        if self.spark is not None:
+        if self.spark is not None:   # only what statekit started: a session you made stays
             from statekit.engine.spark.session import stop_session
 
-            stop_session()
+            report = stop_session()
             self.spark = None
-            stopped.append("spark")
+            stopped += [x for x in report.stopped if not x.startswith("query ")]
+            left += report.left
         if self.registry is not None:
             if self.registry.owned:
                 self.registry.stop()

@@ -181,7 +181,8 @@ def _build() -> _Parser:
                    help="attach to this broker instead of the embedded one")
     p.add_argument("--no-spark", action="store_true", help="do not start Spark now")
     p.add_argument("--master", metavar="URL",
-                   help="Spark master, e.g. spark://HOST:7077 (default: $STATEKIT_SPARK_MASTER, "
+                   help="Spark master, e.g. spark://HOST:7077, or a Spark Connect server "
+                        "sc://HOST:PORT (default: $STATEKIT_SPARK_MASTER, else $SPARK_REMOTE, "
                         "else local[2])")
     p.add_argument("--fresh", action="store_true",
                    help="start from a clean slate: stop the embedded broker, delete its data and "
@@ -194,7 +195,8 @@ def _build() -> _Parser:
 
     sub.add_parser("down", help="stop every app, producer, Spark and the embedded broker",
                    description="Stop every running app and producer, Spark and the embedded "
-                               "broker this kernel started.")
+                               "broker this kernel started; a Spark session or broker you (or "
+                               "another process) started keeps running, and down says so.")
     sub.add_parser("status", help="broker, Spark, apps and producers at a glance",
                    description="Show the broker, the Spark session, apps and producers.")
 

@@ -4,7 +4,7 @@
     .venv/bin/python notebooks/_build.py 02_crash_and_restore
 
 Edit the cells here (01–05), in _build_tour.py (06–08, 10), _build_09.py, _build_11.py,
-_build_12.py, _build_13.py, _build_14.py and _build_15.py, never the .ipynb files; the helpers they share are in _cells.py
+_build_12.py, _build_13.py, _build_14.py, _build_15.py and _build_16.py, never the .ipynb files; the helpers they share are in _cells.py
 (the builders import it, and only this module imports the builders: no circle). Every notebook is
 written for a learner (see _cells.py).
 
@@ -614,10 +614,12 @@ def all_notebooks() -> dict:
     import _build_13
     import _build_14
     import _build_15
+    import _build_16
     import _build_tour
 
     out = dict(NOTEBOOKS)
-    for mod in (_build_tour, _build_09, _build_11, _build_12, _build_13, _build_14, _build_15):
+    for mod in (_build_tour, _build_09, _build_11, _build_12, _build_13, _build_14, _build_15,
+                _build_16):
         out.update(mod.NOTEBOOKS)
     return dict(sorted(out.items()))
 

@@ -284,6 +284,90 @@ def _produce(args) -> int:
     return 0
 
 
+def _add_spark(sub) -> None:
+    p = sub.add_parser("spark", help="a Spark Connect server for a workshop room",
+                       description="Start, inspect and stop one Spark Connect server on this machine "
+                                   "that every participant's notebook runs on (participants set "
+                                   "SPARK_REMOTE to its URL; %statekit up then connects to it).")
+    ssub = p.add_subparsers(dest="spark_cmd", metavar="{serve,status,stop}")
+    ssub.required = True
+    s = ssub.add_parser("serve", help="start the server in the background (or say where it runs)")
+    s.add_argument("--master", default="local[4]",
+                   help="the server's Spark master (default local[4]: four task slots)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: participants' kernels on this machine)")
+    s.add_argument("--port", type=int, default=15002, help="port (default 15002, Spark Connect's; 0: any free one)")
+    s.add_argument("--driver-memory", default="2g", help="the server JVM's heap (default 2g)")
+    s.add_argument("--conf", action="append", default=[], metavar="K=V", help="a Spark setting of the server")
+    for name, text in (("status", "say whether a server runs, and its URL"),
+                       ("stop", "stop the server and every process it started")):
+        ssub.add_parser(name, help=text)
+    for q in ssub.choices.values():
+        q.add_argument("--dir", default=None, help="its directory (default: $STATEKIT_HOME/spark-connect)")
+    s.set_defaults(func=_spark_serve)
+    ssub.choices["status"].set_defaults(func=_spark_status)
+    ssub.choices["stop"].set_defaults(func=_spark_stop)
+
+
+def _spark_dir(args) -> str:
+    from statekit.contracts import statekit_home
+
+    return os.path.abspath(args.dir or os.path.join(statekit_home(), "spark-connect"))
+
+
+def _participants(url: str) -> str:
+    return (f"participants: export SPARK_REMOTE={url} before starting Jupyter (or in the kernel's "
+            f"environment); `%statekit up` then runs their apps on this server, no code change")
+
+
+def _spark_serve(args) -> int:
+    from statekit.engine.spark.connect_server import ConnectServer, read_state
+
+    root = _spark_dir(args)
+    st = read_state(root)
+    if st is not None:
+        print(f"a Spark Connect server already runs at {st['url']} (pid {st['pid']}, master "
+              f"{st['master']}); `statekit spark stop` stops it", file=sys.stderr)
+        print(_participants(st["url"]))
+        return 0
+    conf = {}
+    for kv in args.conf:
+        k, sep, v = kv.partition("=")
+        if not sep or not k.strip():
+            raise StatekitError(f"--conf wants KEY=VALUE, got {kv!r}")
+        conf[k.strip()] = v
+    server = ConnectServer(root, master=args.master, host=args.host, port=args.port, conf=conf,
+                           driver_memory=args.driver_memory, detach=True).start()
+    print(f"Spark Connect server running at {server.url} (pid {server.pid}, master {args.master}; "
+          f"log {server.log_path})")
+    print(_participants(server.url))
+    return 0
+
+
+def _spark_status(args) -> int:
+    from statekit.engine.spark.connect_server import read_state
+
+    root = _spark_dir(args)
+    st = read_state(root)
+    if st is None:
+        print(f"no Spark Connect server runs from {root}")
+        return 1
+    print(f"running: {st['url']} (pid {st['pid']}, master {st['master']}, log {st['log']})")
+    return 0
+
+
+def _spark_stop(args) -> int:
+    from statekit.engine.spark.connect_server import stop_running
+
+    root = _spark_dir(args)
+    st = stop_running(root)
+    if st is None:
+        print(f"no Spark Connect server runs from {root}")
+        return 1
+    print(f"stopped the Spark Connect server at {st['url']} and the processes it started")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statekit", description="statekit: see how stream processing keeps its state.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -291,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_broker(sub)
     _add_registry(sub)
     _add_produce(sub)
+    _add_spark(sub)
     return parser
 
 

@@ -2,7 +2,7 @@
 
     python -m statekit.demo [--only 01,02] [--out build] [--timeout 300] [--jobs 3]
 
-Executes every `notebooks/NN_*.ipynb` (01–12) in a real Jupyter kernel (nbclient; the kernel runs this
+Executes every `notebooks/NN_*.ipynb` (01–15) in a real Jupyter kernel (nbclient; the kernel runs this
 interpreter), writes the executed copies to `build/notebooks/` and every chart they draw as PNG to
 `build/charts/`, then prints a short report: per notebook its time and checks, and every restore a
 notebook measured (seconds, records and records/s per task, the forecast made before the crash when
@@ -331,10 +331,11 @@ def format_report(results: list[NotebookResult], wall: float | None = None) -> s
 # instead of one long one running alone (seconds in a run of three at a time here: 03 169, 09 127,
 # 02 116, 13 92, 10 84, 05 56, 11 44, 04 42, 01 41, 07 31, 06 28, 08 23, 12 11; 14 about 45
 # alone in the tests). Notebook 13 starts a standalone cluster (8 JVMs) but mostly waits on it: it
-# goes first, beside 09 and 03. Notebook 15 (a 10-second broker freeze and a restart: 77 alone)
-# mostly waits: it starts among the long ones.
-LONGEST_FIRST = ("13_", "09_", "03_", "02_", "10_", "15_", "05_", "11_", "14_", "04_", "01_", "07_", "06_",
-                 "08_", "12_")
+# goes first, beside 09 and 03. Notebook 16 (a 10-second broker freeze and a restart: 77 alone)
+# mostly waits: it starts among the long ones. 15 starts a Spark Connect server (one JVM) for a
+# short word count.
+LONGEST_FIRST = ("13_", "09_", "03_", "02_", "10_", "16_", "05_", "11_", "14_", "04_", "15_", "01_",
+                 "07_", "06_", "08_", "12_")
 
 
 def schedule(paths: list) -> list:

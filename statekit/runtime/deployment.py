@@ -193,14 +193,30 @@ class Deployment:
         """The master the queries will run on, without starting a session just to ask."""
         if self.engine_arg != "changelog":
             return None
-        from statekit.engine.spark.session import resolve_master, session_master
+        from statekit.engine.spark.session import is_connect_url, resolve_master
 
         if self.spark is not None:
-            return session_master(self.spark)
+            return self.master_of(self.spark)
         from pyspark.sql import SparkSession
 
         active = SparkSession.getActiveSession()
-        return session_master(active) if active is not None else resolve_master()
+        if active is not None:
+            return self.master_of(active)
+        master = resolve_master()
+        if is_connect_url(master):   # the server's master, asked through the session we will use
+            return self.master_of(self.engine().session())
+        return master
+
+    @staticmethod
+    def master_of(spark) -> Optional[str]:
+        """A session's master; for a Spark Connect server on another machine, its URL: what runs
+        there is not on this machine, whatever master the server has."""
+        from statekit.engine.spark.session import connect_url, connect_url_is_here, session_master
+
+        url = connect_url(spark)
+        if url and not connect_url_is_here(url):
+            return url
+        return session_master(spark)
 
     # -- the placement
     def choose_placement(self, *, layout, bootstrap: str, sink: str):

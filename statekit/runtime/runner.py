@@ -275,6 +275,31 @@ class Runner:
             app._close_router()
             app._transition(AppState.NOT_RUNNING, "stopped")
             app._close_helpers()
+            self.release_engine_helpers(self.query_names(), grace=1.0)
+
+    def query_names(self, inactive_only: bool = False) -> list:
+        """The engine queries' names of every sub-topology (only those not running, if asked)."""
+        app = self.app
+        names = [app.name if sub == 0 else f"{app.name}_{sub}" for sub in sorted(app.subplans)]
+        if inactive_only:
+            running = {sub for sub, q in self.queries.items() if active(q)}
+            names = [n for sub, n in zip(sorted(app.subplans), names) if sub not in running]
+        return names
+
+    def release_engine_helpers(self, names: list, grace: float = 0.0) -> None:
+        """The helper processes a Spark Connect server keeps for these stopped queries end
+        (``engine.spark.helpers``), ``grace`` seconds after their stop (the executors' tasks close
+        their copies first, on the stop the coordinator published)."""
+        engine = self.app._deploy._engine
+        keeps = getattr(engine, "keeps_helpers", None)
+        if not names or keeps is None or not keeps():
+            return
+        if grace > 0 and self.app._deploy.placement_name == "executors":
+            time.sleep(grace)
+        try:
+            engine.release_helpers(self.app.layout.control_dir, names)
+        except Exception as exc:  # noqa: BLE001 - a best effort
+            log.info("ending the engine's helpers: %s", exc)
 
     def restart(self, timeout: float = 120, wait: bool = False, crash_during: Optional[dict] = None,
                 restore_rate: Optional[float] = None) -> dict:
@@ -308,6 +333,7 @@ class Runner:
             app._error = None
             app._bus.forget_task_errors()
             app._transition(AppState.RESTORING, "restart")
+            self.release_engine_helpers(self.query_names(inactive_only=True))
             self.launch()
             if self._monitor is None:
                 self.start_monitor()

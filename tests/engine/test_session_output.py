@@ -105,3 +105,34 @@ def test_a_damaged_class_archive_is_set_aside_and_spark_starts_without_it(tmp_pa
     assert not bad.exists() and (tmp_path / "spark.jsa.bad").exists()
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "spark.jsa.bad" in lines[0] and "started without it" in lines[0], lines
+
+
+BAD_MASTER = """
+from statekit.engine.spark.session import get_session
+try:
+    get_session(master="nowhere://at-all")
+except Exception as exc:
+    print(type(exc).__name__, "|", exc)
+"""
+
+
+def test_a_failed_start_with_a_bad_master_keeps_the_class_archive(tmp_path):
+    """A start that fails for a reason of its own (here a master URL Spark cannot parse) is not
+    the archive's fault: the archive stays where it is, nobody is told about it, and the failure
+    is one line."""
+    from statekit.engine.spark.session import class_archive
+
+    good = class_archive()
+    if not os.path.isfile(good):
+        pytest.skip(f"no class archive at {good} (make writes it)")
+    mine = tmp_path / "spark.jsa"
+    with open(good, "rb") as src:
+        mine.write_bytes(src.read())
+    env = dict(os.environ, STATEKIT_SPARK_CDS=str(mine), TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", BAD_MASTER], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert mine.exists() and not (tmp_path / "spark.jsa.bad").exists()
+    assert "class archive" not in r.stderr, r.stderr[-2000:]
+    said = r.stdout.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("SparkFailure | Spark did not start"), said

@@ -432,7 +432,7 @@ def test_notebook_13_on_a_cluster_every_number_shown_twice_agrees(tmp_path):
         _lab.screenshot(page, "nb13-notebook.png")
 
 
-def test_notebook_15_shows_the_outage_on_the_dashboard(tmp_path):
+def test_notebook_16_shows_the_outage_on_the_dashboard(tmp_path):
     """The broker frozen for 10 s, then killed and restarted: the badge says WAITING and what for
     while it lasts, the lag chart gets a band per outage (labelled with its length and what it
     aborted), and the notebook's check (nothing lost, nothing written twice, no restart) prints OK."""
@@ -440,9 +440,9 @@ def test_notebook_15_shows_the_outage_on_the_dashboard(tmp_path):
                 " return d ? d.textContent : ''; }")
     bands_js = ("() => Array.from(document.querySelectorAll('.statekit-dashboard rect.kafka-away'))"
                 ".map(r => r.textContent)")
-    with _lab.jupyterlab(tmp_path, ["15_when_kafka_goes_away.ipynb"], {"STATEKIT_TOUR_KEYS": "20000"}) \
+    with _lab.jupyterlab(tmp_path, ["16_when_kafka_goes_away.ipynb"], {"STATEKIT_TOUR_KEYS": "20000"}) \
             as lab, _lab.browser_page() as page:
-        _lab.open_notebook(page, lab, "15_when_kafka_goes_away.ipynb")
+        _lab.open_notebook(page, lab, "16_when_kafka_goes_away.ipynb")
         _lab.run_all(page)
         waiting = []
 
@@ -461,6 +461,6 @@ def test_notebook_15_shows_the_outage_on_the_dashboard(tmp_path):
         labels = page.evaluate("() => Array.from(document.querySelectorAll("
                                "'.statekit-dashboard text.kafka-away-label')).map(t => t.textContent)")
         assert bands[0].split(" · ")[1] in labels, labels   # written on the chart, not only in a tooltip
-        _no_clipping(page, "notebook 15")
+        _no_clipping(page, "notebook 16")
         dash = page.locator(".statekit-dashboard").first
         _lab.screenshot(page, "nb15-dashboard.png", dash)

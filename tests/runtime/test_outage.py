@@ -270,7 +270,7 @@ def test_past_the_task_timeout_the_app_fails_in_one_line_and_restart_works(tmp_p
 
 @pytest.mark.slow   # (40 s on a busy machine: two outages, waited out)
 def test_the_app_freezes_and_restarts_its_own_broker_and_rides_both_out(tmp_path):
-    """``App.pause_kafka`` / ``App.restart_kafka`` (what notebook 15 does with `%statekit broker`)
+    """``App.pause_kafka`` / ``App.restart_kafka`` (what notebook 16 does with `%statekit broker`)
     act on the broker the app uses; it waits (the request timeout is 2 s, the freeze 5 s), comes
     back by itself, and ends exact."""
     env = Env(tmp_path, proxy=False)

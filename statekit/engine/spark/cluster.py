@@ -21,6 +21,7 @@ import re
 import uuid
 from typing import Optional
 
+from statekit.engine.spark import session_api
 from statekit.engine.spark.engine import SparkEngine
 from statekit.engine.spark.session import session_master
 from statekit.errors import StatekitError
@@ -86,8 +87,8 @@ def probe_executors(spark, paths: list, tasks: Optional[int] = None) -> list:
     """``[{"host", "executor", "seen": [bool per path]}]``, one row per probe task: what the
     executors that ran the probe see. Best effort: Spark decides where the tasks go."""
     try:
-        n = tasks or max(4, 2 * int(spark.sparkContext.defaultParallelism))
-    except Exception:  # noqa: BLE001 - Spark Connect
+        n = tasks or max(4, 2 * session_api.of(spark).default_parallelism())
+    except Exception:  # noqa: BLE001 - a session going away: the probe says so
         n = tasks or 8
     try:
         rows = (spark.range(n, numPartitions=n)
@@ -165,7 +166,8 @@ def delete_checkpoint(spark, location: str) -> bool:
     if spark is None:
         raise StatekitError(f"cannot delete the checkpoint {location} without a Spark session: "
                             f"delete it with your storage's tools")
-    jvm = spark.sparkContext._jvm
+    jvm = session_api.of(spark).jvm(f"reset() of the checkpoint {location} (Hadoop's FileSystem)",
+                                    "delete it with your storage's tools, or use a local path")
     path = jvm.org.apache.hadoop.fs.Path(location)
     fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     return bool(fs.delete(path, True))
@@ -176,20 +178,9 @@ def delete_checkpoint(spark, location: str) -> bool:
 def live_executors(spark) -> Optional[dict]:
     """``{executor id: host}`` of the live executors (the driver left out); None when the session
     cannot tell (Spark Connect: no SparkContext)."""
-    try:
-        store = spark.sparkContext._jsc.sc().statusStore()
-        rows = store.executorList(True)
-        out = {}
-        it = rows.iterator()
-        while it.hasNext():
-            x = it.next()
-            eid = str(x.id())
-            if eid == "driver" or not x.isActive():
-                continue
-            out[eid] = str(x.hostPort()).rsplit(":", 1)[0]
-        return out
-    except Exception:  # noqa: BLE001 - Spark Connect, or a session going away
+    if spark is None:
         return None
+    return session_api.of(spark).executors()
 
 
 def _state_partition(spark, query_name: str, partition: int):
@@ -197,10 +188,12 @@ def _state_partition(spark, query_name: str, partition: int):
     q = next((q for q in spark.streams.active if q.name == query_name), None)
     if q is None:
         return None, None
+    if session_api.is_connect(spark):   # Spark Connect: no coordinator to ask
+        return None, None
     ex = q._jsq.streamingQuery().lastExecution()
     if ex is None:
         return None, None
-    jvm = spark.sparkContext._jvm
+    jvm = session_api.of(spark).jvm()
     pkg = jvm.org.apache.spark.sql.execution.streaming.state
     sid = pkg.StateStoreId.apply(ex.checkpointLocation(), 0, int(partition),
                                  pkg.StateStoreId.DEFAULT_STORE_NAME())
@@ -231,7 +224,7 @@ def prefer_executor(spark, query_name: str, partition: int, executor_id: str, ho
         pid, coord = _state_partition(spark, query_name, partition)
         if pid is None:
             return False
-        jvm = spark.sparkContext._jvm
+        jvm = session_api.of(spark).jvm()
         none = jvm.org.apache.spark.api.python.PythonUtils.toSeq(jvm.java.util.ArrayList())
         coord.reportActiveInstance(pid, str(host), str(executor_id), none)
         return True
@@ -255,18 +248,14 @@ class SessionEngine(SparkEngine):
 
     def session(self):
         spark = self._spark
-        try:
-            alive = spark.sparkContext._jsc is not None
-        except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext to ask
-            alive = True
-        if not alive:
+        api = session_api.of(spark)
+        if not api.alive():
             raise SessionStopped("the SparkSession given to App(spark=...) was stopped: create a "
                                  "new App with a running session")
         if not self._ready:
             from statekit.engine.spark.session import warm_workers
-            from statekit.engine.spark.source import register
 
-            register(spark)
+            api.register_source()
             if not getattr(spark, "_statekit_warm", False):
                 warm_workers(spark)
                 try:

@@ -29,8 +29,9 @@ import threading
 import time
 from typing import Callable
 
+from statekit.engine.spark import session_api
 from statekit.engine.spark.planners import REAPER
-from statekit.engine.spark.session import SparkFailure, get_session, map_in_arrow, one_line
+from statekit.engine.spark.session import SparkFailure, get_session, map_in_arrow, one_line, own_query
 from statekit.engine.spark.stage_rows import OUTPUT_SCHEMA, task_rows, trace
 from statekit.engine.spec import RunSpec
 from statekit.errors import StatekitError
@@ -279,6 +280,11 @@ class RunningQuery:
             if err is not None:
                 raise EngineError(f"query {self.name} failed: {err}")
             if not self.is_active:
+                # asked again: over Spark Connect each answer is a call of its own, and a query
+                # that failed between the two looks stopped, not failed, to the first
+                err = self.exception()
+                if err is not None:
+                    raise EngineError(f"query {self.name} failed: {err}")
                 return
             got = self._committed_ends(want)
             if got is None:           # no micro-batch yet (a query that started at "latest")
@@ -425,7 +431,7 @@ class SparkEngine:
         self._spark = spark
 
     def session(self):
-        if self._spark is None or self._spark.sparkContext._jsc is None:
+        if self._spark is None or not session_api.of(self._spark).alive():
             self._spark = get_session()
         return self._spark
 
@@ -447,6 +453,9 @@ class SparkEngine:
                 r = r.option("taskGroups", "1")
         if run.max_records_per_trigger:
             r = r.option("maxRecordsPerTrigger", str(int(run.max_records_per_trigger)))
+        if run.control_dir and session_api.is_connect(spark):
+            r = (r.option("helpers.dir", run.control_dir)
+                 .option("helpers.query", run.query_name or run.app))
         with REAPER.busy():                  # Spark's planners look the source up and create it
             return r.load()
 
@@ -481,6 +490,19 @@ class SparkEngine:
         """Spark's sink for this engine's queries: none, since the tasks write their outputs."""
         return "none"
 
+    def keeps_helpers(self) -> bool:
+        """Whether the session's server keeps Python helpers per query (Spark Connect)."""
+        return session_api.is_connect(self._spark)
+
+    def release_helpers(self, control_dir: str | None, queries) -> list:
+        """End the Python helpers a Spark Connect server keeps for these stopped queries
+        (``engine.spark.helpers``); a classic session has none to end. Returns their pids."""
+        if not control_dir or not session_api.is_connect(self._spark):
+            return []
+        from statekit.engine.spark.helpers import reap
+
+        return reap(control_dir, queries)
+
 
 def launch(spark, out, run: RunSpec, memory_table: str, output_mode: str = "append",
            sink: str | None = None, on_progress: Callable[[dict], None] | None = None) -> RunningQuery:
@@ -511,6 +533,7 @@ def launch(spark, out, run: RunSpec, memory_table: str, output_mode: str = "appe
             REAPER.watch(q)   # Spark's planners are ended once its first micro-batch planned
     except Exception as e:
         raise one_line(e, f"cannot start {name}") from None
+    own_query(q)      # statekit stops it (stop_session); a query the user started, never
     rq = RunningQuery(spark, q, run)
     if on_progress is not None:
         _Listener.subscribe(spark, rq.id, on_progress)

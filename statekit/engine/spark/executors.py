@@ -118,12 +118,41 @@ def _gone(pids: list, timeout: float = 5.0) -> None:
             time.sleep(0.01)
 
 
+def _holders(root: str) -> list:
+    """Processes of this user, but this one and its ancestors, with a file open under ``root``
+    (the Python workers holding this application's tasks there: their RocksDB, their locks)."""
+    me, mine = os.getpid(), set()
+    p = _parent(os.getpid())
+    while p and p > 1:
+        mine.add(p)
+        p = _parent(p)
+    prefix = os.path.realpath(root) + os.sep
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me or int(name) in mine:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{name}/fd/{fd}").startswith(prefix):
+                    out.append(int(name))
+                    break
+            except OSError:
+                continue
+    return out
+
+
 def _die_with_executor(task_root: str):
     """A crash directive's death on an executor (``statekit.worker.crash.on_death``): for the
     ``executor`` and ``disk-loss`` modes the executor JVM and every other process it runs (its
     Python workers) die first — so nothing of that executor writes afterwards — then, for
     disk-loss, this application's state directory on it is deleted; then this worker dies. On a
-    local master (no executor JVM: the driver runs the tasks) only the directory and this worker."""
+    local master (no executor JVM: the driver, or a Spark Connect server, runs the tasks) the
+    Python workers that hold this application's tasks there die instead of a JVM (others' work
+    on that driver goes on): no task of it writes into a directory deleted under it."""
 
     def death(directive: dict) -> None:
         import shutil
@@ -143,6 +172,14 @@ def _die_with_executor(task_root: str):
                 except ProcessLookupError:
                     pass
             _gone([jvm, *others])
+        else:
+            holders = _holders(task_root)
+            for p in holders:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _gone(holders)
         if mode == "disk-loss":
             shutil.rmtree(task_root, ignore_errors=True)
 

@@ -1,4 +1,5 @@
-"""One local SparkSession for statekit, and the translation of Spark failures into one-line errors.
+"""The SparkSession statekit starts (classic or Spark Connect), what statekit started on it, and
+the translation of Spark failures into one-line errors.
 
 - `local[2]`: two task slots. Local mode never retries a failed task (`spark.task.maxFailures` is
   ignored by `local[N]`; only `local[N,F]` retries), so a worker killed mid-batch fails the job and
@@ -7,32 +8,54 @@
   console: a person sees one line (`statekit.errors.StatekitError`), not a Java stack trace.
 - `PYSPARK_PYTHON` is this interpreter, or Python workers fail to connect back.
 - An active session is reused (with the `statekit-kafka` data source registered on it).
-- The master: `get_session(master=...)`, else `STATEKIT_SPARK_MASTER`, else `local[2]`. A cluster
-  master (`spark://HOST:7077`, `yarn`, `k8s://...`) gets Spark's task retries
+- The master: `get_session(master=...)`, else `STATEKIT_SPARK_MASTER`, else `SPARK_REMOTE`, else
+  `local[2]`. A cluster master (`spark://HOST:7077`, `yarn`, `k8s://...`) gets Spark's task retries
   (`spark.task.maxFailures=4`: a task of an executor lost mid-batch is replayed elsewhere with its
   batch id) and binds the driver to loopback only when the master is on loopback too.
+- Spark Connect: a master `sc://HOST:PORT` (or `SPARK_REMOTE`) connects to that server;
+  `spark.api.mode=connect` (in `extra_conf`, or `SPARK_API_MODE=connect`) with any other master
+  starts a local Spark Connect server on it (`engine.spark.connect_server`, an ephemeral port) and
+  connects to it. pyspark runs one mode per process: a classic session and a Connect one do not
+  share a process.
+- Ownership: statekit stops only what it started. `stop_session()` stops the queries statekit
+  started and the session (and server) it created, and leaves running — saying why — a session
+  the user made, or one on which queries statekit did not start still run.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
+import time
 import warnings
 
+from statekit.engine.spark import session_api
+from statekit.engine.spark.jvm import (  # noqa: F401 - re-exported: the JVM's options, logs, archive
+    JAVA_OPTS,
+    LOG4J as _LOG4J,
+    PYTHON_WORKER_IDLE_S,
+    JavaMissing,
+    archive_was_the_cause,
+    built_class_archive,
+    check_java,
+    class_archive,
+    file_size,
+    jvm_options,
+    jvm_stderr_path,
+    log_dir,
+    log_path,
+    prepare_env as _prepare_env,
+    said_since,
+    set_archive_aside,
+    stderr_to_file as _stderr_to_file,
+)
 from statekit.errors import StatekitError
 
 MASTER = "local[2]"
 MASTER_ENV = "STATEKIT_SPARK_MASTER"
+REMOTE_ENV = "SPARK_REMOTE"
 CLUSTER_TASK_MAX_FAILURES = 4
-
-
-class JavaMissing(StatekitError):
-    pass
 
 
 class SparkFailure(StatekitError):
@@ -45,8 +68,19 @@ class SessionConflict(StatekitError):
 
 def resolve_master(master: str | None = None) -> str:
     """The master of the session statekit creates: ``master``, else ``$STATEKIT_SPARK_MASTER``,
-    else ``local[2]``."""
-    return (master or os.environ.get(MASTER_ENV) or MASTER).strip()
+    else ``$SPARK_REMOTE`` (a Spark Connect server), else ``local[2]``."""
+    return (master or os.environ.get(MASTER_ENV) or os.environ.get(REMOTE_ENV) or MASTER).strip()
+
+
+def is_connect_url(master: str | None) -> bool:
+    """``sc://HOST:PORT``: a Spark Connect server."""
+    return str(master or "").strip().startswith("sc://")
+
+
+def connect_mode_asked(extra_conf: dict | None = None) -> bool:
+    """``spark.api.mode=connect`` in ``extra_conf`` or ``$SPARK_API_MODE`` (pyspark's own)."""
+    mode = (extra_conf or {}).get("spark.api.mode") or os.environ.get("SPARK_API_MODE", "")
+    return str(mode).strip().lower() == "connect"
 
 
 def is_local_master(master: str | None) -> bool:
@@ -61,92 +95,182 @@ def _loopback_master(master: str) -> bool:
 
 
 _LOCK = threading.Lock()
-_JAVA_OK: str | None = None
-
-_LOG4J = """\
-status = error
-rootLogger.level = warn
-rootLogger.appenderRef.file.ref = file
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {path}
-appender.file.append = true
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{HH:mm:ss.SSS}} %p %c{{1}}: %m%n%ex
-logger.jetty.name = org.sparkproject.jetty
-logger.jetty.level = error
-logger.nativeio.name = org.apache.hadoop.util.NativeCodeLoader
-logger.nativeio.level = error
-logger.py.name = org.apache.spark.api.python
-logger.py.level = error
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = warn
-"""
 
 
-def log_dir() -> str:
-    d = os.path.join(tempfile.gettempdir(), f"statekit-spark-{os.getuid()}")
-    os.makedirs(d, exist_ok=True)
-    return d
+# --- what statekit started ---------------------------------------------------------------------------
+
+class _Owned:
+    """The session statekit created in this process (None: the active one, if any, is the user's),
+    the local Connect server it started for it, and the streaming queries statekit started (on
+    any session: ``App(spark=...)`` runs on the user's)."""
+
+    def __init__(self):
+        self.session = None
+        self.server = None
+        self.connect_env = False     # statekit set SPARK_CONNECT_MODE_ENABLED (a Connect session)
+        self.queries: dict = {}      # query id -> name
 
 
-def log_path() -> str:
-    """Where the JVM of this process writes its log (Java stack traces end up here)."""
-    return os.path.join(log_dir(), f"spark-{os.getpid()}.log")
+_OWNED = _Owned()
 
 
-def jvm_stderr_path() -> str:
-    """Where the JVM started by this process writes its stderr (banner, warnings, Python workers'
-    prints): a file, not the terminal or the notebook cell that happened to start Spark."""
-    return os.path.join(log_dir(), f"jvm-stderr-{os.getpid()}.log")
-
-
-@contextlib.contextmanager
-def _stderr_to_file(path: str):
-    """fd 2 points at ``path`` while the JVM is launched (it inherits fd 2, and so do its Python
-    workers); this process's own stderr is put back right after."""
+def own_query(query) -> None:
+    """Remember that statekit started ``query`` (``engine.spark.engine.launch`` calls it)."""
     try:
-        sys.stderr.flush()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except (OSError, ValueError):  # no log file: the JVM keeps our stderr
-        fd = None
-    if fd is None:
-        yield
-        return
-    saved = os.dup(2)
-    os.dup2(fd, 2)
-    os.close(fd)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        _OWNED.queries[str(query.id)] = str(query.name)
+    except Exception:  # noqa: BLE001 - a query that failed at its start
+        pass
 
 
-def check_java() -> str:
-    """Return the Java major version, or raise `JavaMissing` with a one-line hint."""
-    global _JAVA_OK
-    if _JAVA_OK:
-        return _JAVA_OK
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    hint = ("install one (sudo apt-get install -y openjdk-17-jre-headless, brew install openjdk@17, "
-            "conda install -c conda-forge openjdk=17) or set JAVA_HOME")
-    if not java or not os.path.exists(java):
-        raise JavaMissing(f"Java was not found, and Spark needs Java 17 or 21: {hint}.")
+def started_by_statekit(query) -> bool:
     try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
-        text = out.stderr + out.stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise JavaMissing(f"Could not run {java} ({exc}); Spark needs Java 17 or 21: {hint}.") from None
-    m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
-    major = m.group(1) if m else "?"
-    if major == "1" and m.group(2):
-        major = m.group(2)
-    if major not in ("17", "21"):
-        raise JavaMissing(f"Found Java {major} at {java}, but Spark 4 needs Java 17 or 21: {hint}.")
-    _JAVA_OK = major
-    return major
+        return str(query.id) in _OWNED.queries
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def statekit_owns(spark) -> bool:
+    """Whether statekit created ``spark`` (and may stop it)."""
+    return spark is not None and spark is _OWNED.session
+
+
+def forget_owned_session() -> None:
+    """The session statekit created is gone (its JVM was killed: ``spark_native.kill_jvm``)."""
+    _OWNED.session = None
+
+
+def _active():
+    from pyspark.sql import SparkSession
+
+    if _OWNED.session is not None and session_api.of(_OWNED.session).alive():
+        return _OWNED.session
+    try:
+        return SparkSession.getActiveSession()
+    except Exception:  # noqa: BLE001 - a Connect client whose server went away
+        return None
+
+
+def _classic_context_runs() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is not None
+
+
+# --- starting it -------------------------------------------------------------------------------------
+
+# the SQL settings a Spark Connect session of statekit's gets (a server's static settings are the
+# server's: a local server statekit starts has them, engine.spark.connect_server)
+CONNECT_CONF = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.streaming.stopTimeout": "30s",
+    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def _reachable(url: str, timeout: float = 10.0) -> None:
+    """A TCP connection to the server answers, or a one-line error at once (pyspark's client
+    retries an unreachable server for minutes)."""
+    import socket
+
+    m = re.match(r"^sc://\[?([^\]/:;]+)\]?(?::(\d+))?", url)
+    if not m:
+        raise SparkFailure(f"{url} is not a Spark Connect URL: use sc://HOST:PORT")
+    host, port = m.group(1), int(m.group(2) or 15002)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise SparkFailure(f"could not reach the Spark Connect server at {url} ({exc.strerror or exc}): "
+                           f"is it running? (`statekit spark status` on its machine)") from None
+
+
+def _connect_session(url: str, shuffle_partitions: int | None):
+    """A Spark Connect client session on ``url``."""
+    from pyspark.sql import SparkSession
+
+    if _classic_context_runs():
+        raise SessionConflict(f"a classic Spark session runs in this process, and pyspark runs one "
+                              f"mode per process: stop it first (%statekit down, or statekit.engine."
+                              f"spark.stop_session()), then connect to {url}")
+    _reachable(url)
+    had_env = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+    b = SparkSession.builder.remote(url)
+    for k, v in dict(CONNECT_CONF, **{"spark.sql.shuffle.partitions": str(shuffle_partitions or 2)}).items():
+        b = b.config(k, v)
+    spark = None
+    try:
+        spark = b.getOrCreate()
+        spark.range(1).count()   # the server answers (getOrCreate alone does not ask it)
+    except Exception as exc:  # noqa: BLE001
+        if spark is not None:    # not handed out again by a later getOrCreate
+            try:
+                spark.stop()
+            except Exception:  # noqa: BLE001
+                pass
+        if not had_env:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        raise one_line(exc, f"could not reach the Spark Connect server at {url}") from None
+    _OWNED.connect_env = not had_env
+    return spark
+
+
+def _local_connect_server(master: str, extra_conf: dict | None):
+    from statekit.engine.spark.connect_server import ConnectServer
+
+    conf = {k: v for k, v in (extra_conf or {}).items() if k != "spark.api.mode"}
+    root = os.path.join(log_dir(), f"connect-{os.getpid()}")
+    return ConnectServer(root, master=master, conf=conf).start()
+
+
+def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = None,
+                driver_memory: str = "512m", extra_conf: dict | None = None,
+                master: str | None = None):
+    """Return the active SparkSession (reused) or start the one statekit uses, on ``master`` (else
+    ``$STATEKIT_SPARK_MASTER``, else ``$SPARK_REMOTE``, else ``local[2]``). Asking for a master
+    other than the running session's raises ``SessionConflict``."""
+    with _LOCK:
+        spark = _active()
+        if spark is not None and master:
+            running = session_master(spark)
+            want = master.strip()
+            if is_connect_url(want):
+                running = connect_url(spark) or running
+            if is_connect_url(want) != session_api.is_connect(spark) or (
+                    running and running.rstrip("/") != want.split(";")[0].rstrip("/")):
+                raise SessionConflict(f"a Spark session on {running} is already running in this "
+                                      f"process: stop it first (%statekit down, or statekit.engine."
+                                      f"spark.stop_session()), then start one on {master}")
+        if spark is None:
+            master = resolve_master(master)
+            if is_connect_url(master):
+                spark = _connect_session(master, shuffle_partitions)
+            elif connect_mode_asked(extra_conf):
+                check_java()
+                server = _local_connect_server(master, extra_conf)
+                try:
+                    spark = _connect_session(server.url, shuffle_partitions)
+                except BaseException:
+                    server.stop()
+                    raise
+                _OWNED.server = server
+            else:
+                spark = _classic_session(app_name, master, shuffle_partitions, driver_memory,
+                                         extra_conf)
+            _OWNED.session = spark
+        elif shuffle_partitions:
+            spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        api = session_api.of(spark)
+        api.register_source()
+        if not getattr(spark, "_statekit_warm", False):
+            # in the background: a query that starts meanwhile is not held up by it
+            threading.Thread(target=warm_workers, args=(spark,), name="statekit-spark-warm",
+                             daemon=True).start()
+            try:
+                spark._statekit_warm = True
+            except Exception:  # noqa: BLE001
+                pass
+        return spark
 
 
 class _NumpyOnly:
@@ -183,169 +307,103 @@ def _light_numpy_converters() -> None:
             INPUT_CONVERTER[i] = _NumpyOnly(conv)
 
 
-def _prepare_env(loopback: bool = True) -> None:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if loopback:
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Python workers must import statekit from the same place as this process.
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    pp = os.environ.get("PYTHONPATH", "")
-    if here not in pp.split(os.pathsep):
-        os.environ["PYTHONPATH"] = here + (os.pathsep + pp if pp else "")
-
-
-# What a workshop server runs per participant: a small heap that starts small (records do not
-# pass through the JVM: tasks read their own partitions), serial GC, C1 only (the driver plans and
-# schedules, it does not crunch). Spark ends a reused Python worker after a minute without a task
-# (PythonWorkerFactory's idle timeout) and forks one again from its daemon for the next batch.
-# A young generation of 16 MB (it grew to ~35 MB, all of it resident); the class archive mapped
-# at the address it was written for (relocated, the default of this Java, it is written to: 126
-# of its 159 resident MB, against 53); no perf data (its sampler woke the idle JVM 20 times a
-# second: ~0.0013 of a core; jcmd PID still attaches, jps no longer lists it).
-JAVA_OPTS = ("-Xms64m -Xmn16m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=64m "
-             "-XX:+UnlockDiagnosticVMOptions -XX:ArchiveRelocationMode=0 -XX:-UsePerfData "
-             "-Xss512k")
-PYTHON_WORKER_IDLE_S = 60
-
-
-def class_archive() -> str:
-    """Where the JVM's class-data archive of Spark's classes lives (``make`` writes it once per
-    venv, ``scripts/spark_cds.py``): a JVM that maps it starts Spark in about half the time and
-    CPU (3.4 s against 6.1 s to a session here). ``$STATEKIT_SPARK_CDS`` names another file."""
-    return os.environ.get("STATEKIT_SPARK_CDS") or os.path.join(sys.prefix, "statekit-spark.jsa")
-
-
-def built_class_archive() -> str | None:
-    """``class_archive()`` when ``make`` has written it, else None."""
-    archive = class_archive()
-    return archive if os.path.isfile(archive) else None
-
-
-def jvm_options(archive: str | None) -> str:
-    """The options of every JVM statekit starts on this machine (the driver; a local standalone
-    cluster's master, workers and executors): ``JAVA_OPTS`` (or ``$STATEKIT_SPARK_JAVA_OPTS``),
-    and the class archive when there is one."""
-    opts = os.environ.get("STATEKIT_SPARK_JAVA_OPTS", JAVA_OPTS)
-    opts += f" -XX:ErrorFile={os.path.join(log_dir(), 'hs_err_%p.log')}"
-    if archive and "-XX:SharedArchiveFile" not in opts and "-XX:ArchiveClassesAtExit" not in opts:
-        opts += f" -XX:SharedArchiveFile={archive} -Xshare:auto"
-    return opts
-
-
-def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = None,
-                driver_memory: str = "512m", extra_conf: dict | None = None,
-                master: str | None = None):
-    """Return the active SparkSession (reused) or start the one statekit uses, on ``master`` (else
-    ``$STATEKIT_SPARK_MASTER``, else ``local[2]``). Asking for a master other than the running
-    session's raises ``SessionConflict``."""
-    with _LOCK:
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession()
-        if spark is not None and master:
-            running = session_master(spark)
-            if running and running != master.strip():
-                raise SessionConflict(f"a Spark session on {running} is already running in this "
-                                      f"process: stop it first (%statekit down, or statekit.engine."
-                                      f"spark.stop_session()), then start one on {master}")
-        if spark is None:
-            check_java()
-            _light_numpy_converters()
-            master = resolve_master(master)
-            loopback = _loopback_master(master)
-            _prepare_env(loopback)
-            props = os.path.join(log_dir(), f"log4j2-{os.getpid()}.properties")
-            with open(props, "w") as fh:
-                fh.write(_LOG4J.format(path=log_path()))
-            archive = built_class_archive()
-            log_opts = (f"-Dlog4j.configurationFile=file:{props} "
-                        f"-Dlog4j2.configurationFile=file:{props} ")
-            # executors on this machine (a standalone cluster here) relay records to Python workers
-            # and share the cores with everything else, as the driver does: the same options (one
-            # then starts on ~3 s of CPU, not ~12), unless extra_conf gives them their own
-            executors_here = (loopback and not is_local_master(master)
-                              and "spark.executor.extraJavaOptions" not in (extra_conf or {}))
-
-            def with_jvm_options(b, archive):
-                b = b.config("spark.driver.extraJavaOptions", log_opts + jvm_options(archive))
-                if executors_here:
-                    b = b.config("spark.executor.extraJavaOptions", jvm_options(archive))
-                return b
-
-            b = (SparkSession.builder.master(master).appName(app_name)
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.driver.memory", driver_memory)
-                 .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
-                 .config("spark.sql.adaptive.enabled", "false")
-                 .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-                 .config("spark.sql.streaming.stopTimeout", "30s")
-                 .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-                 .config("spark.python.worker.reuse", "true")
-                 .config("spark.sql.session.timeZone", "UTC"))
-            b = with_jvm_options(b, archive)
-            if is_local_master(master):
-                b = b.config("spark.task.maxFailures", "1").config("spark.default.parallelism", "2")
-            else:  # a lost executor's tasks are retried elsewhere: that is how its batch replays
-                b = b.config("spark.task.maxFailures", str(CLUSTER_TASK_MAX_FAILURES))
-            if loopback:
-                b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
-                                                                      "127.0.0.1")
-                # workers forked with statekit's imports done and frozen (worker_daemon.py); on
-                # this machine, where the executors' Python is this one
-                b = b.config("spark.python.daemon.module", "statekit.engine.spark.worker_daemon")
-                if not is_local_master(master):   # the executors placement's tasks use pandas
-                    b = b.config("spark.executorEnv.STATEKIT_DAEMON_PANDAS", "1")
-            for k, v in (extra_conf or {}).items():
-                b = b.config(k, str(v))
-            set_aside = False
-            try:
-                with _stderr_to_file(jvm_stderr_path()):
-                    try:
-                        spark = b.getOrCreate()
-                    except Exception:
-                        if archive is None:
-                            raise
-                        # a damaged class archive can stop the JVM at its start: set it aside
-                        # (the next `make` writes a new one) and start without it
-                        os.replace(archive, archive + ".bad")
-                        set_aside = True
-                        b = with_jvm_options(b, None)
-                        spark = b.getOrCreate()
-            except Exception as exc:  # the JVM did not come up
-                raise one_line(exc, f"Spark did not start (the JVM's output: {jvm_stderr_path()})") from None
-            from statekit.engine.spark.planners import REAPER
-
-            REAPER.own(_jvm_pid())   # Spark's idle planner daemons end (engine.spark.planners)
-            if set_aside:
-                print(f"statekit: the JVM did not start with the class archive {archive}; it is "
-                      f"now {archive}.bad and Spark started without it (make writes a new one)",
-                      file=sys.stderr)
-            # levels come from our log4j2 file (setLogLevel would print to the console). A
-            # micro-batch that fails in a Python worker reaches the user once, as statekit's one-line
-            # error; pyspark's own warning about the Arrow conversion it interrupted is noise.
-            warnings.filterwarnings("ignore", message="toPandas attempted Arrow optimization",
-                                    category=UserWarning)
-        elif shuffle_partitions:
-            spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        from statekit.engine.spark.source import register
-
-        register(spark)
-        if not getattr(spark, "_statekit_warm", False):
-            # in the background: a query that starts meanwhile is not held up by it
-            threading.Thread(target=warm_workers, args=(spark,), name="statekit-spark-warm",
-                             daemon=True).start()
-            spark._statekit_warm = True
-        return spark
-
-
 def _jvm_pid() -> int | None:
     """The pid of the JVM this process launched for its session (None when it did not)."""
     from pyspark import SparkContext
 
     proc = getattr(getattr(SparkContext, "_gateway", None), "proc", None)
     return getattr(proc, "pid", None)
+
+
+def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memory: str,
+                     extra_conf: dict | None):
+    """Start the classic session (its JVM in this process)."""
+    from pyspark.sql import SparkSession
+
+    check_java()
+    _light_numpy_converters()
+    loopback = _loopback_master(master)
+    _prepare_env(loopback)
+    props = os.path.join(log_dir(), f"log4j2-{os.getpid()}.properties")
+    with open(props, "w") as fh:
+        fh.write(_LOG4J.format(path=log_path()))
+    archive = built_class_archive()
+    log_opts = (f"-Dlog4j.configurationFile=file:{props} "
+                f"-Dlog4j2.configurationFile=file:{props} ")
+    # executors on this machine (a standalone cluster here) relay records to Python workers
+    # and share the cores with everything else, as the driver does: the same options (one
+    # then starts on ~3 s of CPU, not ~12), unless extra_conf gives them their own
+    executors_here = (loopback and not is_local_master(master)
+                      and "spark.executor.extraJavaOptions" not in (extra_conf or {}))
+
+    def with_jvm_options(b, archive):
+        b = b.config("spark.driver.extraJavaOptions", log_opts + jvm_options(archive))
+        if executors_here:
+            b = b.config("spark.executor.extraJavaOptions", jvm_options(archive))
+        return b
+
+    b = (SparkSession.builder.master(master).appName(app_name)
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.memory", driver_memory)
+         .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
+         .config("spark.sql.adaptive.enabled", "false")
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+         .config("spark.sql.streaming.stopTimeout", "30s")
+         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+         .config("spark.python.worker.reuse", "true")
+         .config("spark.sql.session.timeZone", "UTC"))
+    b = with_jvm_options(b, archive)
+    if is_local_master(master):
+        b = b.config("spark.task.maxFailures", "1").config("spark.default.parallelism", "2")
+    else:  # a lost executor's tasks are retried elsewhere: that is how its batch replays
+        b = b.config("spark.task.maxFailures", str(CLUSTER_TASK_MAX_FAILURES))
+    if loopback:
+        b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
+                                                              "127.0.0.1")
+        # workers forked with statekit's imports done and frozen (worker_daemon.py); on
+        # this machine, where the executors' Python is this one
+        b = b.config("spark.python.daemon.module", "statekit.engine.spark.worker_daemon")
+        if not is_local_master(master):   # the executors placement's tasks use pandas
+            b = b.config("spark.executorEnv.STATEKIT_DAEMON_PANDAS", "1")
+    for k, v in (extra_conf or {}).items():
+        b = b.config(k, str(v))
+    set_aside = None
+    stderr = jvm_stderr_path()
+    try:
+        with _stderr_to_file(stderr):
+            said_from, t0 = file_size(stderr), time.time()
+            try:
+                spark = b.getOrCreate()
+            except Exception:
+                # a damaged class archive can stop the JVM at its start: set it aside (the next
+                # `make` writes a new one) and start without it, only when the JVM says so
+                if archive is None or not archive_was_the_cause(said_since(stderr, said_from), t0):
+                    raise
+                set_aside = set_archive_aside(archive)
+                b = with_jvm_options(b, None)
+                spark = b.getOrCreate()
+    except Exception as exc:  # the JVM did not come up: what it said, if it said something
+        said = [ln for ln in said_since(stderr, said_from).splitlines()
+                if "Exception" in ln and not ln.lstrip().startswith("at ")]
+        if said:
+            cause = explain(re.sub(r'^Exception in thread "[^"]*"\s*', "", said[0].strip()))
+            raise SparkFailure(f"Spark did not start: {cause} (the JVM's output: "
+                               f"{stderr})") from None
+        raise one_line(exc, f"Spark did not start (the JVM's output: {stderr})") from None
+    from statekit.engine.spark.planners import REAPER
+
+    REAPER.own(_jvm_pid())   # Spark's idle planner daemons end (engine.spark.planners)
+    if set_aside:
+        print(f"statekit: the JVM did not start with the class archive {archive}; it is "
+              f"now {set_aside} and Spark started without it (make writes a new one)",
+              file=sys.stderr)
+    # levels come from our log4j2 file (setLogLevel would print to the console). A
+    # micro-batch that fails in a Python worker reaches the user once, as statekit's one-line
+    # error; pyspark's own warning about the Arrow conversion it interrupted is noise.
+    warnings.filterwarnings("ignore", message="toPandas attempted Arrow optimization",
+                            category=UserWarning)
+    return spark
 
 
 def get_session_soon(master: str | None = None) -> threading.Thread:
@@ -362,15 +420,45 @@ def get_session_soon(master: str | None = None) -> threading.Thread:
     return t
 
 
-def session_master(spark) -> str | None:
-    """The master of a session (None when it cannot tell, e.g. a Spark Connect client)."""
+def connect_url(spark) -> str | None:
+    """``sc://HOST:PORT`` of a Spark Connect session's server (None: not a Connect session)."""
+    if not session_api.is_connect(spark):
+        return None
     try:
-        return str(spark.sparkContext.master)
-    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
-        try:
-            return spark.conf.get("spark.master", None)
-        except Exception:  # noqa: BLE001
-            return None
+        return f"sc://{spark.client._builder.endpoint}"
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def connect_url_is_here(url: str) -> bool:
+    """Whether a Spark Connect URL's server runs on this machine (what a local master there means
+    for the instances placement, whose processes listen on 127.0.0.1)."""
+    import socket
+
+    m = re.match(r"^sc://\[?([^\]/:;]+)", url or "")
+    host = m.group(1) if m else ""
+    return host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", socket.gethostname(), socket.getfqdn())
+
+
+def describe(spark) -> list:
+    """What the status card says of a session: version, master, a Spark Connect session's server
+    URL and whose session it is (``["stopped"]`` once it is gone)."""
+    api = session_api.of(spark)
+    if not api.alive():
+        return ["stopped"]
+    try:
+        parts = [spark.version, api.master() or "?"]
+    except Exception:  # noqa: BLE001 - stopped between the two questions
+        return ["stopped"]
+    if api.connect:
+        parts.append(f"Spark Connect · {connect_url(spark) or '?'}")
+    parts.append("started by statekit" if statekit_owns(spark) else "your own session")
+    return parts
+
+
+def session_master(spark) -> str | None:
+    """The master of a session (a Spark Connect session's: the server's ``spark.master``)."""
+    return session_api.of(spark).master()
 
 
 def map_in_arrow(df, func, schema):
@@ -415,11 +503,35 @@ def _warm_partition(batches):
         yield b
 
 
+def _artifact_id_partition(batches):
+    """In a Python worker: the artifact id the server runs this session's Python under."""
+    import pyarrow as pa
+
+    from statekit.engine.spark.helpers import ENV
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_arrays([pa.array([os.environ.get(ENV, "default")])], names=["id"])
+
+
+def artifact_ids(spark) -> set:
+    """The artifact ids a Spark Connect server runs this session's Python helpers under (one
+    small job; empty when it cannot tell)."""
+    try:
+        return {r["id"] for r in spark.range(1).mapInArrow(_artifact_id_partition, "id string").collect()}
+    except Exception:  # noqa: BLE001 - a best effort
+        return set()
+
+
 def warm_workers(spark) -> None:
     """Start Spark's Python workers and import statekit's worker-side modules in them (Spark keeps
-    them for the next jobs), so that the first micro-batch of a query does not pay for it."""
-    n = max(2, int(spark.sparkContext.defaultParallelism))
+    them for the next jobs), so that the first micro-batch of a query does not pay for it. Not on
+    Spark Connect: a server runs each streaming query on a clone of the session, whose Python
+    workers are not the session's (``engine.spark.helpers``)."""
+    if session_api.is_connect(spark):
+        return
     try:
+        n = max(2, session_api.of(spark).default_parallelism())
         map_in_arrow(spark.range(n).repartition(n), _warm_partition, "id long").collect()
     except Exception:  # noqa: BLE001 - a warm-up only; the query says what is wrong, if anything
         pass
@@ -442,52 +554,143 @@ def quiet_accumulator_hangup(sc) -> None:
     srv.handle_error = handle_error
 
 
-def stop_session(jvm_exit_timeout: float = 20) -> None:
-    """Stop the active session (and its JVM gateway) if there is one; a JVM that has not exited
+# --- stopping what statekit started --------------------------------------------------------------------
+
+class StopReport:
+    """What ``stop_session`` stopped and what it left running, each with its reason, as lines."""
+
+    def __init__(self):
+        self.stopped: list = []
+        self.left: list = []
+
+    def __repr__(self):
+        return f"StopReport(stopped={self.stopped}, left={self.left})"
+
+
+def _queries(spark) -> list:
+    try:
+        return list(spark.streams.active)
+    except Exception:  # noqa: BLE001 - a session going away
+        return []
+
+
+def stop_session(jvm_exit_timeout: float = 20) -> StopReport:
+    """Stop what statekit started: its streaming queries, and the session it created (its JVM, or
+    its Spark Connect client and the local server it started for it) unless queries statekit did
+    not start run on it. A session the user made is left running. A JVM that has not exited
     ``jvm_exit_timeout`` seconds after its stdin closed is killed (one writing a class archive at
     exit takes 15 s here, more on a loaded machine: scripts/spark_cds.py waits longer)."""
+    report = StopReport()
     with _LOCK:
         from pyspark import SparkContext
-        from pyspark.sql import SparkSession
 
-        from statekit.engine.spark.planners import REAPER
-
-        REAPER.own(None)
-        quiet_accumulator_hangup(SparkContext._active_spark_context)
-        spark = SparkSession.getActiveSession()
-        if spark is not None:
-            for q in spark.streams.active:
-                try:
-                    q.stop()
-                except Exception:
-                    pass
-            spark.stop()
-        gw = getattr(SparkContext, "_gateway", None)
-        if gw is not None:
-            try:
-                gw.shutdown()
-            except Exception:
-                pass
-            proc = getattr(gw, "proc", None)
-            if proc is not None:  # the JVM exits when its stdin closes; reap it (no zombie)
-                try:
-                    if proc.stdin is not None:
-                        proc.stdin.close()
-                except Exception:
-                    pass
-                try:
-                    proc.wait(timeout=jvm_exit_timeout)
-                except Exception:
-                    proc.kill()
+        own = _OWNED.session
+        sessions = [s for s in {id(x): x for x in (own, _user_active(own)) if x is not None}.values()]
+        for spark in sessions:
+            for q in _queries(spark):
+                if started_by_statekit(q):
                     try:
-                        proc.wait(timeout=10)
-                    except Exception:
+                        q.stop()
+                        report.stopped.append(f"query {q.name}")
+                    except Exception:  # noqa: BLE001
                         pass
-            SparkContext._gateway = None
-            SparkContext._jvm = None
+        user = _user_active(own)
+        if own is None:
+            if user is not None:
+                report.left.append("left the Spark session running: you created it, not statekit")
+            return report
+        if user is not None and not session_api.is_connect(own) and not session_api.is_connect(user):
+            report.left.append("left the Spark session running: a session you created shares its "
+                               "JVM (stop yours first)")
+            return report
+        foreign = [q.name or str(q.id) for q in _queries(own) if not started_by_statekit(q)]
+        if foreign:
+            report.left.append(f"left the Spark session running: {len(foreign)} streaming "
+                               f"quer{'y' if len(foreign) == 1 else 'ies'} statekit did not start "
+                               f"run{'s' if len(foreign) == 1 else ''} on it ({', '.join(foreign)}); "
+                               f"stop {'it' if len(foreign) == 1 else 'them'}, then %statekit down again")
+            return report
+        if session_api.is_connect(own):
+            _stop_connect(own, report)
+        else:
+            from statekit.engine.spark.planners import REAPER
+
+            REAPER.own(None)
+            quiet_accumulator_hangup(SparkContext._active_spark_context)
+            own.stop()
+            _stop_gateway(jvm_exit_timeout)
+            report.stopped.append("spark")
+        _OWNED.session = None
+        _OWNED.queries.clear()
         eng = sys.modules.get("statekit.engine.spark.engine")
         if eng is not None:
             eng._Listener._installed.clear()
+    return report
+
+
+def _user_active(own):
+    """The active session when it is not statekit's (the user's own), else None."""
+    from pyspark.sql import SparkSession
+
+    try:
+        active = SparkSession.getActiveSession()
+    except Exception:  # noqa: BLE001
+        return None
+    if active is None or active is own:
+        return None
+    return active if session_api.of(active).alive() else None
+
+
+def _stop_connect(spark, report: StopReport) -> None:
+    """Release statekit's Connect session; the helpers the server started for it (its Python
+    worker daemon, its data source planners) end with it, when they run on this machine."""
+    from statekit.engine.spark import helpers
+
+    ids = artifact_ids(spark) if _OWNED.server is None else set()
+    try:
+        spark.stop()
+    except Exception:  # noqa: BLE001
+        pass
+    helpers.end(ids)
+    if _OWNED.connect_env:
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        _OWNED.connect_env = False
+    server = _OWNED.server
+    _OWNED.server = None
+    if server is not None:
+        server.stop()
+        report.stopped.append("spark (and the local Spark Connect server statekit started)")
+    else:
+        report.stopped.append("spark (statekit's Spark Connect session; the server runs on)")
+
+
+def _stop_gateway(jvm_exit_timeout: float) -> None:
+    from pyspark import SparkContext
+
+    gw = getattr(SparkContext, "_gateway", None)
+    if gw is None:
+        return
+    try:
+        gw.shutdown()
+    except Exception:
+        pass
+    proc = getattr(gw, "proc", None)
+    if proc is not None:  # the JVM exits when its stdin closes; reap it (no zombie)
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        except Exception:
+            pass
+        try:
+            proc.wait(timeout=jvm_exit_timeout)
+        except Exception:
+            proc.kill()
+            try:
+                proc.wait(timeout=10)
+            except Exception:
+                pass
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 # --- errors ----------------------------------------------------------------------------------------

@@ -27,6 +27,9 @@ where the last committed batch ended. One input partition per Kafka partition ra
 with `minPartitions`). `read()` runs in a Python worker and yields pyarrow RecordBatches decoded by
 `statekit.kafka.Kafka.read` (one Fetch pipeline per range, no consumer objects).
 
+`.option("helpers.dir", DIR).option("helpers.query", NAME)`: where the query's planner notes the
+artifact id a Spark Connect server runs it under (`statekit.engine.spark.helpers`).
+
 Batch reads (`spark.read.format("statekit-kafka")`) take `startingOffsets` (default earliest) and
 `endingOffsets` (default latest). Writes: see `statekit.engine.spark.sink`.
 """
@@ -279,6 +282,11 @@ class KafkaDataSource(DataSource):
                             _truthy(o.get("includesplits", "false")))
 
     def streamReader(self, schema: StructType) -> "KafkaStreamReader":
+        o = {str(k).lower(): v for k, v in dict(self.options).items()}
+        if o.get("helpers.dir"):   # the planner a Spark Connect server keeps for this query run
+            from statekit.engine.spark.helpers import note
+
+            note(o["helpers.dir"], o.get("helpers.query") or "")
         return KafkaStreamReader(_Options(self.options), schema)
 
     def reader(self, schema: StructType) -> "KafkaBatchReader":

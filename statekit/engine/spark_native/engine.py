@@ -31,8 +31,10 @@ import sys
 import tempfile
 import time
 
+from statekit.engine.spark import session_api
 from statekit.engine.spark.engine import RunningQuery, SparkEngine, progress_dict
-from statekit.engine.spark.session import get_session, log_dir, one_line, quiet_accumulator_hangup
+from statekit.engine.spark.session import (forget_owned_session, get_session, log_dir, one_line,
+                                           quiet_accumulator_hangup, statekit_owns)
 from statekit.engine.spec import RunSpec
 from statekit.errors import StatekitError
 
@@ -93,7 +95,7 @@ def local_dirs(spark=None) -> list:
     """This application's own local root dirs (`<spark.local.dir>/spark-<uuid>`, asked from the
     live JVM), where Spark keeps the RocksDB working dirs. Never a shared dir such as /tmp itself:
     other Spark applications on the machine keep theirs there too."""
-    if spark is not None:
+    if spark is not None and not session_api.is_connect(spark):
         try:
             sc = spark.sparkContext
             roots = sc._jvm.org.apache.spark.util.Utils.getOrCreateLocalRootDirs(sc._jsc.sc().conf())
@@ -192,6 +194,7 @@ def forget_dead_session() -> None:
         SparkContext._active_spark_context = None
         SparkContext._gateway = None
         SparkContext._jvm = None
+    forget_owned_session()
     SparkSession._instantiatedSession = None
     SparkSession._activeSession = None
     eng = sys.modules.get("statekit.engine.spark.engine")
@@ -229,7 +232,8 @@ def kill_jvm(spark=None, wipe_local: bool = True) -> dict:
 
 def unload_state_stores(spark) -> None:
     """Unload every state store provider of this JVM (closes their RocksDB instances)."""
-    jvm = spark.sparkContext._jvm
+    jvm = session_api.of(spark).jvm("unloading Spark's state stores", "crash() the changelog "
+                                    "engine's App instead, or use a classic session")
     jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
 
 
@@ -283,7 +287,7 @@ class SparkNativeEngine(SparkEngine):
         """The session, with `run`'s state store settings; without a run (SparkEngine.start's own
         call, after ours) the settings stay as the run set them."""
         o = self._opts(run)
-        if self._spark is None or self._spark.sparkContext._jsc is None:
+        if self._spark is None or not session_api.of(self._spark).alive():
             self._spark = native_session(o["min_deltas_for_snapshot"], o["maintenance_interval"])
         elif run is not None:
             for k, v in native_conf(o["min_deltas_for_snapshot"], o["maintenance_interval"]).items():
@@ -369,6 +373,15 @@ class SparkNativeEngine(SparkEngine):
         if mode not in ("jvm", "query"):
             raise NativeEngineError(f"unknown crash mode {mode!r}; use 'jvm' or 'query'")
         spark = self._spark
+        if session_api.is_connect(spark):
+            raise NativeEngineError("a crash of Spark's own state store kills or unloads the Spark "
+                                    "driver's JVM, which a Spark Connect session does not reach: "
+                                    "crash an App (the changelog engine) instead, or use a classic "
+                                    "session")
+        if mode == "jvm" and spark is not None and not statekit_owns(spark):
+            raise NativeEngineError("crash(mode='jvm') kills this process's Spark JVM, which runs a "
+                                    "session statekit did not start: use crash(mode='query'), or "
+                                    "let statekit start the session")
         running = False
         last = None
         if query is not None:
@@ -390,7 +403,7 @@ class SparkNativeEngine(SparkEngine):
                 query.abort()
             if spark is not None:
                 # tasks of an interrupted batch may still run (and load a store) for a moment
-                tracker = spark.sparkContext.statusTracker()
+                tracker = spark.sparkContext.statusTracker()   # classic: Connect refused above
                 deadline = time.monotonic() + 15
                 while tracker.getActiveJobsIds() and time.monotonic() < deadline:
                     time.sleep(0.05)
