@@ -108,11 +108,3 @@ query went on running.
 """),
 ]
 
-
-if __name__ == "__main__":
-    import _build
-
-    _build.NOTEBOOKS.clear()
-    _build.NOTEBOOKS.update(NOTEBOOKS)
-    for p in _build.build(sys.argv[1:] or None):
-        print(p)
