@@ -211,14 +211,23 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
     kernel_env = _ensure_kernel_env(home)
     os.environ.update(kernel_env)
     os.environ.pop("STATEKIT_BOOTSTRAP", None)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
-                            store_widget_state=True, record_timing=True,
-                            resources={"metadata": {"path": NOTEBOOKS}})
-    if before_cell is not None:
-        client.on_cell_execute = lambda cell, cell_index: before_cell(cell)
     t0 = time.monotonic()
     try:
-        client.execute()
+        for attempt in (0, 1):
+            client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
+                                    store_widget_state=True, record_timing=True,
+                                    resources={"metadata": {"path": NOTEBOOKS}})
+            if before_cell is not None:
+                client.on_cell_execute = lambda cell, cell_index: before_cell(cell)
+            try:
+                client.execute()
+                break
+            except RuntimeError as err:
+                # a kernel that died before it answered, no cell run (jupyter_client chose its
+                # ports by binding and releasing them: another process of a busy machine may take
+                # one first): started once more
+                if attempt or "before replying to kernel_info" not in str(err):
+                    raise
     except CellExecutionError as err:
         # the exception's own name and value: a statekit error hides its traceback, and the
         # message nbclient builds then ends in the cell's stream output, not in the error

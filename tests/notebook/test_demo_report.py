@@ -92,3 +92,31 @@ def test_the_tour_starts_its_longest_notebooks_first_and_reports_in_tour_order(m
     monkeypatch.setattr(demo, "run_notebook", lambda p, *a, **k: ran.append(p) or NotebookResult(p, p))
     assert [r.name for r in demo.run_all(paths[:3], "out", 10, False, jobs=1)] == paths[:3]
     assert ran == paths[:3]
+
+
+def test_a_kernel_that_dies_before_it_answers_is_started_once_more(tmp_path, monkeypatch):
+    """jupyter_client picks a kernel's ports by binding and releasing them; on a busy machine
+    another process can take one first and the kernel dies at once: no cell ran, so the
+    notebook runs in a second kernel. A second death is the notebook's error."""
+    import nbclient
+
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print(6 * 7)")]), str(path))
+    real, calls = nbclient.NotebookClient.execute, []
+
+    def flaky(self, *a, **kw):
+        calls.append(1)
+        if len(calls) <= deaths:
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(nbclient.NotebookClient, "execute", flaky)
+    deaths = 1
+    r = demo.run_notebook(str(path), out_dir=str(tmp_path / "out"), timeout=60)
+    assert r.errors == [] and len(calls) == 2
+    out = nbformat.read(r.executed_path, as_version=4).cells[0].outputs
+    assert out[0]["text"] == "42\n"
+    calls.clear()
+    deaths = 2
+    r = demo.run_notebook(str(path), out_dir=str(tmp_path / "out2"), timeout=60)
+    assert r.errors == ["RuntimeError: Kernel died before replying to kernel_info"] and len(calls) == 2

@@ -97,7 +97,10 @@ def test_app_counts_an_avro_topic_across_a_crash_and_restores_it_exactly(
                         value_serde=statekit.serdes.avro(schema=click_v2()))
         app.restart()
         assert app.process_all_available()
-        summary = app.restore_summary()        # each store of each task, its whole changelog
+        # each store of each task, its whole changelog (the restores' events arrive through the
+        # events topic, a moment after the tasks said they are open)
+        summary, = wait_until(lambda: (lambda s: (s,) if len(s) >= 4 else None)(app.restore_summary()),
+                              30, "the four restores' events")
         assert sorted(zip(summary.task, summary.store)) == [
             ("0_0", "counts"), ("0_0", "last"), ("0_1", "counts"), ("0_1", "last")]
         for row in summary.itertuples():
