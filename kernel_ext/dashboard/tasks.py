@@ -147,7 +147,9 @@ class TaskBoard:
             f.active, f.standby, f.warmup, f.lists_at = [], [], [], ts
             held = self.orphans(e)
             for t in self.tasks.values():
-                if t.task in held or (t.instance == e.instance and t.state not in ("closed",)):
+                # a task that failed there stays failed unless the death names it (then it is
+                # queued again): the Restoration panel keeps such a task's final row too
+                if t.task in held or (t.instance == e.instance and t.state not in ("closed", "failed")):
                     self._set(t, "queued", ts, None)
                     for sf in t.stores.values():   # its lag is known once a new owner is told
                         sf.checkpoint, sf.at = None, max(sf.at, ts)

@@ -327,6 +327,10 @@ C, S = ("commit", 0), ("step", 0)
          standby=False)
 @example(actions=[C, ("commit", 1), ("kill", 0), ("revive", 0), ("reassign", 0)] + [S] * 8 + [("fail", 0)],
          tasks=2, instances=2, standby=False)
+# a task that failed on an instance whose death does not name it: its chip stays failed, as its
+# final Restoration row does (a death queues again only the tasks it names)
+@example(actions=[("kill", 0), ("revive", 0), ("reassign", 0), S, ("fail", 0), ("kill", 0)], tasks=2,
+         instances=1, standby=False)
 def test_every_picture_of_a_random_run_holds_together(actions, tasks, instances, standby):
     _run(actions, tasks, instances, standby)
 
