@@ -378,6 +378,7 @@ class Poller:
         self._fc_seen = None            # (forecast object, its plain data)
         self._fc_made = None            # the latest forecast made here
         self._fc_busy = False
+        self._fc_thread: threading.Thread | None = None   # the forecast being made, if any
         self._fc_sig = None             # what the last forecast made here was made on
         self._fc_at = None
         self._stop = threading.Event()
@@ -438,9 +439,9 @@ class Poller:
         latest = forecasts.latest(name) if isinstance(name, str) else None
         stale = latest is None or time.time() - getattr(latest, "made_at", 0) >= self.heavy_interval
         if (stale and not m.restoring and sig != self._fc_sig and not self._fc_busy
-                and (force or self._due(self._fc_at, self.heavy_interval, now))):
+                and not self._stop.is_set() and (force or self._due(self._fc_at, self.heavy_interval, now))):
             self._fc_sig, self._fc_at, self._fc_busy = sig, now, True
-            th = threading.Thread(target=self._make_forecast, daemon=True,
+            th = self._fc_thread = threading.Thread(target=self._make_forecast, daemon=True,
                                   name=f"statekit-dashboard-forecast-{name}")
             th.start()
             if force:   # a refresh in a cell waits a moment for it, not for a calibration
@@ -485,6 +486,10 @@ class Poller:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop polling, and wait up to `timeout` for the poll and a forecast being made to end (a
+        calibration stuck in the app ends when the app stops: its Kafka client is closed)."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for th in (self._thread, self._fc_thread):
+            if th is not None and th is not threading.current_thread():
+                th.join(max(0.0, deadline - time.monotonic()))

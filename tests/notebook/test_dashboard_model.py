@@ -801,3 +801,35 @@ def test_an_outage_is_a_band_on_the_lag_chart_and_the_badge_says_what_the_app_wa
     # what it aborted is written on the chart, under its length, not only in the tooltip
     assert re.findall(r"class='kafka-away-label'>([^<]*)<", chart) == ["Kafka away 6 s", "2 transactions aborted"]
     assert "Kafka away" not in svg.lag_chart(p.lag, p.standby_lag, p.markers)
+
+
+def test_a_stopped_poller_leaves_no_forecast_running_and_starts_none():
+    """A forecast the poller makes (a calibration: seconds in the app) is waited for by `stop()`,
+    and none is started once it stopped: nothing the dashboard started runs on after it."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from kernel_ext.dashboard.collect import Poller
+
+    calls, ended = [], threading.Event()
+
+    def slow_forecast():
+        calls.append(time.monotonic())
+        time.sleep(0.3)
+        ended.set()
+
+    m = DashboardModel(name="fc-stop")
+    p = Poller(SimpleNamespace(name="fc-stop"), m, forecast_fn=slow_forecast)
+    snap = Snapshot(t=1.0, state="RUNNING", tasks=[], instances=[], metrics={})
+    p._forecast(snap, force=False)
+    from waiting import wait_until
+
+    wait_until(lambda: calls, 5, "the forecast being made")
+    p.stop(timeout=5)
+    assert ended.is_set() and not p._fc_thread.is_alive()
+    m.commits += 1                      # something changed: a running poller would forecast again
+    p._fc_at = None
+    p._forecast(snap, force=False)
+    time.sleep(0.05)
+    assert len(calls) == 1
