@@ -40,7 +40,7 @@ demo: $(STAMP) java
 # have targets of their own.
 FAST = not slow and not cluster and not browser and not native and not connect
 TO_B = tests/notebook/test_session_mistakes.py
-TO_A = tests/state/test_state_property.py
+TO_A = tests/state/test_state_property.py tests/connect/test_ownership.py
 PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py)) $(TO_A)
 test: $(STAMP) java
 	@log=$$(mktemp); \
