@@ -72,7 +72,7 @@ print(app.state, "·", app.waiting)
 """),
     code("""
 %statekit wait bounce
-back = app.wait_for_event(lambda e: e.type == "kafka_available", 60)
+back = app.wait_for_event(lambda e: e.type == "kafka_available", 180)
 print(f"Kafka was away {back.seconds:.1f} s; {back.aborted} transaction(s) aborted; "
       f"tasks that waited: {', '.join(back.tasks_waited) or 'none'}")
 for e in app.events(types=["task_waiting", "task_resumed"], since=back.since - 1):
@@ -100,7 +100,7 @@ connections do not, and they reconnect.
 %statekit produce accounts --generator accounts --seed 8 --limit 2000 --keys {KEYS} --wait
 %statekit broker restart --down 3
 %statekit wait bounce
-again = app.wait_for_event(lambda e: e.type == "kafka_available" and e.since > back.since + back.seconds, 60)
+again = app.wait_for_event(lambda e: e.type == "kafka_available" and e.since > back.since + back.seconds, 180)
 print(f"Kafka was away {again.seconds:.1f} s this time; {again.aborted} transaction(s) aborted; "
       f"the app is {app.wait_for_state('RUNNING', 60)} again, without a restart()")
 """),

@@ -331,7 +331,8 @@ def test_after_stop_and_down_the_dashboard_shows_the_app_stopped():
     wait_until(lambda: "1 alive" in d.view.header.value, 10, "the header saying 1 alive")
     d.stop()                  # `%statekit down` stops the dashboards, then the apps
     app.state = "NOT_RUNNING"
-    wait_until(lambda: ">NOT_RUNNING<" in d.view.header.value, 10, "the header saying NOT_RUNNING")
+    wait_until(lambda: ">NOT_RUNNING<" in d.view.header.value and ">stopped<" in d.view.instances.value,
+               10, "the header saying NOT_RUNNING and the Instances panel the instance stopped")
     h = d.view.header.value
     assert "0 alive / 1" in h and "1 alive" not in h
     assert "0 alive" in d.view.instances.value and ">stopped<" in d.view.instances.value
