@@ -227,7 +227,7 @@ def test_every_kind_of_outage_is_ridden_out(env):
         env.outage(kind, {"blackhole": 3.0, "slow": 3.0, "restart": 1.5}.get(kind, 2.0))
         env.produce(i + len(KINDS))
         env.settle()
-        assert wait_until(lambda: waits_seen(env.app, t0), 30, f"the events of the {kind} outage")
+        assert wait_until(lambda: waits_seen(env.app, t0), 90, f"the events of the {kind} outage")
         if kind not in CUTS:   # (a cut task may be back before the App's next look)
             assert "WAITING" in env.states[n_states:], (kind, env.states)
             back = env.app.wait_for_event(lambda e: e.type == "kafka_available" and e.ts >= t0, 30)
@@ -334,7 +334,7 @@ def test_outages_on_spark(tmp_path, spark_session):
             env.outage(kind, 3.0)
             env.produce(i + 3)
             env.settle()
-            assert wait_until(lambda: waits_seen(env.app, t0), 30, f"the events of the {kind} outage")
+            assert wait_until(lambda: waits_seen(env.app, t0), 90, f"the events of the {kind} outage")
         env.check_exact()
         assert env.app.restarts == []
     finally:
