@@ -19,7 +19,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _cells import (DOWN, FORECAST, RECORD_RESTORE, RESTORE_TOUR_KEYS, RESTORE_VS_FORECAST, SETUP, TOUR_KEYS, accounts, code, hidden, md, write)  # noqa: E402
+from _cells import (DOWN, FORECAST, RECORD_RESTORE, RESTORE_TOUR_KEYS, RESTORE_VS_FORECAST, SETUP, TOUR_KEYS, WORDCOUNT_CHECK, accounts, code, hidden, md, write)  # noqa: E402
 
 NOTEBOOKS: dict[str, list] = {}
 
@@ -87,18 +87,7 @@ Every task's checkpoint has reached its changelog's end: lag 0, nothing left to 
 
 Count the same records with `collections.Counter` and compare with every key of the store.
 """),
-    code("""
-from collections import Counter
-from statekit.datagen import generate, read_jsonl
-
-expected = Counter(r.key for r in read_jsonl("../sample_data/words.jsonl"))
-expected.update(r.key for r in generate("words", seed=7, limit=1500))
-store = app.query_all("counts")
-actual = dict(zip(store["key"], store["value"]))
-assert actual == dict(expected), f"{len(set(actual.items()) ^ set(expected.items()))} keys differ"
-print(f"{len(actual)} words, {sum(actual.values())} records counted, exactly as plain Python counts them")
-print("OK")
-"""),
+    WORDCOUNT_CHECK,
     md("""
 ## A key's history
 

@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cells import code, md  # noqa: E402
+from _cells import WORDCOUNT_CHECK, code, md  # noqa: E402
 
 NOTEBOOKS: dict[str, list] = {}
 
@@ -64,18 +64,7 @@ instance 0 back.
     code("%statekit restart wordcount --no-watch\n%statekit wait wordcount"),
     code("%statekit query wordcount counts record"),
     md("## Check: the store against plain Python"),
-    code("""
-from collections import Counter
-from statekit.datagen import generate, read_jsonl
-
-expected = Counter(r.key for r in read_jsonl("../sample_data/words.jsonl"))
-expected.update(r.key for r in generate("words", seed=7, limit=1500))
-store = app.query_all("counts")
-actual = dict(zip(store["key"], store["value"]))
-assert actual == dict(expected), f"{len(set(actual.items()) ^ set(expected.items()))} keys differ"
-print(f"{len(actual)} words, {sum(actual.values())} records counted, exactly as plain Python counts them")
-print("OK")
-"""),
+    WORDCOUNT_CHECK,
     md("""
 ## Your own session is yours
 

@@ -51,6 +51,21 @@ DOWN = code("""
 # use the full size.
 TOUR_KEYS, RESTORE_TOUR_KEYS = 1_000_000, 2_500_000
 
+# the word count's store against plain Python (notebooks 01 and 15: sample_data/words.jsonl, then
+# 1,500 more words of seed 7)
+WORDCOUNT_CHECK = code("""
+from collections import Counter
+from statekit.datagen import generate, read_jsonl
+
+expected = Counter(r.key for r in read_jsonl("../sample_data/words.jsonl"))
+expected.update(r.key for r in generate("words", seed=7, limit=1500))
+store = app.query_all("counts")
+actual = dict(zip(store["key"], store["value"]))
+assert actual == dict(expected), f"{len(set(actual.items()) ^ set(expected.items()))} keys differ"
+print(f"{len(actual)} words, {sum(actual.values())} records counted, exactly as plain Python counts them")
+print("OK")
+""")
+
 ACCOUNTS_CELL = """
 import os
 from collections import Counter
