@@ -39,6 +39,7 @@ from typing import Optional
 
 from statekit import lifeline
 from statekit.engine.spark import jvm
+from statekit.engine.spark.procs import cmdline, descendants, spark_home
 from statekit.errors import StatekitError
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -50,51 +51,12 @@ class ConnectServerError(StatekitError):
     """The Spark Connect server did not start, or is not running."""
 
 
-def spark_home() -> str:
-    import pyspark
-
-    return os.path.dirname(os.path.abspath(pyspark.__file__))
-
-
-def _children() -> dict:
-    out: dict = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        out.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
-    return out
-
-
-def descendants(pid: int) -> list:
-    """Every process below ``pid`` (from /proc)."""
-    kids = _children()
-    out, todo = [], [pid]
-    while todo:
-        for c in kids.get(todo.pop(), ()):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def server_conf(master: str, host: str, port: int, loopback: bool) -> dict:

@@ -30,52 +30,12 @@ from statekit import lifeline
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://[\w.\-]+:\d+)")
 _REGISTERED = "Successfully registered with master"
 from statekit.engine.spark.executor_id import EXECUTOR_ID as _EXECUTOR_ID
+from statekit.engine.spark.procs import cmdline, descendants, spark_home
 from statekit.engine.spark.session import built_class_archive, jvm_options
 
 
 class ClusterError(RuntimeError):
     pass
-
-
-def spark_home() -> str:
-    import pyspark
-
-    return os.path.dirname(os.path.abspath(pyspark.__file__))
-
-
-def _children() -> dict:
-    """{ppid: [pid]} of every process on the machine (from /proc)."""
-    out: dict = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        out.setdefault(ppid, []).append(int(name))
-    return out
-
-
-def descendants(pid: int) -> list:
-    kids = _children()
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in kids.get(p, ()):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _alive(pid: int) -> bool:
