@@ -100,7 +100,7 @@ connections do not, and they reconnect.
 %statekit produce accounts --generator accounts --seed 8 --limit 2000 --keys {KEYS} --wait
 %statekit broker restart --down 3
 %statekit wait bounce
-again = app.wait_for_event(lambda e: e.type == "kafka_available" and e.since > back.since + back.seconds, 180)
+again = app.wait_for_event(lambda e: e.type == "kafka_available" and e.ts > back.ts, 180)
 print(f"Kafka was away {again.seconds:.1f} s this time; {again.aborted} transaction(s) aborted; "
       f"the app is {app.wait_for_state('RUNNING', 60)} again, without a restart()")
 """),

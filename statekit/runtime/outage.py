@@ -149,6 +149,8 @@ class KafkaWatch:
         w = self.current
         if w is None:
             start = min([self.last_ok] + since) if down else min(since)
+            if self.outages:   # outages never overlap: the last answer may predate the last one's end
+                start = max(start, self.outages[-1]["since"] + self.outages[-1]["seconds"])
             w = self.current = Wait(self.bootstrap, start)
             self._baseline = dict(self._calm)
             self._waited = set()

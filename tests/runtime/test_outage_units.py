@@ -118,3 +118,21 @@ def test_the_watch_folds_probe_and_instances_into_one_outage():
     back = published[-1]
     assert isinstance(back, ev.KafkaAvailable) and back.aborted == 2 and back.tasks_waited == ["0_0"]
     assert w.outages[-1]["aborted"] == 2
+
+
+def test_an_outage_right_after_another_begins_after_it_ended():
+    """The last answer Kafka gave can predate the end of the outage just over (the probe asks once
+    a second); the next outage still begins after it, so outages never overlap."""
+    published = []
+    w = KafkaWatch("h:1", "t-events", 2.0, published.append)
+    w.last_ok = time.time() - 5
+    w.probe_error = "refused"
+    first = w.update({})
+    w.probe_error = None
+    assert w.update({}) is None
+    ended = first.since + w.outages[-1]["seconds"]
+    w.probe_error = "refused"          # killed again before the probe's next answer
+    second = w.update({})
+    assert second is not first and second.since == ended and w.last_ok < ended
+    assert [type(e) for e in published] == [ev.KafkaUnavailable, ev.KafkaAvailable, ev.KafkaUnavailable]
+    assert published[-1].since == ended
