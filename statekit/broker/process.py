@@ -1,4 +1,5 @@
-"""Running the broker as a child process: spawn, find a running one via `DIR/broker.json`, stop;
+"""Running the broker as a child process: its command line, its handle, found running via
+`DIR/broker.json` (the lifecycle it shares with the schema registry is `statekit.child_server`'s);
 and finding the client settings of a broker started with `auth=True` or `tls=True` from its
 bootstrap address.
 
@@ -16,25 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 
-from statekit import lifeline
+from statekit.child_server import ChildServer, ensure_writable, pid_alive, remove_stale_info
 from statekit.contracts import default_broker_dir
-from statekit.errors import BrokerUnreachable, StatekitError
+from statekit.errors import StatekitError
 
 
 def default_dir() -> str:
     """The data directory of ``statekit.broker.start()`` without ``dir``: ``$STATEKIT_HOME/broker``."""
     return default_broker_dir()
-
-
-def info_path(data_dir: str) -> str:
-    return os.path.join(data_dir, "broker.json")
 
 
 def parse_configs(items, auto_create: bool = False) -> dict:
@@ -54,57 +48,19 @@ def parse_configs(items, auto_create: bool = False) -> dict:
         raise ValueError(str(e)) from None
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _listening(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def running_info(data_dir: str) -> dict | None:
-    """broker.json of a live broker on data_dir, else None."""
-    try:
-        with open(info_path(data_dir)) as f:
-            info = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict) or not pid_alive(int(info.get("pid", -1))):
-        return None
-    if not _listening(info.get("host", "127.0.0.1"), int(info.get("port", 0))):
-        return None
-    return info
-
-
-class BrokerHandle:
+class BrokerHandle(ChildServer):
     """A running broker. `.stop()` stops it only if this handle started it (or force=True)."""
 
+    NAME = TITLE = "broker"
+    INFO_NAME = "broker.json"
+
     def __init__(self, data_dir: str, info: dict, owned: bool, proc: subprocess.Popen | None = None):
-        self.dir = data_dir
-        self.host = info["host"]
-        self.port = int(info["port"])
-        self.pid = int(info["pid"])
+        super().__init__(data_dir, info, owned, proc)
         self.bootstrap = info.get("bootstrap") or f"{self.host}:{self.port}"
         self.auth = bool(info.get("auth"))
         self.tls = bool(info.get("tls"))
         self.mtls = bool(info.get("mtls"))
         self.tied = bool(info.get("tied"))   # it stops when the process that started it ends
-        self.owned = owned
-        self._proc = proc
         _KNOWN[self.bootstrap] = data_dir
 
     def __repr__(self):
@@ -128,6 +84,14 @@ class BrokerHandle:
                                 f"{self.dir}`), then start it with --{'mtls' if mtls else 'tls'}")
         return self
 
+    @staticmethod
+    def answers(info: dict) -> bool:
+        try:
+            with socket.create_connection((info.get("host", "127.0.0.1"), int(info.get("port", 0))), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
     @property
     def credentials(self) -> dict | None:
         """The client settings of a broker started with auth or TLS (security.protocol; with auth
@@ -138,53 +102,9 @@ class BrokerHandle:
 
         return read_credentials(self.dir) if self.auth or self.tls else None
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.stop()
-
-    @property
-    def alive(self) -> bool:
-        if self._proc is not None:
-            return self._proc.poll() is None
-        return pid_alive(self.pid)
-
-    def _wait_exit(self, timeout: float) -> bool:
-        if self._proc is not None:
-            try:
-                self._proc.wait(timeout)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not pid_alive(self.pid):
-                return True
-            time.sleep(0.02)
-        return not pid_alive(self.pid)
-
-    def stop(self, grace: float = 10.0, force: bool = False) -> None:
-        """SIGTERM, then SIGKILL after `grace` seconds."""
-        if not self.owned and not force:
-            return
-        if not self.alive:
-            self._wait_exit(0)
-            return
-        try:
-            os.kill(self.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        if not self._wait_exit(grace):
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, as far as the broker's files know."""
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._wait_exit(10.0)
+info_path = BrokerHandle.info_path
+running_info = BrokerHandle.running_info   # broker.json of a live broker on a directory, else None
 
 
 def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, configs: dict | None = None,
@@ -211,14 +131,7 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
                     "the broker already running on %s does not %s; stop it and start it again with %s=True",
                     data_dir, what, key)
         return BrokerHandle(data_dir, info, owned=False)
-    try:
-        os.makedirs(data_dir, exist_ok=True)
-        probe = os.path.join(data_dir, f".write-test-{os.getpid()}-{threading.get_ident()}")
-        with open(probe, "w"):
-            pass
-        os.unlink(probe)
-    except OSError as e:
-        raise StatekitError(f"the broker directory {data_dir} is not writable ({e.strerror}): pass another dir") from None
+    ensure_writable(data_dir, "broker")
     try:
         configs = parse_configs([f"{k}={v}" for k, v in (configs or {}).items()])
     except ValueError as e:
@@ -230,69 +143,8 @@ def start(dir: str | None = None, host: str = "127.0.0.1", port: int = 0, config
         cmd.append("--auth")
     if tls:
         cmd.append("--mtls" if mtls else "--tls")
-    log_path = os.path.join(data_dir, "broker.log")
-    _remove_stale_info(data_dir)
-    tie = {} if detach else lifeline.child_options()
-    with open(log_path, "ab") as logf:
-        start_pos = logf.tell()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True, close_fds=True, **tie)
-    deadline = time.monotonic() + timeout
-    while True:
-        code = proc.poll()
-        if code is not None:
-            err = _last_error(log_path, start_pos) or f"the broker exited with code {code}; see {log_path}"
-            if "another broker already runs" in err:
-                # a concurrent start() won the directory lock: hand out that broker instead
-                while time.monotonic() < deadline:
-                    other = running_info(data_dir)
-                    if other is not None:
-                        return BrokerHandle(data_dir, other, owned=False)
-                    time.sleep(0.05)
-            raise StatekitError(err)
-        try:
-            with open(info_path(data_dir)) as f:
-                info = json.load(f)
-            if info.get("pid") == proc.pid:
-                break
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            raise BrokerUnreachable(f"the broker did not start within {timeout:.0f}s; see {log_path}")
-        time.sleep(0.02)
-    return BrokerHandle(data_dir, info, owned=True, proc=None if detach else proc)
-
-
-def _remove_stale_info(data_dir: str) -> None:
-    """broker.json of a dead broker (kill -9 leaves it behind); a live one's is left alone."""
-    path = info_path(data_dir)
-    try:
-        with open(path) as f:
-            pid = int(json.load(f).get("pid", -1))
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError, AttributeError):
-        pid = -1
-    if pid <= 0 or not pid_alive(pid):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-
-def _last_error(log_path: str, start_pos: int) -> str | None:
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(start_pos)
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return None
-    for ln in reversed(lines):
-        if ln.startswith("statekit broker:"):
-            return ln[len("statekit broker:"):].strip()
-    return lines[-1] if lines else None
+    remove_stale_info(info_path(data_dir))
+    return BrokerHandle.spawn(data_dir, cmd, timeout, detach)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,9 +233,4 @@ def credentials_for(bootstrap: str) -> dict | None:
 
 def stop(dir: str | None = None, grace: float = 10.0) -> bool:
     """Stop the broker running on dir; False if none was running."""
-    data_dir = os.path.abspath(dir or default_dir())
-    info = running_info(data_dir)
-    if info is None:
-        return False
-    BrokerHandle(data_dir, info, owned=True).stop(grace=grace)
-    return True
+    return BrokerHandle.stop_running(os.path.abspath(dir or default_dir()), grace)
