@@ -10,6 +10,7 @@ settings) stays in its own package.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -63,6 +64,27 @@ def remove_stale_info(path: str) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+def remove_own_info(path: str) -> None:
+    """In the server, as it stops: its info file, unless a newer server on the directory wrote its own."""
+    try:
+        with open(path) as f:
+            if json.load(f).get("pid") == os.getpid():
+                os.unlink(path)
+    except (OSError, ValueError):
+        pass
+
+
+def port_arg(text: str) -> int:
+    """``--port`` of a server's command line: a bad one is an argparse error that says what to use."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 0..65535 (0 picks a free one)")
+    return n
 
 
 def _last_error(log_path: str, start_pos: int, name: str) -> str | None:

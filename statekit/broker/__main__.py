@@ -9,6 +9,7 @@ import signal
 import sys
 
 from statekit import lifeline
+from statekit.child_server import port_arg, remove_own_info
 
 from .auth import write_client_settings
 from .process import default_dir, info_path, parse_configs, register_client_settings, unregister_client_settings
@@ -23,20 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _port(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 0..65535 (0 picks a free one)")
-    return n
-
-
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="data directory (default: $STATEKIT_HOME/broker or ~/.statekit/broker)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=9092, help="port to listen on; 0 picks a free one (default 9092)")
+    p.add_argument("--port", type=port_arg, default=9092, help="port to listen on; 0 picks a free one (default 9092)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="broker config, e.g. auto.create.topics.enable=true or log.cleaner.backoff.ms=500 (repeatable)")
     p.add_argument("--auto-create-topics", action="store_true",
@@ -100,14 +91,7 @@ async def _run(data_dir, host, port, configs, auth=False, tls=False, mtls=False)
     try:
         await stop.wait()
     finally:
-        try:
-            import json
-
-            with open(path) as f:
-                if json.load(f).get("pid") == os.getpid():
-                    os.unlink(path)
-        except (OSError, ValueError):
-            pass
+        remove_own_info(path)
         if settings:
             unregister_client_settings(bootstrap)
         await broker.stop()

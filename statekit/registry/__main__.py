@@ -12,25 +12,16 @@ import sys
 import threading
 
 from statekit import lifeline
+from statekit.child_server import port_arg, remove_own_info
 
 from .process import default_dir, ensure_credentials, info_path
-
-
-def _port(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 0..65535 (0 picks a free one)")
-    return n
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None,
                    help="data directory (default: the embedded broker's, $STATEKIT_HOME/broker)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8081, help="port to listen on; 0 picks a free one (default 8081)")
+    p.add_argument("--port", type=port_arg, default=8081, help="port to listen on; 0 picks a free one (default 8081)")
     p.add_argument("--auth", action="store_true",
                    help="require HTTP basic auth with credentials generated into DIR/registry-credentials.json")
     p.add_argument("--tls", action="store_true",
@@ -117,12 +108,7 @@ def main(argv=None) -> int:
         while not stopping.wait(0.5):
             pass
     finally:
-        try:
-            with open(path) as f:
-                if json.load(f).get("pid") == os.getpid():
-                    os.unlink(path)
-        except (OSError, ValueError):
-            pass
+        remove_own_info(path)
         server.shutdown()
         server.server_close()
         store.close()
