@@ -30,13 +30,37 @@ print(json.dumps({"broker": _s.broker.pid, "registry": _s.registry.pid,
 """
 
 
+STACKS = """
+import faulthandler, signal
+faulthandler.register(signal.SIGUSR1, file=open({path!r}, "w"), all_threads=True)
+"""
+
+
+def _silent(kc, timeout: float) -> str:
+    """What a kernel that sent nothing for ``timeout`` seconds was doing: every thread's stack
+    (faulthandler, registered by the fixture on SIGUSR1), for the failure's message."""
+    path = getattr(kc, "stacks_path", None)
+    pid = getattr(kc, "kernel_pid", None)
+    if pid is None or not pid_alive(pid):
+        return f"the kernel sent nothing for {timeout:.0f} s: it is no longer alive"
+    os.kill(pid, signal.SIGUSR1)
+    time.sleep(2)
+    with open(path) as f:
+        return f"the kernel sent nothing for {timeout:.0f} s; its threads:\n{f.read()[-12000:]}"
+
+
 def _run(kc, code: str, timeout: float = 300.0, errors: list | None = None) -> str:
     """Run a cell; its stdout (a cell that fails fails the test with its output, unless `errors`
     collects the tracebacks it shows)."""
+    import queue
+
     msg_id = kc.execute(code)
     out, err = [], []
     while True:
-        msg = kc.get_iopub_msg(timeout=timeout)
+        try:
+            msg = kc.get_iopub_msg(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(_silent(kc, timeout)) from None
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         kind, c = msg["msg_type"], msg["content"]
@@ -64,6 +88,8 @@ def kernel(tmp_path):
     kc = km.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=60)
+    kc.kernel_pid, kc.stacks_path = km.provisioner.pid, str(tmp_path / "kernel-stacks.txt")
+    _run(kc, STACKS.format(path=kc.stacks_path))
     try:
         yield km, kc
     finally:
