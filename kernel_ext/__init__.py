@@ -19,6 +19,7 @@ def load_ipython_extension(ip):
         import atexit
 
         atexit.register(_at_exit)
+        _watch_shutdown_request(getattr(ip, "kernel", None))
         _atexit_registered = True
     try:
         ip.set_hook("complete_command", lambda _self, event: complete(ip, event), str_key="%statekit")
@@ -32,6 +33,39 @@ def _at_exit() -> None:
     are drawn through."""
     if _magics is not None:
         _magics.session.at_exit()
+
+
+def _watch_shutdown_request(kernel) -> None:
+    """A restart or shutdown from the frontend: the apps stop before ipykernel ends the kernel's
+    children. ipykernel signals every child in its process group until none is left, for up to
+    half a minute; an app still running would replace what it kills, and a child nobody reaped
+    would stay on its list."""
+    original = getattr(kernel, "do_shutdown", None)
+    if original is None:
+        return
+
+    async def do_shutdown(restart):
+        if _magics is not None:
+            _stop_before_shutdown(_magics.session)
+        result = original(restart)
+        return await result if hasattr(result, "__await__") else result
+
+    kernel.do_shutdown = do_shutdown
+
+
+def _stop_before_shutdown(session) -> None:
+    """Producers and apps stop (their dashboards stay, to say so) and the spare process ends."""
+    from statekit.runtime import supervisor
+
+    for job in list(session.producers.values()):
+        job.stop.set()
+    for app in list(session.apps.values()):
+        if str(app.state) not in ("CREATED", "NOT_RUNNING"):
+            try:
+                app.stop()
+            except Exception:   # the kernel is going away: what cannot stop ends with it
+                pass
+    supervisor.close_spares()
 
 
 def unload_ipython_extension(ip):

@@ -133,6 +133,12 @@ def warm() -> None:
     SPARES.warm()
 
 
+def close_spares() -> None:
+    """End the spare processes and reap them (a process that is about to exit: a spare left
+    unreaped stays a zombie child, which ipykernel's shutdown waits on for half a minute)."""
+    SPARES.close()
+
+
 def spares() -> list:
     """The pids of the spare processes alive now."""
     with SPARES._lock:

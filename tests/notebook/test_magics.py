@@ -233,3 +233,35 @@ def test_broker_pause_and_restart_act_on_the_embedded_broker_this_kernel_runs(ip
         if sess.broker is not broker:
             sess.broker.stop()     # the one the restart started
         sess.bootstrap, sess.broker = old
+
+
+def test_a_shutdown_request_stops_the_apps_before_ipykernel_ends_the_kernels_children(ip, monkeypatch):
+    """ipykernel signals every child of the kernel's process group until none is left (half a
+    minute at most): the apps stop and the spare is reaped first, so none is left to wait for."""
+    import asyncio
+    import subprocess
+    import sys
+
+    import kernel_ext
+    from statekit.runtime import supervisor
+
+    order = []
+
+    class Kernel:
+        async def do_shutdown(self, restart):
+            order.append(("ipykernel", restart, supervisor.spares()))
+            return {"status": "ok", "restart": restart}
+
+    class Running(FakeApp):
+        def stop(self):
+            order.append(("stop", self.name))
+
+    spare = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    monkeypatch.setattr(supervisor.SPARES, "_spares", [spare])
+    kernel = Kernel()
+    kernel_ext._watch_shutdown_request(kernel)
+    kernel_ext.session().apps["fake"] = Running()
+    reply = asyncio.run(kernel.do_shutdown(True))
+    assert reply == {"status": "ok", "restart": True}
+    assert order == [("stop", "fake"), ("ipykernel", True, [])]
+    assert spare.returncode == 0   # ended and reaped: no zombie child left
