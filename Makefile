@@ -7,7 +7,7 @@ STAMP := $(VENV)/.statekit-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: lab demo test test-slow test-native test-cluster test-connect test-browser test-browser-cluster bench java clean venv
+.PHONY: lab demo test test-tour test-slow test-native test-cluster test-connect test-browser test-browser-cluster bench java clean venv
 
 venv: $(STAMP)
 
@@ -34,20 +34,33 @@ lab: $(STAMP) java
 demo: $(STAMP) java
 	$(PY) -m statekit.demo
 
-# `make test`: two pytest processes side by side, one per core: the broker, the notebooks (but for
-# one notebook-side file) and the state layer's crash property in one, the rest in the other (the
-# moved files even out the two halves); the first one's report follows the second's. Slower suites
-# have targets of their own.
-FAST = not slow and not cluster and not browser and not native and not connect
+# two pytest processes side by side, one per core; the first one's report follows the second's:
+# $(call halves,ARGS OF THE FIRST,ARGS OF THE SECOND,WHAT THE FIRST RAN)
+define halves
+	@log=$$(mktemp); \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(1) >$$log 2>&1 & a=$$!; trap "kill $$a 2>/dev/null" INT TERM; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(2); b=$$?; \
+	wait $$a; ra=$$?; echo "== $(3)"; cat $$log; rm -f $$log; \
+	[ $$ra -eq 0 ] && [ $$b -eq 0 ]
+endef
+
+# `make test`: the broker, the notebook side (but for one file) and the state layer's crash
+# property in one half, the rest in the other (the moved files even out the two halves). The
+# tour's notebooks and the slower suites have targets of their own.
+FAST = not slow and not cluster and not browser and not native and not connect and not tour
 TO_B = tests/notebook/test_session_mistakes.py
-TO_A = tests/state/test_state_property.py tests/connect/test_ownership.py
+TO_A = tests/state/test_state_property.py tests/connect/test_ownership.py tests/runtime/test_topologies_invariant.py \
+       tests/runtime/test_invariant.py tests/test_make_lab.py
 PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py)) $(TO_A)
 test: $(STAMP) java
-	@log=$$(mktemp); \
-	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider --durations=15 $(PART_A) >$$log 2>&1 & a=$$!; trap "kill $$a 2>/dev/null" INT TERM; \
-	$(PY) -m pytest -m "$(FAST)" -q -p no:cacheprovider --durations=15 tests $(addprefix --ignore=,$(PART_A)); b=$$?; \
-	wait $$a; ra=$$?; echo "== tests/broker, tests/notebook (but $(notdir $(TO_B))) and $(TO_A)"; cat $$log; rm -f $$log; \
-	[ $$ra -eq 0 ] && [ $$b -eq 0 ]
+	$(call halves,-m "$(FAST)" $(PART_A),-m "$(FAST)" tests $(addprefix --ignore=,$(PART_A)),tests/broker$(comma) tests/notebook (but $(notdir $(TO_B))) and $(TO_A))
+
+# `make test-tour`: every notebook of the tour but 09, 13 and 15 (they have their own targets)
+# top to bottom in a real kernel, in two halves of about the same length
+comma := ,
+TOUR_A = 16_ or 11_ or 02_ or 07_ or 01_ or 14_
+test-tour: $(STAMP) java
+	$(call halves,-m tour tests/notebook/test_notebooks.py -k "$(TOUR_A)",-m tour tests/notebook/test_notebooks.py -k "not ($(TOUR_A))",notebooks $(TOUR_A))
 
 test-native: $(STAMP) java
 	$(PY) -m pytest -m "native and not cluster" -q

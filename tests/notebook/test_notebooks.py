@@ -18,11 +18,12 @@ from statekit.demo import notebook_paths, run_notebook
 PATHS = notebook_paths()
 
 
-# 09 runs Spark's own state store engine beside ours (90 s): `make test-native`; 13 starts a
-# standalone cluster: `make test-cluster`; 15 a Spark Connect server: `make test-connect`
+# `make test-tour` (`tour`); of those, 09 runs Spark's own state store engine beside ours (90 s):
+# `make test-native`; 13 starts a standalone cluster: `make test-cluster`; 15 a Spark Connect
+# server: `make test-connect`
 _MARKS = {"09_": [pytest.mark.native], "13_": [pytest.mark.cluster], "15_": [pytest.mark.connect]}
 CASES = [pytest.param(p, id=os.path.basename(p).split(".")[0],
-                      marks=_MARKS.get(os.path.basename(p)[:3], []))
+                      marks=_MARKS.get(os.path.basename(p)[:3], [pytest.mark.tour]))
          for p in PATHS]
 
 
