@@ -57,6 +57,7 @@ import time
 from typing import Optional
 
 from statekit.engine.spark.executor_id import _parent, executor_identity, instance_number
+from statekit.engine.spark.procs import descendants
 from statekit.engine.spark.stage_rows import OUTPUT_SCHEMA, task_rows, trace
 from statekit.engine.spec import RunSpec
 
@@ -88,21 +89,6 @@ def state_root(configured: Optional[str] = None) -> str:
             d = os.path.dirname(d)
         return os.path.join(d, "statekit")
     return os.path.join(tempfile.gettempdir(), f"statekit-executor-{os.getuid()}")
-
-
-def _descendants(pid: int) -> list:
-    kids: dict = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            ppid = _parent(int(name))
-            if ppid is not None:
-                kids.setdefault(ppid, []).append(int(name))
-    out, todo = [], [pid]
-    while todo:
-        for c in kids.get(todo.pop(), ()):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def _gone(pids: list, timeout: float = 5.0) -> None:
@@ -164,7 +150,7 @@ def _die_with_executor(task_root: str):
             signal.signal(sig, signal.SIG_IGN)
         _eid, jvm = executor_identity()
         if jvm is not None:
-            others = [p for p in _descendants(jvm) if p != os.getpid()]
+            others = [p for p in descendants(jvm) if p != os.getpid()]
             os.kill(jvm, signal.SIGKILL)
             for p in others:
                 try:

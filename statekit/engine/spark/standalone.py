@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from statekit import lifeline
+from statekit.child_server import pid_alive
 
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://[\w.\-]+:\d+)")
 _REGISTERED = "Successfully registered with master"
@@ -36,20 +37,6 @@ from statekit.engine.spark.session import built_class_archive, jvm_options
 
 class ClusterError(RuntimeError):
     pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child counts as dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class StandaloneCluster:
@@ -153,7 +140,7 @@ class StandaloneCluster:
                 continue
             for pid in descendants(w.pid):
                 cl = cmdline(pid)
-                if "CoarseGrainedExecutorBackend" in cl and _alive(pid):
+                if "CoarseGrainedExecutorBackend" in cl and pid_alive(pid):
                     self._seen.add(pid)
                     m = _EXECUTOR_ID.search(cl)
                     out.append({"worker": i, "pid": pid, "executor_id": m.group(1) if m else None})
@@ -205,10 +192,10 @@ class StandaloneCluster:
             except subprocess.TimeoutExpired:
                 pass
         for pid in sorted(self._seen):
-            if _alive(pid):
+            if pid_alive(pid):
                 self._seen.update(descendants(pid))
         for pid in sorted(self._seen):
-            if _alive(pid):
+            if pid_alive(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -224,7 +211,7 @@ class StandaloneCluster:
             f.close()
         self._logs = []
         time.sleep(0.2)
-        left = [pid for pid in sorted(self._seen) if _alive(pid)]
+        left = [pid for pid in sorted(self._seen) if pid_alive(pid)]
         if self._own_root and not left:
             shutil.rmtree(self.root, ignore_errors=True)
         return left
