@@ -7,7 +7,7 @@ STAMP := $(VENV)/.statekit-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: lab demo test test-tour test-slow test-native test-cluster test-connect test-browser test-browser-cluster bench java clean venv
+.PHONY: lab demo test test-suites test-tour test-slow test-native test-cluster test-connect test-browser test-browser-cluster bench java clean venv
 
 venv: $(STAMP)
 
@@ -44,19 +44,22 @@ define halves
 	[ $$ra -eq 0 ] && [ $$b -eq 0 ]
 endef
 
-# `make test`: the broker, the notebook side (but for one file) and the state layer's crash
-# property in one half, the rest in the other (the moved files even out the two halves). The
-# tour's notebooks and the slower suites have targets of their own.
+# `make test` = `make test-suites`, then `make test-tour` (both run; either failing fails it).
+# test-suites: the broker, the notebook side (but for one file) and the state layer's crash
+# property in one half, the rest in the other (the moved files even out the two halves).
 FAST = not slow and not cluster and not browser and not native and not connect and not tour
 TO_B = tests/notebook/test_session_mistakes.py
 TO_A = tests/state/test_state_property.py tests/connect/test_ownership.py tests/runtime/test_topologies_invariant.py \
        tests/runtime/test_invariant.py tests/test_make_lab.py
 PART_A = tests/broker $(filter-out $(TO_B),$(wildcard tests/notebook/test_*.py)) $(TO_A)
 test: $(STAMP) java
+	@rc=0; $(MAKE) --no-print-directory test-suites || rc=1; $(MAKE) --no-print-directory test-tour || rc=1; exit $$rc
+
+test-suites: $(STAMP) java
 	$(call halves,-m "$(FAST)" $(PART_A),-m "$(FAST)" tests $(addprefix --ignore=,$(PART_A)),tests/broker$(comma) tests/notebook (but $(notdir $(TO_B))) and $(TO_A))
 
-# `make test-tour`: every notebook of the tour but 09, 13 and 15 (they have their own targets)
-# top to bottom in a real kernel, in two halves of about the same length
+# test-tour: every notebook of the tour but 09, 13 and 15 (they have their own targets) top to
+# bottom in a real kernel, in two halves of about the same length
 comma := ,
 TOUR_A = 16_ or 11_ or 02_ or 07_ or 01_ or 14_
 test-tour: $(STAMP) java
