@@ -8,8 +8,9 @@ while it is created and while it plans its first micro-batch (the reader is made
 never again. Spark closes a released worker after a minute without use (its idle timeout, fixed),
 but keeps the daemons for the whole session: three idle interpreters, ~25 MB of PSS each here.
 
-`REAPER` ends a planner daemon once it has no worker left (Spark has closed them: nothing is in
-flight on it, and Spark keeps nothing it would ask that daemon about) while no statekit query is
+`REAPER` ends a planner daemon once it has had no worker for a whole pass (`EVERY_S`: Spark has
+closed them, nothing is in flight on it, Spark keeps nothing it would ask that daemon about, and it
+is not one Spark is still starting) while no statekit query is
 being created or is waiting for its first micro-batch, and only in a session whose JVM statekit
 started. A step that needs the daemon again (the next query's start) finds its port closed, which
 Spark reads as a daemon that quit ("Failed to open socket to Python daemon ... attempting to
@@ -67,18 +68,38 @@ def planner_daemons(jvm_pid: int) -> dict:
     return found
 
 
-def end_idle_planners(jvm_pid: int) -> list:
-    """End the planner daemons of `jvm_pid` that have no worker; returns their steps. The caller
-    makes sure no planner step can start meanwhile (see the module docstring)."""
-    ended = []
+def _started(pid: int) -> str:
+    """When ``pid`` started (its /proc start time: with the pid, one process, never a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def end_idle_planners(jvm_pid: int, seen_idle: set | None = None) -> list:
+    """End the planner daemons of `jvm_pid` that have no worker and had none when the previous
+    pass looked (``seen_idle``: that pass's idle daemons, updated in place; None: end every idle
+    one). A daemon Spark is starting has no worker either, until it has written its port: ended
+    then, the step that started it fails ("EOFException ... reading the port number"), whereas a
+    daemon idle across two passes is one Spark is done with. Returns the steps ended. The caller
+    makes sure no statekit planner step starts meanwhile (see the module docstring)."""
+    ended, idle_now = [], set()
     for pid, step in planner_daemons(jvm_pid).items():
         if _children(pid):
+            continue
+        me = (pid, _started(pid))
+        if seen_idle is not None and me not in seen_idle:
+            idle_now.add(me)
             continue
         try:
             os.kill(pid, signal.SIGTERM)   # pyspark's daemon exits on SIGTERM (and ends its group)
             ended.append(step)
         except ProcessLookupError:
             pass
+    if seen_idle is not None:
+        seen_idle.clear()
+        seen_idle.update(idle_now)
     return ended
 
 
@@ -100,6 +121,7 @@ class _Reaper:
         self._kicked = False
         self._wake = threading.Event()
         self.ended: list = []          # the steps whose daemons were ended, oldest first
+        self._seen_idle: set = set()   # (pid, start time) of the daemons idle at the last pass
 
     def own(self, jvm_pid: int | None) -> None:
         """The JVM statekit started for its session (None: none, or it stopped)."""
@@ -162,8 +184,9 @@ class _Reaper:
                 continue
             with self._lock:        # no query is created, started or watched meanwhile
                 if self._busy or self._jvm != jvm or self._waiting_for_first_batch():
+                    self._seen_idle.clear()
                     continue
-                self.ended.extend(end_idle_planners(jvm))
+                self.ended.extend(end_idle_planners(jvm, self._seen_idle))
 
 
 REAPER = _Reaper()
