@@ -463,4 +463,4 @@ def test_notebook_16_shows_the_outage_on_the_dashboard(tmp_path):
         assert bands[0].split(" · ")[1] in labels, labels   # written on the chart, not only in a tooltip
         _no_clipping(page, "notebook 16")
         dash = page.locator(".statekit-dashboard").first
-        _lab.screenshot(page, "nb15-dashboard.png", dash)
+        _lab.screenshot(page, "nb16-dashboard.png", dash)
