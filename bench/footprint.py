@@ -60,22 +60,9 @@ PARTITIONS = 4
 
 def tree(root: int) -> list:
     """`root` and every process it started, transitively (from /proc)."""
-    kids: dict = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, ()))
-    return out
+    from statekit.engine.spark.procs import descendants
+
+    return [root, *descendants(root)]
 
 
 def cpu_ticks(pid: int) -> int:

@@ -11,24 +11,10 @@ import os
 import re
 from typing import Optional
 
+from statekit.engine.spark.procs import cmdline, parent
+
 EXECUTOR_ID = re.compile(r"--executor-id\s+(\S+)")
 _EXECUTOR_ID = EXECUTOR_ID
-
-
-def _parent(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 _IDENTITY: dict = {}
@@ -41,16 +27,16 @@ def executor_identity() -> tuple:
     if me in _IDENTITY:
         return _IDENTITY[me]
     found = (None, None)
-    pid = _parent(me)
+    pid = parent(me)
     for _ in range(6):
         if pid is None or pid <= 1:
             break
-        cl = _cmdline(pid)
+        cl = cmdline(pid)
         if "ExecutorBackend" in cl:
             m = _EXECUTOR_ID.search(cl)
             found = (m.group(1) if m else None, pid)
             break
-        pid = _parent(pid)
+        pid = parent(pid)
     _IDENTITY[me] = found
     return found
 

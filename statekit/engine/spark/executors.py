@@ -56,8 +56,8 @@ import tempfile
 import time
 from typing import Optional
 
-from statekit.engine.spark.executor_id import _parent, executor_identity, instance_number
-from statekit.engine.spark.procs import descendants
+from statekit.engine.spark.executor_id import executor_identity, instance_number
+from statekit.engine.spark.procs import descendants, parent
 from statekit.engine.spark.stage_rows import OUTPUT_SCHEMA, task_rows, trace
 from statekit.engine.spec import RunSpec
 
@@ -108,10 +108,10 @@ def _holders(root: str) -> list:
     """Processes of this user, but this one and its ancestors, with a file open under ``root``
     (the Python workers holding this application's tasks there: their RocksDB, their locks)."""
     me, mine = os.getpid(), set()
-    p = _parent(os.getpid())
+    p = parent(os.getpid())
     while p and p > 1:
         mine.add(p)
-        p = _parent(p)
+        p = parent(p)
     prefix = os.path.realpath(root) + os.sep
     out = []
     for name in os.listdir("/proc"):

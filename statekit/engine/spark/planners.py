@@ -28,6 +28,8 @@ import signal
 import threading
 import weakref
 
+from statekit import lifeline
+
 PLANNER_MODULE = "pyspark.sql.worker."
 EVERY_S = 5.0
 
@@ -68,15 +70,6 @@ def planner_daemons(jvm_pid: int) -> dict:
     return found
 
 
-def _started(pid: int) -> str:
-    """When ``pid`` started (its /proc start time: with the pid, one process, never a reused pid)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def end_idle_planners(jvm_pid: int, seen_idle: set | None = None) -> list:
     """End the planner daemons of `jvm_pid` that have no worker and had none when the previous
     pass looked (``seen_idle``: that pass's idle daemons, updated in place; None: end every idle
@@ -88,7 +81,7 @@ def end_idle_planners(jvm_pid: int, seen_idle: set | None = None) -> list:
     for pid, step in planner_daemons(jvm_pid).items():
         if _children(pid):
             continue
-        me = (pid, _started(pid))
+        me = (pid, lifeline.start_time(pid))   # (a reused pid is another daemon)
         if seen_idle is not None and me not in seen_idle:
             idle_now.add(me)
             continue

@@ -1,24 +1,30 @@
-"""This machine's processes, read from /proc: what a Spark process started below it (a
-standalone cluster's daemons, a Connect server's Python helpers), so that statekit stops exactly
-the processes it started. No Spark import: the modules that start JVMs share it."""
+"""This machine's processes, read from /proc: a process's parent and command line (a Python
+worker finds its executor's JVM so), and what a Spark process started below it (a standalone
+cluster's daemons, a Connect server's Python helpers), so that statekit stops exactly the
+processes it started. No Spark import: the modules that start JVMs share it."""
 from __future__ import annotations
 
 import os
+from typing import Optional
+
+
+def parent(pid: int) -> Optional[int]:
+    """``pid``'s parent (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _children() -> dict:
     """{ppid: [pid]} of every process on the machine."""
     out: dict = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        out.setdefault(ppid, []).append(int(name))
+        if name.isdigit():
+            ppid = parent(int(name))
+            if ppid is not None:
+                out.setdefault(ppid, []).append(int(name))
     return out
 
 
