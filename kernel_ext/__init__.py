@@ -57,14 +57,7 @@ def _stop_before_shutdown(session) -> None:
     """Producers and apps stop (their dashboards stay, to say so) and the spare process ends."""
     from statekit.runtime import supervisor
 
-    for job in list(session.producers.values()):
-        job.stop.set()
-    for app in list(session.apps.values()):
-        if str(app.state) not in ("CREATED", "NOT_RUNNING"):
-            try:
-                app.stop()
-            except Exception:   # the kernel is going away: what cannot stop ends with it
-                pass
+    session.stop_producers_and_apps()
     supervisor.close_spares()
 
 

@@ -225,10 +225,15 @@ class Session:
         """Dashboards, producers and apps; one entry per producer or app that was still running
         (an app `stop` already stopped is not named again; down must get everything down, so a
         failure is noted and the rest goes on)."""
-        stopped = []
         for d in list(self.dashboards.values()):
             d.stop(timeout=3)
         self.dashboards.clear()
+        return self.stop_producers_and_apps()
+
+    def stop_producers_and_apps(self) -> list[str]:
+        """What `_stop_everything_of_apps` stops but the dashboards (a kernel shutting down keeps
+        them, to say so); the same entries."""
+        stopped = []
         for topic, job in list(self.producers.items()):
             if job.running:
                 stopped.append(f"the producer of {topic}")
