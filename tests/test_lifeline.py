@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -126,3 +127,38 @@ def test_a_registry_dies_with_the_process_that_started_it(tmp_path):
     assert pid_alive(pids["registry"])
     _kill9(proc)
     _gone([pids["registry"]])
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_jvm_that_ignores_the_end_of_its_stdin_dies_with_a_start_cut_short(tmp_path):
+    """The local JVM exits at EOF on its stdin, but not once it is in its shutdown hooks (a kernel
+    shut down while Spark starts SIGTERMs it mid-construction, and the hooks can wait forever).
+    Here the JVM is stopped (SIGSTOP: it reads nothing) as soon as it is launched, and its starter
+    is killed before `getOrCreate` returns: the keeper still ends it."""
+    from statekit import lifeline
+
+    proc, pids = _starter("""
+        import json, os, threading, time
+        from statekit.engine.spark import procs
+        from statekit.engine.spark.session import get_session
+        threading.Thread(target=get_session, daemon=True).start()
+        while True:
+            jvm = [p for p in procs.children(os.getpid()) if "spark-submit" in procs.cmdline(p)]
+            if jvm:
+                break
+            time.sleep(0.02)
+        print(json.dumps({"jvm": jvm[0]}), flush=True)
+        time.sleep(600)
+        """, tmp_path)
+    jvm = pids["jvm"]
+    try:
+        os.kill(jvm, signal.SIGSTOP)
+        time.sleep(1.0)   # (the starter's watcher looks every 0.1 s)
+    finally:
+        _kill9(proc)
+    try:
+        _gone([jvm], timeout=lifeline.KEEPER_GRACE_S + 20)
+    finally:
+        if pid_alive(jvm):
+            os.kill(jvm, signal.SIGKILL)

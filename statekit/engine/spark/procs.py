@@ -28,6 +28,11 @@ def _children() -> dict:
     return out
 
 
+def children(pid: int) -> list:
+    """The processes whose parent is ``pid``."""
+    return _children().get(pid, [])
+
+
 def descendants(pid: int) -> list:
     """Every process below ``pid``."""
     kids = _children()

@@ -315,6 +315,44 @@ def _jvm_pid() -> int | None:
     return getattr(proc, "pid", None)
 
 
+class _JvmKeeper:
+    """Hands the JVM this process launches to the lifeline's keeper (`statekit.lifeline.keep`)
+    as soon as it exists. The JVM exits at EOF on its stdin, but not when it is already running
+    its shutdown hooks: a kernel shut down while Spark was starting SIGTERMs it in the middle of
+    SparkContext's construction, the hooks can wait on it forever, and the JVM outlives the
+    kernel (seen about once in thirty interrupted starts). The keeper ends it after its grace."""
+
+    def __init__(self):
+        self.kept: set = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._watch, name="statekit-jvm-keeper", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        from statekit.engine.spark import procs
+
+        me = os.getpid()
+        while not self.kept and not self._stop.wait(0.1):
+            for pid in procs.children(me):   # bash spark-submit, then (exec) the JVM: one pid
+                if "spark-submit" in procs.cmdline(pid) or "SparkSubmit" in procs.cmdline(pid):
+                    self.keep(pid)
+
+    def keep(self, pid: int | None) -> None:
+        if pid is not None and pid not in self.kept:
+            from statekit import lifeline
+
+            self.kept.add(pid)
+            lifeline.keep(pid)
+
+
 def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memory: str,
                      extra_conf: dict | None):
     """Start the classic session (its JVM in this process)."""
@@ -370,8 +408,9 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
         b = b.config(k, str(v))
     set_aside = None
     stderr = jvm_stderr_path()
+    keeper = _JvmKeeper()   # from its first moment: an interrupted start leaves no JVM behind
     try:
-        with _stderr_to_file(stderr):
+        with _stderr_to_file(stderr), keeper:
             said_from, t0 = file_size(stderr), time.time()
             try:
                 spark = b.getOrCreate()
@@ -393,6 +432,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
         raise one_line(exc, f"Spark did not start (the JVM's output: {stderr})") from None
     from statekit.engine.spark.planners import REAPER
 
+    keeper.keep(_jvm_pid())
     REAPER.own(_jvm_pid())   # Spark's idle planner daemons end (engine.spark.planners)
     if set_aside:
         print(f"statekit: the JVM did not start with the class archive {archive}; it is "
@@ -676,6 +716,9 @@ def _stop_gateway(jvm_exit_timeout: float) -> None:
         pass
     proc = getattr(gw, "proc", None)
     if proc is not None:  # the JVM exits when its stdin closes; reap it (no zombie)
+        from statekit import lifeline
+
+        lifeline.forget(proc.pid)
         try:
             if proc.stdin is not None:
                 proc.stdin.close()
