@@ -33,6 +33,7 @@ KEEPER_GRACE_S = 10.0       # SIGTERM, then SIGKILL this much later
 _lock = threading.Lock()
 _pipe: Optional[tuple] = None     # (pid that made it, read fd, write fd)
 _keeper: Optional[subprocess.Popen] = None
+_kept: set = set()                # what the keeper holds: it runs only while that is not empty
 
 
 def _read_end() -> int:
@@ -110,19 +111,28 @@ def keep(pid: int, group: bool = False) -> None:
         try:
             _keeper.stdin.write(line)
             _keeper.stdin.flush()
+            _kept.add(int(pid))
         except OSError:
             pass
 
 
 def forget(pid: int) -> None:
-    """``pid`` was stopped by its owner: the keeper lets it go."""
+    """``pid`` was stopped by its owner, or no longer needs keeping: the keeper lets it go, and
+    ends once it holds nothing (an idle kernel pays for no keeper)."""
+    global _keeper
     with _lock:
-        if _keeper is not None and _keeper.poll() is None:
-            try:
-                _keeper.stdin.write(f"forget {int(pid)}\n".encode())
-                _keeper.stdin.flush()
-            except OSError:
-                pass
+        if _keeper is None or int(pid) not in _kept:
+            return
+        _kept.discard(int(pid))
+        try:
+            _keeper.stdin.write(f"forget {int(pid)}\n".encode())
+            _keeper.stdin.flush()
+            if not _kept:    # EOF with nothing kept: it exits and signals no one
+                _keeper.stdin.close()
+                _keeper.wait(timeout=5)
+                _keeper = None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 def keeper_pid() -> Optional[int]:

@@ -108,6 +108,31 @@ def test_the_keeper_ends_a_process_group_that_cannot_watch_a_pipe(tmp_path):
     _gone([pids["leader"], pids["child"], pids["keeper"]])
 
 
+def test_the_keeper_ends_once_it_holds_nothing_and_signals_no_one(tmp_path):
+    """A kernel whose Spark has started keeps nothing: it pays for no keeper process."""
+    proc, pids = _starter("""
+        import json, subprocess, time
+        from statekit import lifeline
+        p = subprocess.Popen(["sleep", "600"])
+        lifeline.keep(p.pid)
+        keeper = lifeline.keeper_pid()
+        lifeline.forget(p.pid)
+        print(json.dumps({"keeper": keeper, "after": lifeline.keeper_pid(), "sleep": p.pid}),
+              flush=True)
+        time.sleep(600)
+        """, tmp_path)
+    try:
+        assert isinstance(pids["keeper"], int) and pids["after"] is None
+        _gone([pids["keeper"]], timeout=5)
+    finally:
+        _kill9(proc)
+    try:
+        time.sleep(0.5)
+        assert pid_alive(pids["sleep"])   # forgotten: nobody ended it
+    finally:
+        os.kill(pids["sleep"], signal.SIGKILL)
+
+
 def test_the_keeper_never_signals_a_pid_given_to_another_process():
     from statekit import lifeline
 
@@ -154,7 +179,7 @@ def test_a_jvm_that_ignores_the_end_of_its_stdin_dies_with_a_start_cut_short(tmp
     jvm = pids["jvm"]
     try:
         os.kill(jvm, signal.SIGSTOP)
-        time.sleep(1.0)   # (the starter's watcher looks every 0.1 s)
+        time.sleep(1.0)   # (the starter's watcher looks every 0.2 s)
     finally:
         _kill9(proc)
     try:

@@ -317,10 +317,11 @@ def _jvm_pid() -> int | None:
 
 class _JvmKeeper:
     """Hands the JVM this process launches to the lifeline's keeper (`statekit.lifeline.keep`)
-    as soon as it exists. The JVM exits at EOF on its stdin, but not when it is already running
-    its shutdown hooks: a kernel shut down while Spark was starting SIGTERMs it in the middle of
-    SparkContext's construction, the hooks can wait on it forever, and the JVM outlives the
-    kernel (seen about once in thirty interrupted starts). The keeper ends it after its grace."""
+    while it starts. The JVM exits at EOF on its stdin, but not when it is already running its
+    shutdown hooks: a kernel shut down while Spark was starting SIGTERMs it in the middle of
+    SparkContext's construction, the hooks can wait on it forever, and the JVM outlived the
+    kernel (about once in thirty interrupted starts). The keeper ends it after its grace. A
+    started JVM's hooks end (stopping queries takes at most `stopTimeout`): it is released then."""
 
     def __init__(self):
         self.kept: set = set()
@@ -340,9 +341,10 @@ class _JvmKeeper:
         from statekit.engine.spark import procs
 
         me = os.getpid()
-        while not self.kept and not self._stop.wait(0.1):
+        while not self._stop.wait(0.2):
             for pid in procs.children(me):   # bash spark-submit, then (exec) the JVM: one pid
-                if "spark-submit" in procs.cmdline(pid) or "SparkSubmit" in procs.cmdline(pid):
+                if pid not in self.kept and ("spark-submit" in procs.cmdline(pid)
+                                             or "SparkSubmit" in procs.cmdline(pid)):
                     self.keep(pid)
 
     def keep(self, pid: int | None) -> None:
@@ -351,6 +353,12 @@ class _JvmKeeper:
 
             self.kept.add(pid)
             lifeline.keep(pid)
+
+    def release(self) -> None:
+        from statekit import lifeline
+
+        for pid in self.kept:
+            lifeline.forget(pid)
 
 
 def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memory: str,
@@ -432,7 +440,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
         raise one_line(exc, f"Spark did not start (the JVM's output: {stderr})") from None
     from statekit.engine.spark.planners import REAPER
 
-    keeper.keep(_jvm_pid())
+    keeper.release()   # started: at EOF on its stdin it exits, hooks and all
     REAPER.own(_jvm_pid())   # Spark's idle planner daemons end (engine.spark.planners)
     if set_aside:
         print(f"statekit: the JVM did not start with the class archive {archive}; it is "
