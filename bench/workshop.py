@@ -2,7 +2,8 @@
 moment, (a) each kernel with its own local Spark, (b) all on one shared Spark Connect server
 (``statekit spark serve``'s server; the kernels get ``SPARK_REMOTE`` and nothing else changes).
 
-    .venv/bin/python bench/workshop.py [--kernels 8] [--idle-seconds 15] [--only local|connect]
+    .venv/bin/python bench/workshop.py [--kernels 8] [--idle-wait S] [--idle-seconds 15]
+                                       [--only local|connect]
 
 Each participant is a real Jupyter kernel (jupyter_client) with a ``STATEKIT_HOME`` of its own
 (its own embedded broker) in ``notebooks/``; the kernels are started first (a participant opens the
@@ -13,10 +14,12 @@ to its ``%statekit stop`` cell. Per kernel:
   with records (what the dashboard's header shows first);
 - PSS: the sum of ``Pss`` (``/proc/PID/smaps_rollup``) over the kernel and every process it started
   (its broker, instances, Spark's JVM and Python workers), once every kernel is idle with its app
-  running;
+  running and the room is at rest (``--idle-wait``, default: until Spark has closed the Python
+  planner workers of the queries' starts, a minute, as ``bench/footprint.py`` waits);
 - idle CPU: the CPU those processes use over ``--idle-seconds`` then, in cores.
 
-The room: the kernels' sums, plus the server's (its JVM and every process it started) in (b).
+The room: the kernels' sums, plus the server's (its JVM and every process it started, by command)
+in (b); also just after the start (a peak: the planners still open).
 Then each kernel runs the rest of the notebook (stop, down) and is shut down; the server is
 stopped. Goals for (b) on two cores: every first numbers ≤ 30 s, a kernel's PSS ≤ 300 MB, the room
 ≤ 4 GB.
@@ -26,6 +29,7 @@ Last lines:
     FIGURE name=workshop_first_numbers_max value=<s, shared server> unit=s baseline=<s, own Spark> ratio=...
     FIGURE name=workshop_kernel_pss_max value=<MB, shared> unit=MB baseline=<MB, own Spark> ratio=...
     FIGURE name=workshop_room_idle_cpu value=<cores, shared> unit=cores baseline=<cores, own> ratio=...
+    FIGURE name=workshop_room_pss_at_start value=<MB, shared> unit=MB baseline=<MB, own> ratio=...
     RESULT name=workshop_room_pss value=<MB, shared server> unit=MB baseline=<MB, own Spark> ratio=...
 """
 from __future__ import annotations
@@ -78,15 +82,30 @@ def pss_mb(pids) -> float:
     return total / 1024
 
 
-def _name(pid: int) -> str:
+def _words(pid: int) -> list:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().split(b"\0")
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError:
-        return "?"
-    words = [a.decode(errors="replace") for a in args if a]
+        return []
+
+
+def _name(pid: int) -> str:
+    words = _words(pid)
     mod = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "-m"), None)
     return mod or os.path.basename(words[0]) if words else "?"
+
+
+def _by_kind(pids) -> list:
+    """[(PSS MB, name, count)] of ``pids`` grouped by command, largest first."""
+    kinds: dict = {}
+    for q in pids:
+        name = _name(q)
+        step = next((w for w in _words(q) if w.startswith("pyspark.sql.worker.")), None)
+        name = f"{name} {step[len('pyspark.sql.worker.'):]}" if step else name
+        mb, n = kinds.get(name, (0.0, 0))
+        kinds[name] = (mb + pss_mb([q]), n + 1)
+    return sorted(((round(mb), name, n) for name, (mb, n) in kinds.items()), reverse=True)
 
 
 def cpu_seconds(pids) -> float:
@@ -186,7 +205,8 @@ class Participant:
         broker_mod.stop(os.path.join(self.home, "broker"))   # its own session: not the kernel's
 
 
-def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int | None) -> dict:
+def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int | None,
+         idle_wait: float) -> dict:
     first, rest = cells()
     people = [Participant(i, work, remote) for i in range(n)]
     try:
@@ -205,6 +225,11 @@ def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int |
                 say(f"also: {e}")
             raise RuntimeError(f"{len(errors)} of {n} participants failed; the first: {errors[0]}")
         time.sleep(2)                        # the last kernel's cell has just returned
+        # the room just after the start: Spark still holds the Python planners every query's start
+        # used, until its idle timeout closes them (a minute): a peak, not what the room pays
+        started = (sum(pss_mb(tree(p.pid)) for p in people)
+                   + (pss_mb(tree(server_pid)) if server_pid else 0.0))
+        time.sleep(idle_wait)
         trees = {p.i: tree(p.pid) for p in people}
         server = tree(server_pid) if server_pid else []
         cpu0 = {i: cpu_seconds(t) for i, t in trees.items()}
@@ -220,7 +245,8 @@ def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int |
             p.result["processes"] = len(trees[p.i])
         out = {"kernels": [p.result for p in people],
                "server_pss_mb": pss_mb(server), "server_idle_cpu": (cpu_seconds(server) - s0) / idle_s,
-               "server_processes": len(server)}
+               "server_processes": len(server), "server_by_kind": _by_kind(server),
+               "room_pss_at_start_mb": started}
         out["room_pss_mb"] = sum(r["pss_mb"] for r in out["kernels"]) + out["server_pss_mb"]
         out["room_idle_cpu"] = sum(r["idle_cpu"] for r in out["kernels"]) + out["server_idle_cpu"]
         threads = [threading.Thread(target=p.rest, args=(rest,)) for p in people]
@@ -241,7 +267,11 @@ def report(name: str, r: dict) -> None:
     biggest = max(r["kernels"], key=lambda k: k["pss_mb"])
     say(f"{name}, the largest kernel's processes (PSS MB): "
         + ", ".join(f"{n} {m:.0f}" for m, n in biggest["pss_by_process"]))
-    say(f"{name}, the room: PSS {r['room_pss_mb']:,.0f} MB (server {r['server_pss_mb']:.0f} MB, "
+    if r.get("server_by_kind"):
+        say(f"{name}, the server's processes (PSS MB, by command): "
+            + ", ".join(f"{k} {m} ({n})" for m, k, n in r["server_by_kind"]))
+    say(f"{name}, the room: PSS {r['room_pss_at_start_mb']:,.0f} MB just after the start, at rest "
+        f"{r['room_pss_mb']:,.0f} MB (server {r['server_pss_mb']:.0f} MB, "
         f"{r['server_processes']} processes), idle CPU {r['room_idle_cpu']:.3f} cores, first numbers "
         f"max {max(k['first_numbers'] for k in r['kernels']):.1f} s")
 
@@ -250,19 +280,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", type=int, default=8)
     ap.add_argument("--idle-seconds", type=float, default=15.0)
+    ap.add_argument("--idle-wait", type=float, default=None,
+                    help="seconds at rest before measuring (default: until Spark has closed the "
+                         "Python planners of the queries' starts, as bench/footprint.py)")
     ap.add_argument("--master", default="local[4]", help="the shared server's master")
     ap.add_argument("--only", choices=("local", "connect"), default=None,
                     help="run one of the two rooms (no RESULT line: it compares both)")
     args = ap.parse_args(argv)
-
     from statekit.engine.spark.connect_server import ConnectServer
+    from statekit.engine.spark.session import PYTHON_WORKER_IDLE_S
+
+    if args.idle_wait is None:
+        args.idle_wait = PYTHON_WORKER_IDLE_S + 15
 
     work = tempfile.mkdtemp(prefix="statekit-bench-workshop-")
     results = {}
     try:
         if args.only != "connect":
             say(f"(a) {args.kernels} kernels, each with its own local Spark")
-            results["local"] = room(args.kernels, os.path.join(work, "local"), args.idle_seconds, None, None)
+            results["local"] = room(args.kernels, os.path.join(work, "local"), args.idle_seconds, None, None,
+                                    args.idle_wait)
             report("own Spark", results["local"])
         if args.only == "local":
             shutil.rmtree(work, ignore_errors=True)
@@ -274,7 +311,7 @@ def main(argv=None) -> int:
             f"before the room starts)")
         try:
             results["connect"] = room(args.kernels, os.path.join(work, "connect"), args.idle_seconds,
-                                      server.url, server.pid)
+                                      server.url, server.pid, args.idle_wait)
         finally:
             server.stop()
         report("shared server", results["connect"])
@@ -294,6 +331,9 @@ def main(argv=None) -> int:
             f"ratio={pb / pa:.3f}")
         say(f"FIGURE name=workshop_room_idle_cpu value={b['room_idle_cpu']:.3f} unit=cores "
             f"baseline={a['room_idle_cpu']:.3f} ratio={b['room_idle_cpu'] / max(a['room_idle_cpu'], 1e-9):.3f}")
+        say(f"FIGURE name=workshop_room_pss_at_start value={b['room_pss_at_start_mb']:.0f} unit=MB "
+            f"baseline={a['room_pss_at_start_mb']:.0f} "
+            f"ratio={b['room_pss_at_start_mb'] / a['room_pss_at_start_mb']:.3f}")
         say(f"RESULT name=workshop_room_pss value={b['room_pss_mb']:.0f} unit=MB "
             f"baseline={a['room_pss_mb']:.0f} ratio={b['room_pss_mb'] / a['room_pss_mb']:.3f}")
     except BaseException:

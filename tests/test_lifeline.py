@@ -187,3 +187,12 @@ def test_a_jvm_that_ignores_the_end_of_its_stdin_dies_with_a_start_cut_short(tmp
     finally:
         if pid_alive(jvm):
             os.kill(jvm, signal.SIGKILL)
+
+
+def test_statekits_python_children_get_two_malloc_arenas_unless_told_otherwise(monkeypatch):
+    from statekit import lifeline
+
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert lifeline.child_options()["env"]["MALLOC_ARENA_MAX"] == "2"
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert lifeline.child_options()["env"]["MALLOC_ARENA_MAX"] == "4"

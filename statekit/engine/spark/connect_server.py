@@ -141,6 +141,7 @@ class ConnectServer:
                    PYTHONPATH=here + (os.pathsep + pp if pp and here not in pp.split(os.pathsep) else ""))
         if self.host in ("127.0.0.1", "localhost"):
             env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        env.setdefault(*lifeline.SMALL_MALLOC)   # its Python workers' too (a room's server holds dozens)
         return env
 
     def _command(self, archive: Optional[str]) -> list:
