@@ -96,16 +96,19 @@ def _name(pid: int) -> str:
     return mod or os.path.basename(words[0]) if words else "?"
 
 
-def _by_kind(pids) -> list:
-    """[(PSS MB, name, count)] of ``pids`` grouped by command, largest first."""
+def _kind(pid: int) -> str:
+    step = next((w for w in _words(pid) if w.startswith("pyspark.sql.worker.")), None)
+    return f"{_name(pid)} {step[len('pyspark.sql.worker.'):]}" if step else _name(pid)
+
+
+def _by_kind(pids, measure=None) -> list:
+    """[(PSS MB, or ``measure``'s sum, name, count)] of ``pids`` grouped by command, largest
+    first."""
     kinds: dict = {}
     for q in pids:
-        name = _name(q)
-        step = next((w for w in _words(q) if w.startswith("pyspark.sql.worker.")), None)
-        name = f"{name} {step[len('pyspark.sql.worker.'):]}" if step else name
-        mb, n = kinds.get(name, (0.0, 0))
-        kinds[name] = (mb + pss_mb([q]), n + 1)
-    return sorted(((round(mb), name, n) for name, (mb, n) in kinds.items()), reverse=True)
+        total, n = kinds.get(_kind(q), (0.0, 0))
+        kinds[_kind(q)] = (total + (measure or pss_mb)([q]), n + 1)
+    return sorted(((round(v, 1), name, n) for name, (v, n) in kinds.items()), reverse=True)
 
 
 def cpu_seconds(pids) -> float:
@@ -229,6 +232,8 @@ def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int |
         # used, until its idle timeout closes them (a minute): a peak, not what the room pays
         started = (sum(pss_mb(tree(p.pid)) for p in people)
                    + (pss_mb(tree(server_pid)) if server_pid else 0.0))
+        everyone = [q for p in people for q in tree(p.pid)] + (tree(server_pid) if server_pid else [])
+        start_cpu = _by_kind(everyone, cpu_seconds)   # (of the processes still alive)
         time.sleep(idle_wait)
         trees = {p.i: tree(p.pid) for p in people}
         server = tree(server_pid) if server_pid else []
@@ -246,7 +251,7 @@ def room(n: int, work: str, idle_s: float, remote: str | None, server_pid: int |
         out = {"kernels": [p.result for p in people],
                "server_pss_mb": pss_mb(server), "server_idle_cpu": (cpu_seconds(server) - s0) / idle_s,
                "server_processes": len(server), "server_by_kind": _by_kind(server),
-               "room_pss_at_start_mb": started}
+               "room_pss_at_start_mb": started, "start_cpu_by_kind": start_cpu}
         out["room_pss_mb"] = sum(r["pss_mb"] for r in out["kernels"]) + out["server_pss_mb"]
         out["room_idle_cpu"] = sum(r["idle_cpu"] for r in out["kernels"]) + out["server_idle_cpu"]
         threads = [threading.Thread(target=p.rest, args=(rest,)) for p in people]
@@ -269,7 +274,9 @@ def report(name: str, r: dict) -> None:
         + ", ".join(f"{n} {m:.0f}" for m, n in biggest["pss_by_process"]))
     if r.get("server_by_kind"):
         say(f"{name}, the server's processes (PSS MB, by command): "
-            + ", ".join(f"{k} {m} ({n})" for m, k, n in r["server_by_kind"]))
+            + ", ".join(f"{k} {m:.0f} ({n})" for m, k, n in r["server_by_kind"]))
+    say(f"{name}, the room's start, CPU s by command (live processes): "
+        + ", ".join(f"{k} {c:.1f} ({n})" for c, k, n in r["start_cpu_by_kind"][:8]))
     say(f"{name}, the room: PSS {r['room_pss_at_start_mb']:,.0f} MB just after the start, at rest "
         f"{r['room_pss_mb']:,.0f} MB (server {r['server_pss_mb']:.0f} MB, "
         f"{r['server_processes']} processes), idle CPU {r['room_idle_cpu']:.3f} cores, first numbers "

@@ -94,10 +94,13 @@ def test_a_lambda_that_failed_is_fixed_in_its_cell_and_runs_again_in_the_same_ke
 
 
 PIDS = """
-import json, kernel_ext
+import json, time, kernel_ext
 from statekit.runtime import supervisor
 from statekit.engine.spark_native.engine import jvm_pid
 _s = kernel_ext.session()
+_t = time.monotonic() + supervisor.REPLACE_WITHIN_S + 10   # the spare taken is replaced once
+while not supervisor.spares() and time.monotonic() < _t:     # the machine is quiet
+    time.sleep(0.5)
 print("PIDS " + json.dumps({"broker": _s.broker.pid, "registry": _s.registry.pid, "jvm": jvm_pid(),
                             "instances": [int(p) for p in app.instances_frame()["pid"] if p],
                             "spares": [sp.pid for sp in supervisor.SPARES._spares if sp.poll() is None]}))

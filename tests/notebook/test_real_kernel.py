@@ -105,9 +105,9 @@ def _start_an_app(kc, spark: bool) -> dict:
              "app.stream('words', value_serde='json').group_by_key().count(store='c')\n")
     _run(kc, "%statekit start ex --watch\n%statekit wait ex")
     pids = json.loads(_run(kc, PIDS).strip().splitlines()[-1])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 40
     while not pids["spares"] and time.monotonic() < deadline:   # the spare taken is replaced
-        time.sleep(0.5)                                          # a moment after the start
+        time.sleep(0.5)                                          # once the machine is quiet
         pids = json.loads(_run(kc, PIDS).strip().splitlines()[-1])
     everything = [pids["broker"], pids["registry"], *pids["instances"], *pids["spares"]] + \
         ([pids["jvm"]] if spark else [])
