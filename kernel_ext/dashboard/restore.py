@@ -547,9 +547,11 @@ def apply_event(rows: dict, e) -> None:
         else:
             row.status = "nothing"
     elif isinstance(e, ev.TaskFailed):
-        if not row.final or row.status == "done":
+        if not row.final:
             row.status, row.finished = "failed", ts
             row.error = e.error
+        elif row.status == "done":   # failed after its restore: the restore still ended when it did
+            row.status, row.error = "failed", e.error
     elif isinstance(e, ev.TaskClosed):
         if not row.final and row.instance == inst:
             row.status, row.finished = "moved", ts
