@@ -12,8 +12,8 @@ A process that is not Python (a standalone Spark cluster's JVMs) cannot watch a 
 hands it to the keeper, a small process of this file's own (no statekit import) whose stdin is
 its lifeline; on EOF it sends SIGTERM to every process it keeps that is still the one it was given
 (same start time), and SIGKILL to those left after a grace period. The local Spark driver's JVM
-exits at EOF on the stdin pipe pyspark gives it, but not once it runs its shutdown hooks (which
-can wait forever on a SparkContext still being built): it is kept too (`engine.spark.session`).
+exits at EOF on the stdin pipe pyspark gives it, but one interrupted while starting was seen to
+outlive its kernel: it is kept while it starts (`engine.spark.session`).
 
 A broker started apart (`statekit broker start`) gets no lifeline: it runs until stopped.
 """

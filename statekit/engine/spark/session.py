@@ -317,11 +317,11 @@ def _jvm_pid() -> int | None:
 
 class _JvmKeeper:
     """Hands the JVM this process launches to the lifeline's keeper (`statekit.lifeline.keep`)
-    while it starts. The JVM exits at EOF on its stdin, but not when it is already running its
-    shutdown hooks: a kernel shut down while Spark was starting SIGTERMs it in the middle of
-    SparkContext's construction, the hooks can wait on it forever, and the JVM outlived the
-    kernel (about once in thirty interrupted starts). The keeper ends it after its grace. A
-    started JVM's hooks end (stopping queries takes at most `stopTimeout`): it is released then."""
+    while it starts. The JVM exits at EOF on its stdin, yet one whose kernel was shut down while
+    Spark was starting was seen alive 43 minutes later (about once in thirty interrupted starts;
+    likely cause: ipykernel's SIGTERM put it in its shutdown hooks mid-construction, and they
+    waited forever). The keeper ends it, SIGKILL after its grace, whatever the cause. A started
+    JVM ends at EOF (its hooks stop queries within `stopTimeout`): it is released then."""
 
     def __init__(self):
         self.kept: set = set()
