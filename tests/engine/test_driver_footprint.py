@@ -54,7 +54,7 @@ def _ended(pid: int) -> bool:
 
 
 def test_idle_planner_daemons_are_ended_busy_ones_kept(tmp_path):
-    from statekit.engine.spark import planners
+    from statekit.engine.spark import planners, procs
 
     # a stand-in JVM that starts two planner daemons, one of which has a worker forked
     jvm_code = textwrap.dedent("""
@@ -77,7 +77,7 @@ def test_idle_planner_daemons_are_ended_busy_ones_kept(tmp_path):
     try:
         idle, worked, other = (int(p) for p in jvm.stdout.readline().split())
         deadline = time.monotonic() + 30
-        while len(planners._children(worked)) < 1 and time.monotonic() < deadline:
+        while len(procs.children(worked)) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert planners.planner_daemons(jvm.pid) == {idle: "lookup_data_sources",
                                                      worked: "plan_data_source_read"}

@@ -224,10 +224,17 @@ def test_every_kind_of_outage_is_ridden_out(env):
         n_states = len(env.states)
         if kind == "reset":   # an instance dies while Kafka is away: its tasks wait elsewhere
             env.app.crash("process", instance=1, point="records", after_records=1)
-        env.outage(kind, {"blackhole": 3.0, "slow": 3.0, "restart": 1.5}.get(kind, 2.0))
+        # (slow: 5 s of 2.2 s delays, so that more than one request outlives its 2 s timeout)
+        env.outage(kind, {"blackhole": 3.0, "slow": 5.0, "restart": 1.5}.get(kind, 2.0))
         env.produce(i + len(KINDS))
         env.settle()
-        assert wait_until(lambda: waits_seen(env.app, t0), 90, f"the events of the {kind} outage")
+        try:
+            wait_until(lambda: waits_seen(env.app, t0), 90, f"the events of the {kind} outage")
+        except AssertionError as e:   # what the app did see, for the next one to read
+            w = env.app._outage
+            raise AssertionError(f"{e}; states {env.states[n_states:]}; events "
+                                 f"{[x.type for x in env.app.events(since=t0)][:40]}; outages "
+                                 f"{w.outages[-3:] if w else None}") from None
         if kind not in CUTS:   # (a cut task may be back before the App's next look)
             assert "WAITING" in env.states[n_states:], (kind, env.states)
             back = env.app.wait_for_event(lambda e: e.type == "kafka_available" and e.ts >= t0, 30)

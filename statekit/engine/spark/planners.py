@@ -29,40 +29,17 @@ import threading
 import weakref
 
 from statekit import lifeline
+from statekit.engine.spark.procs import children, cmdline
 
 PLANNER_MODULE = "pyspark.sql.worker."
 EVERY_S = 5.0
 
 
-def _children(pid: int) -> list:
-    """The child processes of `pid` (every thread's), from /proc."""
-    out: list = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out.extend(int(c) for c in f.read().split())
-        except (OSError, ValueError):
-            pass
-    return out
-
-
-def _cmdline(pid: int) -> list:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
 def planner_daemons(jvm_pid: int) -> dict:
     """{pid: step} of the planner daemons the JVM `jvm_pid` started."""
     found = {}
-    for pid in _children(jvm_pid):
-        args = _cmdline(pid)
+    for pid in children(jvm_pid):
+        args = cmdline(pid).split()
         if "pyspark.daemon" in args:
             step = next((a for a in args if a.startswith(PLANNER_MODULE)), None)
             if step is not None:
@@ -79,7 +56,7 @@ def end_idle_planners(jvm_pid: int, seen_idle: set | None = None) -> list:
     makes sure no statekit planner step starts meanwhile (see the module docstring)."""
     ended, idle_now = [], set()
     for pid, step in planner_daemons(jvm_pid).items():
-        if _children(pid):
+        if children(pid):
             continue
         me = (pid, lifeline.start_time(pid))   # (a reused pid is another daemon)
         if seen_idle is not None and me not in seen_idle:

@@ -8,6 +8,9 @@ import os
 from typing import Optional
 
 
+_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
 def parent(pid: int) -> Optional[int]:
     """``pid``'s parent (None once it is gone)."""
     try:
@@ -29,8 +32,22 @@ def _children() -> dict:
 
 
 def children(pid: int) -> list:
-    """The processes whose parent is ``pid``."""
-    return _children().get(pid, [])
+    """The processes whose parent is ``pid``: from its threads' ``children`` files (Linux with
+    CONFIG_PROC_CHILDREN), else from a look at every process."""
+    if not _CHILDREN_FILES:
+        return _children().get(pid, [])
+    out: list = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            pass   # a thread that ended meanwhile
+    return out
 
 
 def descendants(pid: int) -> list:
