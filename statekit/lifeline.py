@@ -12,8 +12,8 @@ A process that is not Python (a standalone Spark cluster's JVMs) cannot watch a 
 hands it to the keeper, a small process of this file's own (no statekit import) whose stdin is
 its lifeline; on EOF it sends SIGTERM to every process it keeps that is still the one it was given
 (same start time), and SIGKILL to those left after a grace period. The local Spark driver's JVM
-exits at EOF on the stdin pipe pyspark gives it, but one interrupted while starting was seen to
-outlive its kernel: it is kept while it starts (`engine.spark.session`).
+exits at EOF on the stdin pipe pyspark gives it, but JVMs of interrupted kernels were seen to
+outlive them: it is kept too (`engine.spark.session`).
 
 A broker started apart (`statekit broker start`) gets no lifeline: it runs until stopped.
 """
@@ -109,7 +109,9 @@ def keep(pid: int, group: bool = False) -> None:
     line = f"keep {int(pid)} {start_time(pid) or '-'} {int(bool(group))}\n".encode()
     with _lock:
         if _keeper is None or _keeper.poll() is not None:
-            _keeper = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+            # (-I -S: no site, no user paths; it needs only the standard library: ~6 MB of PSS)
+            _keeper = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__)],
+                                       stdin=subprocess.PIPE,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        close_fds=True, start_new_session=True)
         try:

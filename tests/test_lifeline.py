@@ -161,8 +161,6 @@ def test_a_jvm_that_ignores_the_end_of_its_stdin_dies_with_a_start_cut_short(tmp
     shut down while Spark starts SIGTERMs it mid-construction, and the hooks can wait forever).
     Here the JVM is stopped (SIGSTOP: it reads nothing) as soon as it is launched, and its starter
     is killed before `getOrCreate` returns: the keeper still ends it."""
-    from statekit import lifeline
-
     proc, pids = _starter("""
         import json, os, threading, time
         from statekit.engine.spark import procs
@@ -176,7 +174,12 @@ def test_a_jvm_that_ignores_the_end_of_its_stdin_dies_with_a_start_cut_short(tmp
         print(json.dumps({"jvm": jvm[0]}), flush=True)
         time.sleep(600)
         """, tmp_path)
-    jvm = pids["jvm"]
+    _stop_then_kill_the_starter(proc, pids["jvm"])
+
+
+def _stop_then_kill_the_starter(proc, jvm: int) -> None:
+    from statekit import lifeline
+
     try:
         os.kill(jvm, signal.SIGSTOP)
         time.sleep(1.0)   # (the starter's watcher looks every 0.2 s)
@@ -187,6 +190,25 @@ def test_a_jvm_that_ignores_the_end_of_its_stdin_dies_with_a_start_cut_short(tmp
     finally:
         if pid_alive(jvm):
             os.kill(jvm, signal.SIGKILL)
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_started_jvm_that_ignores_the_end_of_its_stdin_dies_with_its_starter(tmp_path):
+    """The same once Spark has started (a kernel interrupted later: its JVM was found alive 30 s
+    after, its shutdown hooks not done): kept until statekit stops it."""
+    proc, pids = _starter("""
+        import json, time
+        from statekit import lifeline
+        from statekit.engine.spark.session import _jvm_pid, get_session
+        get_session()
+        print(json.dumps({"jvm": _jvm_pid(), "keeper": lifeline.keeper_pid()}), flush=True)
+        time.sleep(600)
+        """, tmp_path)
+    try:
+        assert isinstance(pids["keeper"], int), pids
+    finally:
+        _stop_then_kill_the_starter(proc, pids["jvm"])
 
 
 def test_statekits_python_children_get_two_malloc_arenas_unless_told_otherwise(monkeypatch):

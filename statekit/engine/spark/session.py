@@ -317,11 +317,10 @@ def _jvm_pid() -> int | None:
 
 class _JvmKeeper:
     """Hands the JVM this process launches to the lifeline's keeper (`statekit.lifeline.keep`)
-    while it starts. The JVM exits at EOF on its stdin, yet one whose kernel was shut down while
-    Spark was starting was seen alive 43 minutes later (about once in thirty interrupted starts;
-    likely cause: ipykernel's SIGTERM put it in its shutdown hooks mid-construction, and they
-    waited forever). The keeper ends it, SIGKILL after its grace, whatever the cause. A started
-    JVM ends at EOF (its hooks stop queries within `stopTimeout`): it is released then."""
+    from the moment it is launched (an interrupted start never returns its pid) until statekit
+    stops it. The JVM exits at EOF on its stdin, yet JVMs of notebook kernels interrupted by
+    Ctrl-C were found alive 30 s and 43 minutes later, their shutdown hooks not done. The keeper
+    ends it, SIGKILL after its grace, whatever the cause."""
 
     def __init__(self):
         self.kept: set = set()
@@ -440,7 +439,9 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
         raise one_line(exc, f"Spark did not start (the JVM's output: {stderr})") from None
     from statekit.engine.spark.planners import REAPER
 
-    keeper.release()   # started: at EOF on its stdin it exits, hooks and all
+    if "ArchiveClassesAtExit" in jvm_options(None):
+        keeper.release()   # it writes a class archive as it exits (scripts/spark_cds.py): a
+        # JVM whose starter has just exited is left the time that takes
     REAPER.own(_jvm_pid())   # Spark's idle planner daemons end (engine.spark.planners)
     if set_aside:
         print(f"statekit: the JVM did not start with the class archive {archive}; it is "
