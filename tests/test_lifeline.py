@@ -166,14 +166,18 @@ def test_a_jvm_that_ignores_the_end_of_its_stdin_dies_with_a_start_cut_short(tmp
         from statekit.engine.spark import procs
         from statekit.engine.spark.session import get_session
         threading.Thread(target=get_session, daemon=True).start()
-        while True:
-            jvm = [p for p in procs.children(os.getpid()) if "spark-submit" in procs.cmdline(p)]
-            if jvm:
-                break
+        deadline = time.monotonic() + 120
+        jvm = []
+        while not jvm and time.monotonic() < deadline:   # bash spark-submit, spark-class, java
+            jvm = [p for p in procs.children(os.getpid())
+                   if "spark-submit" in procs.cmdline(p) or "SparkSubmit" in procs.cmdline(p)]
             time.sleep(0.02)
-        print(json.dumps({"jvm": jvm[0]}), flush=True)
+        print(json.dumps({"jvm": jvm[0] if jvm else None}), flush=True)
         time.sleep(600)
         """, tmp_path)
+    if pids["jvm"] is None:
+        _kill9(proc)
+        raise AssertionError("no JVM was launched within 120 s")
     _stop_then_kill_the_starter(proc, pids["jvm"])
 
 
