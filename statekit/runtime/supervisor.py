@@ -9,8 +9,9 @@ Most of an instance's start-up is Python importing Kafka, RocksDB and numpy, so 
 keeps one *spare*: a process that has imported all of it and waits to be told which instance to
 become. ``launch`` hands the spare its identity when there is one (and starts the next spare a
 moment later, once the machine is not busy), so a revived or added instance serves at once;
-``warm()`` starts the spare ahead of time. One, never more: a spare costs the memory of an idle instance (~37 MB PSS here), and the
-other instances of a start are imported while Spark's JVM boots, which takes longer.
+``warm()`` starts the spare ahead of time. One, never more: a spare costs the memory of an idle
+instance (~37 MB PSS here), and the other instances of a start are imported while Spark's JVM
+boots, which takes longer.
 """
 from __future__ import annotations
 

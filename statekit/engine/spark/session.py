@@ -342,9 +342,10 @@ class _JvmKeeper:
         me = os.getpid()
         while not self._stop.wait(0.2):
             for pid in procs.children(me):   # bash spark-submit, then (exec) the JVM: one pid
-                if pid not in self.kept and ("spark-submit" in procs.cmdline(pid)
-                                             or "SparkSubmit" in procs.cmdline(pid)):
-                    self.keep(pid)
+                if pid not in self.kept:
+                    cmd = procs.cmdline(pid)
+                    if "spark-submit" in cmd or "SparkSubmit" in cmd:
+                        self.keep(pid)
 
     def keep(self, pid: int | None) -> None:
         if pid is not None and pid not in self.kept:
