@@ -15,13 +15,16 @@ import logging
 import select
 import socket
 import ssl
+import struct
 
+from kafka.errors import KafkaError as _KafkaPythonError
 from kafka.protocol.metadata import ApiVersionsRequest
 from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from .config import Security
 from .errors import HINT as _HINT, BrokerUnreachable, KafkaError, KafkaUnavailable, UnsupportedApi
+from .response_classes import pin_response_classes
 from .tls_errors import closed_before_answer, handshake_failed, looks_like_tls
 from .versions import SPOKEN, api_name
 
@@ -36,6 +39,10 @@ def _not_the_fallback(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("kafka.protocol.parser").addFilter(_not_the_fallback)
+
+# what kafka-python raises for bytes it cannot read as the answer it waits for
+_UNREADABLE = (_KafkaPythonError, ValueError, struct.error, EOFError)
+
 
 __all__ = ["Connection"]
 
@@ -94,7 +101,7 @@ class Connection:
             resp = self.request(req)
         except BrokerUnreachable:
             raise  # no answer at all: asking again would not help (a TLS mismatch, a dead port)
-        except Exception as e:  # noqa: BLE001 - kafka-python could not decode the answer
+        except _UNREADABLE as e:  # kafka-python could not decode the answer
             self.close()
             if version == 0:
                 raise KafkaError(f"the broker at {self.addr} answered ApiVersions v0 with bytes "
@@ -208,7 +215,17 @@ class Connection:
                 if not self.answered:
                     raise KafkaUnavailable(closed_before_answer(self.addr, self.security))
                 raise KafkaUnavailable(f"Kafka at {self.addr} closed the connection; {_HINT}")
-            for rcid, resp in self.proto.receive_bytes(data):
+            try:
+                answers = self.proto.receive_bytes(data)
+            except _UNREADABLE:
+                raise
+            except Exception as e:  # noqa: BLE001 - not about the bytes: this connection is lost
+                self.close()
+                if isinstance(e, ReferenceError):
+                    pin_response_classes()
+                raise KafkaUnavailable(f"lost the connection to Kafka at {self.addr} while reading "
+                                       f"its answer ({type(e).__name__}: {e})") from None
+            for rcid, resp in answers:
                 self.ready[rcid] = resp
                 self.answered = True
         return self.ready.pop(cid)
