@@ -655,11 +655,19 @@ class Coordinator:
             return out
 
     # -- observation -------------------------------------------------------------------------
-    def statuses(self, fresh: bool = False) -> dict:
-        with self._lock:
+    def statuses(self, fresh: bool = False, wait: bool = True) -> dict:
+        """The instances' reports, asked again when older than the polling interval (``fresh``:
+        now). ``wait=False``: None instead of waiting for the coordinator's lock, which its loop
+        may hold for request timeouts while Kafka is away (a probing rebalance reads the
+        changelogs' ends): the App's monitor must go on watching Kafka meanwhile."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             if fresh or time.monotonic() - self._status_at > max(1.0, self._status_every()):
                 self._refresh_statuses()
             return dict(self._statuses)
+        finally:
+            self._lock.release()
 
     def calibrate(self, topic: str, partition: int, settle: float = 0.0) -> Optional[tuple]:
         """``(records/s, load)`` of a restore now, as the instance owning ``partition``'s task
@@ -685,23 +693,29 @@ class Coordinator:
                 return float(reply[1]), float(reply[2]) if len(reply) > 2 else 1.0
         return None
 
-    def tasks_ready(self, fresh: bool = False) -> bool:
+    def tasks_ready(self, fresh: bool = False, wait: bool = True) -> bool:
         """Every active task is open and running, with no spooled batch waiting (the spools are
-        read from the control directory, so a batch an engine spooled a moment ago counts)."""
+        read from the control directory, so a batch an engine spooled a moment ago counts).
+        ``wait=False``: False, not known yet, while the coordinator's lock is held."""
         from statekit.worker.exchange import backlog
 
         if self.assignment is None or backlog(os.path.join(self.control.path, "spool")):
             return False
-        st = self.statuses(fresh=fresh)
+        st = self.statuses(fresh=fresh, wait=wait)
+        if st is None:
+            return False
         for t, i in self.assignment.active.items():
             row = (st.get(i) or {}).get("tasks", {}).get(str(t))
             if row is None or row.get("state") != "running" or row.get("backlog"):
                 return False
         return True
 
-    def failed_tasks(self) -> list[tuple]:
+    def failed_tasks(self, wait: bool = True) -> list[tuple]:
+        """``(task, instance, error, kind)`` of every failed task. ``wait=False``: from the last
+        reports while the coordinator's lock is held (a failure stays in them)."""
         out = []
-        for i, st in self.statuses().items():
+        reports = self.statuses(wait=wait)
+        for i, st in (self.last_statuses() if reports is None else reports).items():
             for t, row in (st.get("tasks") or {}).items():
                 if row.get("state") == "failed":
                     out.append((t, i, row.get("error"), row.get("kind")))

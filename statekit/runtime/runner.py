@@ -388,7 +388,9 @@ class Runner:
         if co is None or co.stopped or app.state in (AppState.ERROR, AppState.PENDING_SHUTDOWN,
                                                      AppState.NOT_RUNNING):
             return
-        failed = co.failed_tasks()
+        # (never waiting for the coordinator's lock: its loop may hold it for request timeouts
+        # while Kafka is away, and the App must say WAITING meanwhile)
+        failed = co.failed_tasks(wait=False)
         if failed:
             t, i, err, *kind = failed[0]
             self.abort_queries()
@@ -397,7 +399,7 @@ class Runner:
             return
         if self.watch_kafka(co):
             return
-        if app.state in (AppState.RESTORING, AppState.REBALANCING) and co.tasks_ready():
+        if app.state in (AppState.RESTORING, AppState.REBALANCING) and co.tasks_ready(wait=False):
             app._transition(AppState.RUNNING, "every task is open")
 
     def watch_kafka(self, co) -> bool:

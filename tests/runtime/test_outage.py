@@ -146,7 +146,7 @@ class Env:
         elif kind == "slow":
             # slower than the request timeout (a tenth of task_timeout, at least 2 s): requests
             # time out while the broker still answers, late
-            p.delay(2.2)
+            p.delay(3.0)
             time.sleep(seconds)
         elif kind == "restart":
             self.restart_broker(seconds)
@@ -224,8 +224,10 @@ def test_every_kind_of_outage_is_ridden_out(env):
         n_states = len(env.states)
         if kind == "reset":   # an instance dies while Kafka is away: its tasks wait elsewhere
             env.app.crash("process", instance=1, point="records", after_records=1)
-        # (slow: 5 s of 2.2 s delays, so that more than one request outlives its 2 s timeout)
-        env.outage(kind, {"blackhole": 3.0, "slow": 5.0, "restart": 1.5}.get(kind, 2.0))
+        # a fault the app can only see by a request outliving its 2 s timeout (a blackhole, a slow
+        # broker) is seen up to 3 s after it begins (the probe asks once a second): it lasts twice
+        # that, or whether the app saw it is a matter of chance on a busy machine (CI, twice)
+        env.outage(kind, {"blackhole": 6.0, "slow": 8.0, "restart": 1.5}.get(kind, 2.0))
         env.produce(i + len(KINDS))
         env.settle()
         try:
@@ -239,7 +241,10 @@ def test_every_kind_of_outage_is_ridden_out(env):
             assert "WAITING" in env.states[n_states:], (kind, env.states)
             back = env.app.wait_for_event(lambda e: e.type == "kafka_available" and e.ts >= t0, 30)
             assert back is not None and back.seconds > 0, kind
-            if kind != "reset":   # a task of the crashed instance aborts, then never resumes there
+            # a task that moved while it waited (the crashed instance's, or one a rebalance after a
+            # revive took) reopens elsewhere after a restore: its abort is told by the outage's
+            # event, not by a task_resumed
+            if not any(e.type == "rebalance" for e in env.app.events(since=t0)):
                 aborted += back.aborted
         if env.app.pending_crash is not None:
             env.app.cancel_crash()
@@ -270,6 +275,29 @@ def test_past_the_task_timeout_the_app_fails_in_one_line_and_restart_works(tmp_p
         env.proxy.heal()
         env.app.restart()
         env.produce(1)
+        env.settle()
+        env.check_exact()
+    finally:
+        env.close()
+
+
+def test_the_app_says_waiting_while_its_coordinator_waits_on_kafka(tmp_path):
+    """The coordinator's loop holds its lock over Kafka requests (a probing rebalance reads the
+    changelogs' ends, each request up to its timeout): the App's monitor must not wait for that
+    lock, or the App says RUNNING through the outage (seen in CI: no event of a slow broker)."""
+    from statekit.runtime.lifecycle import AppState
+
+    env = Env(tmp_path, instances=1)
+    try:
+        env.start()
+        assert env.app.state == AppState.RUNNING
+        with env.app._coordinator._lock:   # the loop, stuck on Kafka
+            env.proxy.blackhole()
+            got = env.app.wait_for_state(AppState.WAITING, 30)
+            assert got == AppState.WAITING, (got, env.states)
+            assert env.app.waiting is not None and env.bootstrap in str(env.app.waiting)
+        env.proxy.heal()
+        env.produce(0)
         env.settle()
         env.check_exact()
     finally:
