@@ -655,7 +655,7 @@ class Coordinator:
             return out
 
     # -- observation -------------------------------------------------------------------------
-    def statuses(self, fresh: bool = False, wait: bool = True) -> dict:
+    def statuses(self, fresh: bool = False, wait: bool = True) -> Optional[dict]:
         """The instances' reports, asked again when older than the polling interval (``fresh``:
         now). ``wait=False``: None instead of waiting for the coordinator's lock, which its loop
         may hold for request timeouts while Kafka is away (a probing rebalance reads the
