@@ -215,6 +215,41 @@ def test_a_started_jvm_that_ignores_the_end_of_its_stdin_dies_with_its_starter(t
         _stop_then_kill_the_starter(proc, pids["jvm"])
 
 
+def test_what_pysparks_popen_launches_is_kept_before_the_watcher_looks(tmp_path):
+    """A kernel shut down while its session starts can end before the watcher's first look (seen
+    in CI: that JVM's main thread failed on the connection file pyspark had removed, and py4j's
+    server thread kept it alive for good, its stdin never read). What pyspark's Popen launches is
+    kept as it returns: a process the watcher would not even recognise dies with its starter."""
+    proc, pids = _starter("""
+        import json, os
+        import pyspark.java_gateway as gateway
+        from statekit.engine.spark.session import _JvmKeeper
+        with _JvmKeeper():
+            p = gateway.Popen(["sleep", "600"])
+            print(json.dumps({"sleep": p.pid}), flush=True)
+            os._exit(0)   # at once: the watcher (every 0.2 s) has not looked
+        """, tmp_path)
+    try:
+        proc.wait(10)
+        _gone([pids["sleep"]], timeout=20)
+    finally:
+        if pid_alive(pids["sleep"]):
+            os.kill(pids["sleep"], signal.SIGKILL)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_the_jvm_keeper_puts_pysparks_popen_back():
+    import pyspark.java_gateway as gateway
+
+    from statekit.engine.spark.session import _JvmKeeper
+
+    before = gateway.Popen
+    with _JvmKeeper():
+        assert gateway.Popen is not before
+    assert gateway.Popen is before
+
+
 def test_statekits_python_children_get_two_malloc_arenas_unless_told_otherwise(monkeypatch):
     from statekit import lifeline
 

@@ -326,13 +326,32 @@ class _JvmKeeper:
         self.kept: set = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._popen = None
 
     def __enter__(self):
+        # the pid is kept as pyspark's Popen returns it, in the thread that launches the JVM; the
+        # watcher only covers a launch by another path. (Seen in CI: a kernel shut down while its
+        # session was starting ended before the watcher's next look; the JVM's main thread then
+        # failed on the connection file pyspark had removed, and py4j's server thread kept it
+        # alive for good, never reading its stdin.)
+        import pyspark.java_gateway as gateway
+
+        self._popen = original = gateway.Popen
+
+        def popen(*args, **kwargs):
+            proc = original(*args, **kwargs)
+            self.keep(proc.pid)
+            return proc
+
+        gateway.Popen = popen
         self._thread = threading.Thread(target=self._watch, name="statekit-jvm-keeper", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
+        import pyspark.java_gateway as gateway
+
+        gateway.Popen = self._popen
         self._stop.set()
         self._thread.join()
 
