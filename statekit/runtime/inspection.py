@@ -86,7 +86,10 @@ class Inspection:
         out = {}
         if co is None:
             return out
-        for i, st in co.statuses().items():
+        # (the last reports while the coordinator's loop holds its lock over Kafka requests: a
+        # dashboard must not freeze through an outage, as the App's monitor must not)
+        reports = co.statuses(wait=False)
+        for i, st in (co.last_statuses() if reports is None else reports).items():
             for t, row in (st.get("tasks") or {}).items():
                 out[t] = dict(row, instance=i)
         return out

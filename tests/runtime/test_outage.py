@@ -296,6 +296,16 @@ def test_the_app_says_waiting_while_its_coordinator_waits_on_kafka(tmp_path):
             got = env.app.wait_for_state(AppState.WAITING, 30)
             assert got == AppState.WAITING, (got, env.states)
             assert env.app.waiting is not None and env.bootstrap in str(env.app.waiting)
+            # the dashboard's task table answers meanwhile (from another thread, as the dashboard's
+            # poll does), from the last reports
+            import threading
+            got: list = []
+            asker = threading.Thread(target=lambda: got.append(env.app.task_status()), daemon=True)
+            asker.start()
+            asker.join(5)
+            assert got, "the task table waited for the coordinator's lock"
+            rows, last = got[0], env.app._coordinator.last_statuses()
+            assert rows and sorted(rows) == sorted(t for st in last.values() for t in st.get("tasks") or {})
         env.proxy.heal()
         env.produce(0)
         env.settle()
