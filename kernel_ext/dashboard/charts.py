@@ -1,16 +1,14 @@
 """The topology drawing (matplotlib, drawn once when its tab first shows) and what every chart
 shares: colours, marker styles, axis limits (the charts drawn while the app runs are SVG: `svg`).
 No pyplot: a figure is its own `Figure` on an Agg canvas, so drawing from a thread touches no global
-state."""
+state. matplotlib is imported when the topology is first drawn, not with the dashboard: its import
+is ~0.4 s of CPU that a kernel whose learner never opens that tab (or eight kernels of a workshop
+starting at once) need not pay before the first numbers."""
 from __future__ import annotations
 
 import io
 import math
-from typing import Iterable
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from typing import TYPE_CHECKING, Iterable
 
 from kernel_ext.dashboard.model import layout_topology
 
@@ -21,13 +19,18 @@ from kernel_ext.dashboard.model import layout_topology
 PALETTE = ["#4C72B0", "#DD8452", "#8172B3", "#17A2B8", "#DA8BC3", "#CCB974", "#1F3A93", "#E6AB02",
            "#6A3D9A", "#0B4F6C"]
 MIN_DELTA_E = 30.0
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 KIND_COLORS = {"source": "#DCEBFA", "processor": "#FFF3D6", "store": "#DDF2E3", "changelog": "#F3E1F5",
                "sink": "#FBE0E0"}
 KIND_EDGES = {"source": "#4C72B0", "processor": "#C99A2E", "store": "#55A868", "changelog": "#8172B3",
               "sink": "#C44E52"}
 
 
-def to_png(fig: Figure, dpi: int = 100) -> bytes:
+def to_png(fig: "Figure", dpi: int = 100) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     buf = io.BytesIO()
     FigureCanvasAgg(fig)
     fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
@@ -192,8 +195,11 @@ def _wrap(label: str, width: int = 18) -> str:
 
 
 def topology_figure(nodes: Iterable[dict], edges: Iterable[tuple], title: str = "topology",
-                    width: float | None = None, height: float | None = None) -> Figure:
+                    width: float | None = None, height: float | None = None) -> "Figure":
     """Columns: sources → processors → stores → changelogs → sinks, boxes coloured by kind."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
     nodes = list(nodes)
     edges = list(edges)
     pos = layout_topology(nodes, edges)

@@ -16,6 +16,8 @@ from statekit.child_server import port_arg, remove_own_info
 
 from .process import default_dir, ensure_credentials, info_path
 
+IDLE_POLL_S = 5.0
+
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None,
@@ -102,14 +104,16 @@ def main(argv=None) -> int:
         signal.signal(sig, lambda *_: stopping.set())
     if lifeline.given():   # started by a process it is to end with (statekit.registry.start)
         lifeline.watch_parent(stopping.set)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    # an idle registry wakes every IDLE_POLL_S (a signal or the lifeline wakes it at once)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": IDLE_POLL_S},
+                              daemon=True)
     thread.start()
     try:
-        while not stopping.wait(0.5):
+        while not stopping.wait(IDLE_POLL_S):
             pass
     finally:
         remove_own_info(path)
-        server.shutdown()
+        server.stop_serving()
         server.server_close()
         store.close()
     return 0

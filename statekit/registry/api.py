@@ -18,6 +18,8 @@ import base64
 import hmac
 import json
 import logging
+import socket
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -276,7 +278,23 @@ class RegistryServer(ThreadingHTTPServer):
         self.ssl_context = ssl_context
         super().__init__((host, port), _Handler)
 
+    def stop_serving(self) -> None:
+        """End ``serve_forever`` now. ``shutdown()`` returns once the serving loop looks at its
+        flag, which it does between polls (every few seconds: an idle registry wakes rarely); a
+        connection of our own wakes the loop at once."""
+        self.stopping = True
+        t = threading.Thread(target=self.shutdown, daemon=True)
+        t.start()
+        while t.is_alive():
+            try:
+                socket.create_connection(self.server_address[:2], timeout=1.0).close()
+            except OSError:
+                pass
+            t.join(0.05)
+
     def finish_request(self, request, client_address):
+        if getattr(self, "stopping", False):   # stop_serving()'s own wake-up
+            return
         if self.ssl_context is not None:
             import ssl
 

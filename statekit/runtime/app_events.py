@@ -31,6 +31,7 @@ class AppEvents:
         self.reader = None
         self._publisher = None
         self.task_errors: list[ev.TaskFailed] = []
+        self.last_commit_at = 0.0     # monotonic: when a task last reported a committed batch
         self._outbox: Optional[queue.Queue] = None   # what publish() hands to its thread
         self._outbox_lock = threading.Lock()
 
@@ -59,6 +60,8 @@ class AppEvents:
         """Called by the EventReader's thread for every event of the app's events topic."""
         if isinstance(e, ev.TaskFailed):
             self.task_errors.append(e)
+        elif isinstance(e, ev.Committed):
+            self.last_commit_at = time.monotonic()
         for hook in self._hooks:
             hook(e)
         for cb in list(self.callbacks):

@@ -37,6 +37,16 @@ TRANSIENT_ENGINE_FAILURES = ("Python worker failed to connect back",)
 ENGINE_RETRIES = 3
 ENGINE_RETRY_WINDOW = 600.0
 ENGINE_BACKOFF = 0.5             # seconds before the first retry, doubled at each
+# The monitor asks the engine for its progress (and whether its queries still run) every
+# PROGRESS_S while batches commit, and every PROGRESS_IDLE_S once none has for that long: each ask
+# is a round trip into Spark's JVM (a Spark Connect server: a gRPC call to the shared server), and
+# an idle app's asks were most of its JVM's idle CPU. Anyone who reads the progress (the
+# dashboard, ``metrics()``) asks for it then; a query that dies while idle is seen within
+# PROGRESS_IDLE_S.
+PROGRESS_S = 1.0
+PROGRESS_IDLE_S = 5.0
+MONITOR_S = 0.1          # the monitor's own looks (failures, Kafka's outages, RUNNING)
+MONITOR_IDLE_S = 0.5
 
 
 def transient(err) -> bool:
@@ -114,6 +124,7 @@ class Runner:
         self.queries: dict = {}         # sub-topology -> running query
         self.run_opts: dict = {}
         self.started_at = 0.0
+        self.started_at_mono = 0.0
         self.stopping = False
         self.progress: dict = {}        # (sub-topology, batch id, timestamp) -> progress dict
         self._last_batch: dict = {}     # sub-topology -> (batch id, ran) of the last progress seen
@@ -156,6 +167,7 @@ class Runner:
             app._coordinator = placement.coordinator(app, spec)
             self.watch_kafka_start()
             self.started_at = time.time()
+            self.started_at_mono = time.monotonic()
             self.stopping = False
             try:
                 placement.start(app._coordinator, app.initial_instances,
@@ -364,7 +376,7 @@ class Runner:
     def _monitor_loop(self, stop: threading.Event) -> None:
         """Engine progress, engine failures, and the state the instances report (RUNNING once every
         task is open with nothing spooled; ERROR when a task failed)."""
-        while not stop.wait(0.1):
+        while not stop.wait(self.monitor_every()):
             try:
                 self.monitor_once()
             except Exception as exc:  # noqa: BLE001 - the monitor must not die silently
@@ -374,10 +386,10 @@ class Runner:
         app = self.app
         if self.stopping:
             return
-        # the engines' progress once a second (a Spark query answers through the JVM); a query
-        # that ended is noticed at the same pace
+        # the engines' progress (a Spark query answers through the JVM); a query that ended is
+        # noticed at the same pace
         now = time.monotonic()
-        if now - self._progress_at >= 1.0:
+        if now - self._progress_at >= self.progress_every(now):
             self._progress_at = now
             for sub, q in list(self.queries.items()):
                 self.poll_progress(sub, q)
@@ -401,6 +413,23 @@ class Runner:
             return
         if app.state in (AppState.RESTORING, AppState.REBALANCING) and co.tasks_ready(wait=False):
             app._transition(AppState.RUNNING, "every task is open")
+
+    def monitor_every(self) -> float:
+        """MONITOR_S, or MONITOR_IDLE_S while the app idles (``progress_every``): each look is a
+        wake-up of the kernel's process, and on a virtual machine's idle core a wake-up costs far
+        more CPU than the look itself (10 a second were a third of an idle kernel's CPU)."""
+        now = time.monotonic()
+        return MONITOR_S if self.progress_every(now) == PROGRESS_S else MONITOR_IDLE_S
+
+    def progress_every(self, now: float) -> float:
+        """PROGRESS_S while the app is busy (batches committed lately; any state but RUNNING; a
+        finite trigger, whose end is its result), else PROGRESS_IDLE_S."""
+        app = self.app
+        if (app.state != AppState.RUNNING or self.finite_trigger()
+                or now - app._bus.last_commit_at < PROGRESS_IDLE_S
+                or now - self.started_at_mono < PROGRESS_IDLE_S):
+            return PROGRESS_S
+        return PROGRESS_IDLE_S
 
     def watch_kafka(self, co) -> bool:
         """WAITING while Kafka is away (the App's probe, or tasks waiting for it); back by itself

@@ -135,3 +135,46 @@ def test_offset_deltas_of_one_two_and_three_bytes_are_checked(swap):
     order[swap], order[swap + 1] = order[swap + 1], order[swap]
     with pytest.raises(R.InvalidBatch, match=f"record {swap} has offset delta {swap + 1}"):
         R.validate_produce(_long_batch(order))
+
+
+def test_the_periodic_duties_share_one_timer_and_keep_their_intervals(monkeypatch):
+    """Duties due together run on one wake-up (an idle broker's CPU is mostly wake-ups), each at
+    its own interval, and one that raises runs again at its next turn."""
+    import asyncio
+
+    from statekit.broker.server import Broker
+
+    calls, sleeps = [], []
+    real_sleep = asyncio.sleep
+
+    def counted_sleep(delay, *a, **kw):
+        sleeps.append(delay)
+        return real_sleep(delay, *a, **kw)
+
+    monkeypatch.setattr(asyncio, "sleep", counted_sleep)
+
+    def duty(name, fail=False):
+        def fn():
+            calls.append((name, len(sleeps)))      # which wake-up it ran on
+            if fail:
+                raise RuntimeError("a bad pass")
+        return fn
+
+    async def run(seconds):
+        broker = Broker.__new__(Broker)
+        task = asyncio.create_task(broker._duties([(100, duty("a")), (100, duty("b")),
+                                                   (250, duty("c")), (100, duty("d", fail=True))]))
+        await real_sleep(seconds)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run(0.58))
+    names = [n for n, _ in calls]
+    count = {n: names.count(n) for n in "abcd"}
+    # a, b and d are due together: always on the same wake-ups; c at its own, longer interval
+    assert count["a"] == count["b"] == count["d"] >= 3 and 1 <= count["c"] < count["a"], count
+    wakes = {n: [w for m, w in calls if m == n] for n in "abcd"}
+    assert wakes["a"] == wakes["b"] == wakes["d"]
+    # one timer: a wake-up per turn of the shortest interval (c's turns mostly ride on them),
+    # not one per duty per turn (~17 here)
+    assert len(sleeps) <= count["a"] + count["c"] + 1 < len(calls), (sleeps, count)

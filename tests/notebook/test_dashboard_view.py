@@ -409,3 +409,33 @@ def test_a_forecast_that_failed_is_made_again_though_nothing_committed_since():
     finally:
         d.stop()
     assert len(calls) >= 2
+
+
+def test_matplotlib_is_imported_only_when_the_topology_is_first_drawn():
+    """A kernel pays for matplotlib (~0.4 s of CPU) only when its learner opens the Topology tab:
+    the extension, the live dashboard and its SVG charts do without it."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, "tests/notebook")
+        import kernel_ext, kernel_ext.magics
+        from test_dashboard_view import FakeApp
+        from kernel_ext.dashboard.view import LiveDashboard
+        d = LiveDashboard(FakeApp(), interval=0.1)
+        d.refresh(); d.refresh()
+        before = "matplotlib" in sys.modules
+        lag = d.view.lag.value.startswith("<svg")
+        d.view.tabs.selected_index = 4
+        print(json.dumps({"before": before, "lag": lag, "after": "matplotlib" in sys.modules,
+                          "png": d.view.topology.value[:4] == b"\\x89PNG"}))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=os.path.join(root, "tests")))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"before": False, "lag": True,
+                                                                "after": True, "png": True}

@@ -68,3 +68,26 @@ def test_concurrent_registrations_agree_on_one_id(tmp_path):
         assert store.schema_subjects("1") == [f"sub-{n}" for n in range(8)]
     finally:
         store.close()
+
+
+def test_a_registry_stops_at_once_however_seldom_it_polls(tmp_path):
+    """An idle registry wakes seldom (``IDLE_POLL_S``); stopping it does not wait for its next
+    poll: its own connection wakes the serving loop."""
+    import threading
+    import urllib.request
+
+    from statekit.registry.api import RegistryServer
+    from statekit.registry.store import SchemaStore
+
+    store = SchemaStore(str(tmp_path))
+    server = RegistryServer(store, "127.0.0.1", 0)
+    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 60.0}, daemon=True)
+    serving.start()
+    host, port = server.server_address[:2]
+    with urllib.request.urlopen(f"http://{host}:{port}/subjects", timeout=10) as r:
+        assert r.status == 200 and r.read() == b"[]"
+    server.stop_serving()
+    serving.join(timeout=10)
+    assert not serving.is_alive()    # not after the 60 s poll
+    server.server_close()
+    store.close()

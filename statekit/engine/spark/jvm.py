@@ -137,10 +137,15 @@ def prepare_env(loopback: bool = True) -> None:
 # A young generation of 16 MB (it grew to ~35 MB, all of it resident); the class archive mapped
 # at the address it was written for (relocated, the default of this Java, it is written to: 126
 # of its 159 resident MB, against 53); no perf data (its sampler woke the idle JVM 20 times a
-# second: ~0.0013 of a core; jcmd PID still attaches, jps no longer lists it).
+# second: ~0.0013 of a core; jcmd PID still attaches, jps no longer lists it). An idle JVM's own
+# timers wake it less: the monitor deflater looks every 5 s, not 4 times a second (it still
+# deflates at once past its usage threshold), and a safepoint is forced every 5 s, not every
+# second (GC and deoptimization still bring theirs); on a virtual machine an idle core's wake-up
+# costs ~1 ms of CPU. Flags a later Java no longer knows are ignored, not fatal.
 JAVA_OPTS = ("-Xms64m -Xmn16m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=64m "
              "-XX:+UnlockDiagnosticVMOptions -XX:ArchiveRelocationMode=0 -XX:-UsePerfData "
-             "-Xss512k")
+             "-XX:+IgnoreUnrecognizedVMOptions -XX:AsyncDeflationInterval=5000 "
+             "-XX:GuaranteedSafepointInterval=5000 -Xss512k")
 PYTHON_WORKER_IDLE_S = 60
 
 

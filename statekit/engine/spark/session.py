@@ -158,10 +158,17 @@ def _classic_context_runs() -> bool:
 
 # --- starting it -------------------------------------------------------------------------------------
 
+# No whole-stage code generation: statekit's queries hand tasks and offset ranges to Python (the
+# records never pass through the JVM), so compiling their stages bought nothing and cost the first
+# micro-batch about half a second of a cold launch's CPU (Janino). The native engine, whose
+# operators do compute in the JVM, turns it on again (engine.spark_native).
+WHOLE_STAGE_CODEGEN = "false"
+
 # the SQL settings a Spark Connect session of statekit's gets (a server's static settings are the
 # server's: a local server statekit starts has them, engine.spark.connect_server)
 CONNECT_CONF = {
     "spark.sql.adaptive.enabled": "false",
+    "spark.sql.codegen.wholeStage": WHOLE_STAGE_CODEGEN,
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.stopTimeout": "30s",
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
@@ -413,6 +420,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
          .config("spark.driver.memory", driver_memory)
          .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
          .config("spark.sql.adaptive.enabled", "false")
+         .config("spark.sql.codegen.wholeStage", WHOLE_STAGE_CODEGEN)
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.streaming.stopTimeout", "30s")
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
