@@ -380,6 +380,9 @@ class App:
         return self._life.transition(new, reason, strict=False)
 
     def _on_state_change(self, new: AppState, old: AppState) -> None:
+        runner = getattr(self, "_runner", None)
+        if runner is not None:
+            runner.nudge()   # its monitor looks at the new state now (an idle one sleeps 0.5 s)
         self._bus.publish(ev.StateChanged(state=str(new), old=str(old), reason=self._life.reason or "",
                                           generation=self.generation))
 

@@ -103,17 +103,28 @@ def start_time(pid: int) -> Optional[str]:
         return None
 
 
+def _ensure_keeper() -> None:
+    global _keeper
+    if _keeper is None or _keeper.poll() is not None:
+        # (-I -S: no site, no user paths; it needs only the standard library: ~6 MB of PSS)
+        _keeper = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__)],
+                                   stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   close_fds=True, start_new_session=True)
+
+
+def ready() -> None:
+    """Start the keeper now, before what it is to keep is launched: ``keep`` is then one write,
+    with no process start in which an interrupt could land between the launch and the keeping."""
+    with _lock:
+        _ensure_keeper()
+
+
 def keep(pid: int, group: bool = False) -> None:
     """End process ``pid`` (its whole process group with ``group``) when this process ends."""
-    global _keeper
     line = f"keep {int(pid)} {start_time(pid) or '-'} {int(bool(group))}\n".encode()
     with _lock:
-        if _keeper is None or _keeper.poll() is not None:
-            # (-I -S: no site, no user paths; it needs only the standard library: ~6 MB of PSS)
-            _keeper = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__)],
-                                       stdin=subprocess.PIPE,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                       close_fds=True, start_new_session=True)
+        _ensure_keeper()
         try:
             _keeper.stdin.write(line)
             _keeper.stdin.flush()

@@ -239,6 +239,40 @@ def test_what_pysparks_popen_launches_is_kept_before_the_watcher_looks(tmp_path)
         proc.stderr.close()
 
 
+def test_a_jvm_launched_by_a_start_that_was_interrupted_is_ended_at_once():
+    """Ctrl-C landing in pyspark's wait for the JVM: the start raises, and what it launched must
+    not live on in a kernel that goes on (its main thread dead, py4j's server thread alive)."""
+    import pyspark.java_gateway as gateway
+
+    from statekit import lifeline
+    from statekit.engine.spark.session import _JvmKeeper
+
+    keeper = _JvmKeeper()
+    with pytest.raises(KeyboardInterrupt):
+        with keeper:
+            assert lifeline.keeper_pid() is not None     # running before the launch
+            p = gateway.Popen(["sleep", "600"])
+            raise KeyboardInterrupt
+    assert p.poll() is not None                           # ended and reaped, not at exit
+    assert p.pid not in keeper.kept
+
+
+def test_a_jvm_of_a_start_that_succeeded_is_left_running():
+    import pyspark.java_gateway as gateway
+
+    from statekit.engine.spark.session import _JvmKeeper
+
+    keeper = _JvmKeeper()
+    with keeper:
+        p = gateway.Popen(["sleep", "600"])
+    try:
+        assert p.poll() is None and p.pid in keeper.kept
+    finally:
+        p.kill()
+        p.wait()
+        keeper.release()
+
+
 def test_the_jvm_keeper_puts_pysparks_popen_back():
     import pyspark.java_gateway as gateway
 

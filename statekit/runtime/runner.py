@@ -132,6 +132,7 @@ class Runner:
         self._progress_at = 0.0
         self._monitor: Optional[threading.Thread] = None
         self._monitor_stop = threading.Event()
+        self._monitor_wake = threading.Event()
         self.engine_retries: list = []  # monotonic times the engine's queries were started again
 
     # ------------------------------------------------------------------ start / stop
@@ -361,7 +362,7 @@ class Runner:
     def start_monitor(self) -> None:
         self.stop_monitor()
         self._monitor_stop = threading.Event()
-        t = threading.Thread(target=self._monitor_loop, args=(self._monitor_stop,),
+        t = threading.Thread(target=self._monitor_loop, args=(self._monitor_stop, self._monitor_wake),
                              name=f"statekit-monitor-{self.app.name}", daemon=True)
         self._monitor = t
         t.start()
@@ -369,14 +370,26 @@ class Runner:
     def stop_monitor(self) -> None:
         if self._monitor is not None:
             self._monitor_stop.set()
+            self._monitor_wake.set()
             if self._monitor is not threading.current_thread():
                 self._monitor.join(timeout=10)
             self._monitor = None
 
-    def _monitor_loop(self, stop: threading.Event) -> None:
+    def nudge(self, progress: bool = False) -> None:
+        """Look now, not at the monitor's next look (a state change: an idle app's monitor
+        sleeps half a second); ``progress``: ask the engine too (a query that failed)."""
+        if progress:
+            self._progress_at = 0.0
+        self._monitor_wake.set()
+
+    def _monitor_loop(self, stop: threading.Event, wake: threading.Event) -> None:
         """Engine progress, engine failures, and the state the instances report (RUNNING once every
         task is open with nothing spooled; ERROR when a task failed)."""
-        while not stop.wait(self.monitor_every()):
+        while True:
+            wake.wait(self.monitor_every())
+            wake.clear()
+            if stop.is_set():
+                return
             try:
                 self.monitor_once()
             except Exception as exc:  # noqa: BLE001 - the monitor must not die silently
@@ -617,6 +630,7 @@ class Runner:
                         again = True  # the query failed transiently and runs again: a new round
                         break
                     if not active(q) or failed(q):
+                        self.nudge(progress=True)   # the monitor says why, now
                         app._life.wait_for([AppState.ERROR, AppState.NOT_RUNNING], 30)
                         if app.state == AppState.NOT_RUNNING:
                             return True

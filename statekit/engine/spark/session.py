@@ -331,22 +331,27 @@ class _JvmKeeper:
 
     def __init__(self):
         self.kept: set = set()
+        self.launched: list = []    # what pyspark's Popen launched during this start
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._popen = None
 
     def __enter__(self):
-        # the pid is kept as pyspark's Popen returns it, in the thread that launches the JVM; the
-        # watcher only covers a launch by another path. (Seen in CI: a kernel shut down while its
-        # session was starting ended before the watcher's next look; the JVM's main thread then
-        # failed on the connection file pyspark had removed, and py4j's server thread kept it
-        # alive for good, never reading its stdin.)
+        # the pid is kept as pyspark's Popen returns it, in the thread that launches the JVM, to
+        # a keeper already running (one write); the watcher only covers a launch by another path.
+        # (Seen in CI: a kernel shut down while its session was starting ended before the
+        # watcher's next look; the JVM's main thread then failed on the connection file pyspark
+        # had removed, and py4j's server thread kept it alive for good, never reading its stdin.)
         import pyspark.java_gateway as gateway
 
+        from statekit import lifeline
+
+        lifeline.ready()
         self._popen = original = gateway.Popen
 
         def popen(*args, **kwargs):
             proc = original(*args, **kwargs)
+            self.launched.append(proc)
             self.keep(proc.pid)
             return proc
 
@@ -355,12 +360,31 @@ class _JvmKeeper:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         import pyspark.java_gateway as gateway
 
         gateway.Popen = self._popen
         self._stop.set()
         self._thread.join()
+        if exc_type is not None:
+            self.end_launched()
+
+    def end_launched(self) -> None:
+        """A start that failed or was interrupted leaves no JVM. (Seen in CI: Ctrl-C in a
+        notebook landed in pyspark's wait for the JVM, whose ``finally`` removes the JVM's
+        connection file; the JVM's main thread died on it while py4j's server thread kept the
+        JVM alive, with no session to stop it.)"""
+        from statekit import lifeline
+
+        for proc in self.launched:
+            if proc.poll() is None:
+                proc.kill()
+                try:
+                    proc.wait(timeout=10)
+                except Exception:  # noqa: BLE001 - the keeper still holds it
+                    continue
+            self.kept.discard(proc.pid)
+            lifeline.forget(proc.pid)
 
     def _watch(self) -> None:
         from statekit.engine.spark import procs
