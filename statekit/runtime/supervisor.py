@@ -66,7 +66,7 @@ def _child() -> dict:
     return lifeline.child_options(env)
 
 
-REPLACE_AFTER_S = 8.0   # past a cold launch (its JVM, planners and instances), whose CPU it would share
+REPLACE_AFTER_S = 3.0
 REPLACE_WITHIN_S = 30.0   # a busy machine defers the replacement, at most this long after the take
 BUSY_SHARE = 0.75         # of the machine's CPU time over the last look: busy
 MAX_SPARES = 1
