@@ -438,7 +438,9 @@ class Poller:
         now = time.monotonic()
         latest = forecasts.latest(name) if isinstance(name, str) else None
         stale = latest is None or time.time() - getattr(latest, "made_at", 0) >= self.heavy_interval
+        # (never beside one being made: a cell's, whose figure it prints, must stay the latest)
         if (stale and not m.restoring and sig != self._fc_sig and not self._fc_busy
+                and not (isinstance(name, str) and forecasts.in_flight(name))
                 and not self._stop.is_set() and (force or self._due(self._fc_at, self.heavy_interval, now))):
             self._fc_sig, self._fc_at, self._fc_busy = sig, now, True
             th = self._fc_thread = threading.Thread(target=self._make_forecast, daemon=True,

@@ -11,14 +11,15 @@ from kernel_ext.dashboard.formats import num, records, task_id
 
 def forecast_data(obj) -> dict | None:
     """`App.restore_forecast()`'s result as plain data: ``{"rows": [{task, instance, source, records,
-    seconds, ...}], "lines": {instance: "if instance 0 died now: ..."}}``."""
+    seconds, ...}], "lines": {instance: "if instance 0 died now: ..."}, "made_at": epoch s}``."""
     if obj is None:
         return None
     if isinstance(obj, dict) and "rows" in obj:
         return obj
     frame = getattr(obj, "frame", obj)
     lines = getattr(obj, "lines", None) or {}
-    return {"rows": records(frame), "lines": {int(k): str(v) for k, v in dict(lines).items()}}
+    return {"rows": records(frame), "lines": {int(k): str(v) for k, v in dict(lines).items()},
+            "made_at": getattr(obj, "made_at", None)}
 
 
 def forecast_by_instance(fc: dict | None) -> list[dict]:

@@ -477,7 +477,10 @@ class DashboardModel:
             if snap.changelog is not None:
                 self.changelog = list(snap.changelog)
             if snap.forecast is not None and snap.forecast is not self.forecast and not self.restores.restoring:
-                self.forecast, self.forecast_at = snap.forecast, snap.t  # after a round opened: not its own
+                # (after a round opened: not its own). When it was made, not when the poll brought
+                # it: a cell's forecast made after it is newer, though the poll came later
+                self.forecast = snap.forecast
+                self.forecast_at = snap.forecast.get("made_at") or snap.t
             self._sample(snap.t)
 
     def update(self, snap: Snapshot) -> "DashboardModel":

@@ -47,6 +47,35 @@ class RestoreForecast:
 
 _latest: dict = {}   # application -> its latest RestoreForecast
 _latest_lock = threading.Lock()
+_making: dict = {}   # application -> forecasts being made now
+
+
+class making:
+    """``with making(app):`` around a forecast being made (its calibration takes seconds on a busy
+    machine): the dashboard starts none of its own meanwhile, so the one a cell prints is the
+    latest, and the one the dashboard shows."""
+
+    def __init__(self, application: str):
+        self.application = application
+
+    def __enter__(self):
+        with _latest_lock:
+            _making[self.application] = _making.get(self.application, 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        with _latest_lock:
+            n = _making.get(self.application, 1) - 1
+            if n > 0:
+                _making[self.application] = n
+            else:
+                _making.pop(self.application, None)
+
+
+def in_flight(application: str) -> bool:
+    """Whether a forecast for ``application`` is being made now."""
+    with _latest_lock:
+        return _making.get(application, 0) > 0
 
 
 def latest(application: str) -> Optional[RestoreForecast]:

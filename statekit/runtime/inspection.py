@@ -62,17 +62,18 @@ class Inspection:
         micro-batches to pause) at the load of the moment (a short restore set against it), so
         a busy machine's forecast is a busy machine's; without instances to ask, the last
         full-speed restore's rate."""
-        from statekit.runtime.forecasts import forecast, last_apply_rate
+        from statekit.runtime.forecasts import forecast, last_apply_rate, making
 
         app = self.app
         co = app._require_started("restore_forecast")
-        rate, source = apply_rate, "given"
-        calibrator = self._calibrator(co, settle)
-        if rate is None and calibrator is None:
-            rate, source = last_apply_rate(app.events(types="restore_end")), "last restore"
-        return forecast(app.name, co.assignment, co.statuses(fresh=True), app.subplans, app.kafka,
-                        app.layout, apply_rate=rate, rate_source=source if rate else None,
-                        calibrator=calibrator)
+        with making(app.name):
+            rate, source = apply_rate, "given"
+            calibrator = self._calibrator(co, settle)
+            if rate is None and calibrator is None:
+                rate, source = last_apply_rate(app.events(types="restore_end")), "last restore"
+            return forecast(app.name, co.assignment, co.statuses(fresh=True), app.subplans,
+                            app.kafka, app.layout, apply_rate=rate,
+                            rate_source=source if rate else None, calibrator=calibrator)
 
     @staticmethod
     def _calibrator(co, settle: float):

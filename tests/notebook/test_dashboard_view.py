@@ -439,3 +439,53 @@ def test_matplotlib_is_imported_only_when_the_topology_is_first_drawn():
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"before": False, "lag": True,
                                                                 "after": True, "png": True}
+
+
+def test_a_round_keeps_the_forecast_made_last_not_the_one_a_poll_brought_last():
+    """The dashboard's own forecast, made before a cell's but brought by a poll after it, must
+    not win: at the crash the round takes the cell's (seen in a busy browser run, where the
+    dashboard showed 1.4 s beside the cell's 2.6 s)."""
+    from kernel_ext.dashboard.model import DashboardModel, Snapshot
+    from statekit.runtime import forecasts
+
+    name = f"fc-order-{time.monotonic_ns()}"
+
+    def fc(seconds, made_at):
+        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10,
+                               "seconds": seconds}])
+        return forecasts.RestoreForecast(frame, {0: f"≈ {seconds} s"}, made_at=made_at)
+
+    t = time.time()
+    own = fc(1.4, t - 5)                 # the dashboard's, made first
+    cell = forecasts._remember(name, fc(2.6, t - 2))   # the cell's, made after it
+    from kernel_ext.dashboard.forecast import forecast_data
+
+    m = DashboardModel(name=name)
+    m.update(Snapshot(t=t, state="RUNNING", forecast=forecast_data(own)))   # a poll brings its own, late
+    assert m.forecast_at == own.made_at
+    m.update(Snapshot(t=t + 0.5, state="RUNNING", events=[ev.InstanceDied(instance=0, ts=t + 0.5)]))
+    assert m.forecast["rows"][0]["seconds"] == 2.6 and m.forecast_at == cell.made_at
+
+
+def test_the_dashboard_makes_no_forecast_of_its_own_while_one_is_being_made():
+    from statekit.runtime import forecasts
+
+    app = FakeApp()
+    app.name = f"fc-busy-{time.monotonic_ns()}"
+    app._events = []
+    made = []
+
+    def restore_forecast(settle: float = 5.0):
+        made.append(settle)
+        return forecasts._remember(app.name, forecasts.RestoreForecast(
+            pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10,
+                           "seconds": 1.0}]), {0: "≈ 1.0 s"}))
+
+    app.restore_forecast = restore_forecast
+    d = LiveDashboard(app, interval=0.1)
+    with forecasts.making(app.name):          # a cell's forecast, calibrating
+        d.refresh()
+        assert made == []
+    assert not forecasts.in_flight(app.name)
+    d.refresh()
+    assert made == [0.0]                      # none being made: the dashboard makes its own
