@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Iterable
 
 from kernel_ext.dashboard.model import layout_topology
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 # The colours of tasks (the lag chart's lines) and instances (the ownership bars, the chips' badges):
 # none of them near a marker's colour (red: crash, green: restored, black and grey: restarts,
 # rebalances, instances coming and going) nor a status's: a crash line must never read as a task's
@@ -19,9 +22,6 @@ from kernel_ext.dashboard.model import layout_topology
 PALETTE = ["#4C72B0", "#DD8452", "#8172B3", "#17A2B8", "#DA8BC3", "#CCB974", "#1F3A93", "#E6AB02",
            "#6A3D9A", "#0B4F6C"]
 MIN_DELTA_E = 30.0
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 KIND_COLORS = {"source": "#DCEBFA", "processor": "#FFF3D6", "store": "#DDF2E3", "changelog": "#F3E1F5",
                "sink": "#FBE0E0"}
 KIND_EDGES = {"source": "#4C72B0", "processor": "#C99A2E", "store": "#55A868", "changelog": "#8172B3",

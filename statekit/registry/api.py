@@ -276,6 +276,7 @@ class RegistryServer(ThreadingHTTPServer):
                  ssl_context=None):
         self.store, self.users = store, users or {}
         self.ssl_context = ssl_context
+        self.stopping = False    # stop_serving() began: a connection now is its own wake-up
         super().__init__((host, port), _Handler)
 
     def stop_serving(self) -> None:
@@ -293,7 +294,7 @@ class RegistryServer(ThreadingHTTPServer):
             t.join(0.05)
 
     def finish_request(self, request, client_address):
-        if getattr(self, "stopping", False):   # stop_serving()'s own wake-up
+        if self.stopping:
             return
         if self.ssl_context is not None:
             import ssl

@@ -124,7 +124,6 @@ class Runner:
         self.queries: dict = {}         # sub-topology -> running query
         self.run_opts: dict = {}
         self.started_at = 0.0
-        self.started_at_mono = 0.0
         self.stopping = False
         self.progress: dict = {}        # (sub-topology, batch id, timestamp) -> progress dict
         self._last_batch: dict = {}     # sub-topology -> (batch id, ran) of the last progress seen
@@ -168,7 +167,6 @@ class Runner:
             app._coordinator = placement.coordinator(app, spec)
             self.watch_kafka_start()
             self.started_at = time.time()
-            self.started_at_mono = time.monotonic()
             self.stopping = False
             try:
                 placement.start(app._coordinator, app.initial_instances,
@@ -427,22 +425,23 @@ class Runner:
         if app.state in (AppState.RESTORING, AppState.REBALANCING) and co.tasks_ready(wait=False):
             app._transition(AppState.RUNNING, "every task is open")
 
+    def idle(self, now: float) -> bool:
+        """RUNNING with no batch committed for PROGRESS_IDLE_S, past the start's first seconds,
+        and not on a finite trigger (whose end is its result)."""
+        app = self.app
+        return (app.state == AppState.RUNNING and not self.finite_trigger()
+                and now - app._bus.last_commit_at >= PROGRESS_IDLE_S
+                and time.time() - self.started_at >= PROGRESS_IDLE_S)
+
     def monitor_every(self) -> float:
-        """MONITOR_S, or MONITOR_IDLE_S while the app idles (``progress_every``): each look is a
-        wake-up of the kernel's process, and on a virtual machine's idle core a wake-up costs far
-        more CPU than the look itself (10 a second were a third of an idle kernel's CPU)."""
-        now = time.monotonic()
-        return MONITOR_S if self.progress_every(now) == PROGRESS_S else MONITOR_IDLE_S
+        """MONITOR_S, or MONITOR_IDLE_S while the app idles: each look is a wake-up of the
+        kernel's process, and on a virtual machine's idle core a wake-up costs far more CPU than
+        the look itself (10 a second were a third of an idle kernel's CPU)."""
+        return MONITOR_IDLE_S if self.idle(time.monotonic()) else MONITOR_S
 
     def progress_every(self, now: float) -> float:
-        """PROGRESS_S while the app is busy (batches committed lately; any state but RUNNING; a
-        finite trigger, whose end is its result), else PROGRESS_IDLE_S."""
-        app = self.app
-        if (app.state != AppState.RUNNING or self.finite_trigger()
-                or now - app._bus.last_commit_at < PROGRESS_IDLE_S
-                or now - self.started_at_mono < PROGRESS_IDLE_S):
-            return PROGRESS_S
-        return PROGRESS_IDLE_S
+        """PROGRESS_S while the app is busy, PROGRESS_IDLE_S while it idles."""
+        return PROGRESS_IDLE_S if self.idle(now) else PROGRESS_S
 
     def watch_kafka(self, co) -> bool:
         """WAITING while Kafka is away (the App's probe, or tasks waiting for it); back by itself

@@ -249,6 +249,15 @@ def test_an_app_without_events_or_instances_still_gets_a_dashboard():
     assert "restores inside Spark" in v.restore.value and "restore_report()" in v.restore.value
 
 
+def _scratch_forecast(seconds: float, records: int, line: str, made_at: float | None = None):
+    """A forecast of task 0_0 (instance 0) from scratch, as `App.restore_forecast()` makes it."""
+    from statekit.runtime import forecasts
+
+    frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": records,
+                           "seconds": seconds}])
+    return forecasts.RestoreForecast(frame, {0: line}, **({} if made_at is None else {"made_at": made_at}))
+
+
 def test_the_forecast_before_a_restore_is_shown_and_then_beside_it():
     class Forecast:
         frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10, "seconds": 0.25}])
@@ -307,11 +316,9 @@ def test_the_dashboard_shows_the_forecast_a_notebook_cell_made():
 
     def restore_forecast(settle: float = 5.0):   # as App.restore_forecast: every forecast is remembered
         n = len(made) + 1
-        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10 * n,
-                               "seconds": float(n)}])
         made.append(settle)
-        return forecasts._remember(app.name, forecasts.RestoreForecast(
-            frame, {0: f"if instance 0 died now: ≈ {n}.0 s from scratch for 0_0 ({10 * n} records)"}))
+        return forecasts._remember(app.name, _scratch_forecast(
+            float(n), 10 * n, f"if instance 0 died now: ≈ {n}.0 s from scratch for 0_0 ({10 * n} records)"))
 
     app.restore_forecast = restore_forecast
     d = LiveDashboard(app, interval=0.1)
@@ -364,10 +371,8 @@ def test_the_forecast_follows_the_changelogs_as_commits_grow_them():
         from statekit.runtime import forecasts
 
         n = size["records"]
-        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": n,
-                               "seconds": n / 1000}])
-        return forecasts._remember(app.name, forecasts.RestoreForecast(
-            frame, {0: f"if instance 0 died now: ≈ {n / 1000:.1f} s from scratch for 0_0 ({n} records)"}))
+        return forecasts._remember(app.name, _scratch_forecast(
+            n / 1000, n, f"if instance 0 died now: ≈ {n / 1000:.1f} s from scratch for 0_0 ({n} records)"))
 
     app.restore_forecast = restore_forecast
     d = LiveDashboard(app, interval=0.1, heavy_interval=0.3)
@@ -394,11 +399,10 @@ def test_a_forecast_that_failed_is_made_again_though_nothing_committed_since():
         calls.append(time.monotonic())
         if len(calls) == 1:
             raise RuntimeError("no instance answered")
-        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 477, "seconds": 0.5}])
         from statekit.runtime import forecasts
 
-        return forecasts._remember(app.name, forecasts.RestoreForecast(
-            frame, {0: "if instance 0 died now: ≈ 0.5 s from scratch for 0_0 (477 records)"}))
+        return forecasts._remember(app.name, _scratch_forecast(
+            0.5, 477, "if instance 0 died now: ≈ 0.5 s from scratch for 0_0 (477 records)"))
 
     app.restore_forecast = restore_forecast
     d = LiveDashboard(app, interval=0.1, heavy_interval=0.3)
@@ -449,15 +453,9 @@ def test_a_round_keeps_the_forecast_made_last_not_the_one_a_poll_brought_last():
     from statekit.runtime import forecasts
 
     name = f"fc-order-{time.monotonic_ns()}"
-
-    def fc(seconds, made_at):
-        frame = pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10,
-                               "seconds": seconds}])
-        return forecasts.RestoreForecast(frame, {0: f"≈ {seconds} s"}, made_at=made_at)
-
     t = time.time()
-    own = fc(1.4, t - 5)                 # the dashboard's, made first
-    cell = forecasts._remember(name, fc(2.6, t - 2))   # the cell's, made after it
+    own = _scratch_forecast(1.4, 10, "≈ 1.4 s", made_at=t - 5)                   # the dashboard's, made first
+    cell = forecasts._remember(name, _scratch_forecast(2.6, 10, "≈ 2.6 s", made_at=t - 2))   # the cell's, after it
     from kernel_ext.dashboard.forecast import forecast_data
 
     m = DashboardModel(name=name)
@@ -477,9 +475,7 @@ def test_the_dashboard_makes_no_forecast_of_its_own_while_one_is_being_made():
 
     def restore_forecast(settle: float = 5.0):
         made.append(settle)
-        return forecasts._remember(app.name, forecasts.RestoreForecast(
-            pd.DataFrame([{"task": "0_0", "instance": 0, "source": "scratch", "records": 10,
-                           "seconds": 1.0}]), {0: "≈ 1.0 s"}))
+        return forecasts._remember(app.name, _scratch_forecast(1.0, 10, "≈ 1.0 s"))
 
     app.restore_forecast = restore_forecast
     d = LiveDashboard(app, interval=0.1)

@@ -79,7 +79,7 @@ def _runner_of(state, trigger=None, started_ago=60.0):
     app = SimpleNamespace(state=state, _bus=bus)
     r = Runner(app)
     r.run_opts = {"trigger": trigger}
-    r.started_at_mono = time.monotonic() - started_ago
+    r.started_at = time.time() - started_ago
     return r, bus
 
 

@@ -158,17 +158,16 @@ def _classic_context_runs() -> bool:
 
 # --- starting it -------------------------------------------------------------------------------------
 
-# No whole-stage code generation: statekit's queries hand tasks and offset ranges to Python (the
-# records never pass through the JVM), so compiling their stages bought nothing and cost the first
-# micro-batch about half a second of a cold launch's CPU (Janino). The native engine, whose
-# operators do compute in the JVM, turns it on again (engine.spark_native).
-WHOLE_STAGE_CODEGEN = "false"
-
-# the SQL settings a Spark Connect session of statekit's gets (a server's static settings are the
-# server's: a local server statekit starts has them, engine.spark.connect_server)
-CONNECT_CONF = {
+# the SQL settings every session of statekit's gets, classic or Spark Connect (a Connect server's
+# static settings are the server's: a local server statekit starts has them,
+# engine.spark.connect_server)
+SQL_CONF = {
     "spark.sql.adaptive.enabled": "false",
-    "spark.sql.codegen.wholeStage": WHOLE_STAGE_CODEGEN,
+    # No whole-stage code generation: statekit's queries hand tasks and offset ranges to Python
+    # (the records never pass through the JVM), so compiling their stages bought nothing and cost
+    # the first micro-batch about half a second of a cold launch's CPU (Janino). The native
+    # engine, whose operators do compute in the JVM, turns it on again (engine.spark_native).
+    "spark.sql.codegen.wholeStage": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.stopTimeout": "30s",
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
@@ -203,7 +202,7 @@ def _connect_session(url: str, shuffle_partitions: int | None):
     _reachable(url)
     had_env = "SPARK_CONNECT_MODE_ENABLED" in os.environ
     b = SparkSession.builder.remote(url)
-    for k, v in dict(CONNECT_CONF, **{"spark.sql.shuffle.partitions": str(shuffle_partitions or 2)}).items():
+    for k, v in dict(SQL_CONF, **{"spark.sql.shuffle.partitions": str(shuffle_partitions or 2)}).items():
         b = b.config(k, v)
     spark = None
     try:
@@ -443,13 +442,9 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.driver.memory", driver_memory)
          .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
-         .config("spark.sql.adaptive.enabled", "false")
-         .config("spark.sql.codegen.wholeStage", WHOLE_STAGE_CODEGEN)
-         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-         .config("spark.sql.streaming.stopTimeout", "30s")
-         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-         .config("spark.python.worker.reuse", "true")
-         .config("spark.sql.session.timeZone", "UTC"))
+         .config("spark.python.worker.reuse", "true"))
+    for k, v in SQL_CONF.items():
+        b = b.config(k, v)
     b = with_jvm_options(b, archive)
     if is_local_master(master):
         b = b.config("spark.task.maxFailures", "1").config("spark.default.parallelism", "2")
