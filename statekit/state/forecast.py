@@ -15,10 +15,18 @@ applies what it reads at a rate that depends on this machine and on the records.
   full-speed restore of this process (``restore.last_restore_rate``), else a calibration: a real
   restore (``restore_stores``) of up to ``CALIBRATE_RECORDS`` offsets of the task's own changelog
   into a throw-away RocksDB, timed as a restore times itself (cached per process and changelog),
-  scaled to the machine's load now (``rate_now``: a restore of the same changelog for a fraction
-  of a second, set against the calibration's first records). A sample much smaller than the task
-  would overstate the rate: RocksDB takes the first memtables two to four times faster than the
-  rest, once flushes and level-0 compactions begin.
+  then divided by the machine's load (``rate_now``). A sample much smaller than the task would
+  overstate the rate: RocksDB takes the first memtables two to four times faster than the rest,
+  once flushes and level-0 compactions begin.
+
+The load is a restore's wall time over its thread's CPU time, measured over the calibration and
+over short probes: a restore's CPU per record hardly changes with the machine's load, its wall time
+does (the run queue, a broker and RocksDB threads that wait for a CPU too). The calibration is kept
+as records per CPU-second; a forecast divides it by the mean load of the last ``LOAD_WINDOW_S``: on a
+shared machine the load of one moment swings threefold within seconds, and a restore lasts long
+enough to see the average. (Timing the probe against the calibration's first records instead
+forecast 64 s for a 20 s restore in ``make demo``: a calibration whose first records ran quiet and
+whose last ran beside three notebooks.)
 
 ``forecast_task`` is what ``App.restore_forecast()`` calls once per task and source (scratch,
 checkpoint, standby).
@@ -41,11 +49,12 @@ from statekit.state.restore import (NO_BATCH, RESTORE_FETCH_BYTES, StoreReplay,
 CALIBRATE_RECORDS = 1_000_000  # offsets: a restore of up to this many is measured whole
 CALIBRATE_MIN = 40_000       # a changelog shorter than this is calibrated on synthetic records
 PROBE_S = 0.4                # seconds of the restore that measures the machine's load now
-LOAD_TTL = 10.0              # seconds a load measured stands (a dashboard forecasts every few)
+LOAD_TTL = 10.0              # seconds before a forecast probes again (a dashboard forecasts every few)
+LOAD_WINDOW_S = 30.0         # a forecast's load: the mean of those measured this long before it
 LOAD_MAX = 30.0              # a load figure stays within [1/30, 30]
 SCAN_MAX = 2_000_000  # offsets: a range up to this long is counted from batch headers
 _calibrated: dict = {}  # (bootstrap, topic, partition) -> Calibration
-_load: dict = {}        # (bootstrap, topic, partition) -> (load, when measured)
+_load: dict = {}        # (bootstrap, topic, partition) -> [(when measured, load), ...]
 _lock = threading.Lock()
 
 
@@ -68,7 +77,7 @@ class TaskForecast:
     apply_rate: float        # records/s the seconds are based on
     rate_source: str         # "given" | "last restore" | "calibrated"
     per_store: dict = field(default_factory=dict)  # store -> StoreForecast
-    load: float = 1.0        # a calibrated rate: how much slower a restore runs now than then
+    load: float = 1.0        # a calibrated rate: a restore's wall time over its CPU time now
 
     @property
     def exact(self) -> bool:
@@ -173,12 +182,19 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
 @dataclass
 class Calibration:
     """A restore of a changelog partition into a throw-away RocksDB, measured: its rate, the
-    offsets it covered and how it went (``curve``: seconds and records read at each WriteBatch)."""
+    offsets it covered, the machine's load meanwhile (1.0: unknown) and how it went (``curve``:
+    seconds and records read at each WriteBatch)."""
 
     rate: float
     span: int
     busy: bool                 # measured beside the caller's own work (measured again when idle)
     curve: list = field(default_factory=list)
+    load: float = 1.0
+
+    @property
+    def cpu_rate(self) -> float:
+        """The rate of a restore whose thread never waits: records per second of its CPU time."""
+        return self.rate * self.load
 
 
 def calibrate(kafka, topic: Optional[str], partition: int = 0,
@@ -205,54 +221,88 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     key = (kafka.bootstrap, topic, partition)
     with _lock:
         hit = _calibrated.get(key)
-    if hit is not None and not hit.busy and span <= hit.span * 5 // 4:
-        return hit.rate
+    if hit is not None and not hit.busy and (span <= hit.span * 5 // 4 or span < CALIBRATE_MIN):
+        return hit.rate   # (below CALIBRATE_MIN the sample is synthetic: the same however it grew)
     deadline = time.monotonic() + (settle if span >= CALIBRATE_MIN else 0.0)
     while (busy() if callable(busy) else busy) and time.monotonic() < deadline:
         time.sleep(0.05)
     now_busy = bool(busy() if callable(busy) else busy)
-    if hit is not None and now_busy and span <= hit.span * 5 // 4:
+    if hit is not None and now_busy and (span <= hit.span * 5 // 4 or span < CALIBRATE_MIN):
         return hit.rate
     curve: list = []
+    thread = _ThreadLoad()
     if span >= CALIBRATE_MIN:
         rate = _measure_restore(kafka, topic, partition, begin, begin + span, curve=curve)
     else:
         rate = _measure(lambda: _decoding(_synthetic(CALIBRATE_MIN)))
+    load = thread.load()
     with _lock:
-        _calibrated[key] = Calibration(rate, span, now_busy, curve)
-        _load[key] = (1.0, time.monotonic())   # measured just now: the load of the moment
+        _calibrated[key] = Calibration(rate, span, now_busy, curve, load or 1.0)
+        _load[key] = [(time.monotonic(), load or 1.0)]   # a new calibration, a new series
     return rate
 
 
 def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False, settle: float = 0.0,
              probe_s: float = PROBE_S) -> tuple:
     """``(records/s, load)``: the rate a restore of the partition would run at now — the
-    calibration's (``calibrate``) divided by ``load``, how much slower than during the calibration a
-    restore runs now. ``load`` is measured by a short restore of the same partition (``probe_s``
-    seconds) set against the calibration's first seconds: the same code, broker and disk, in the
-    same process group, so a busy machine (other notebooks, CPU hogs, a shared server) and a
-    quiet one are both seen as a restore sees them. Remembered for ``LOAD_TTL`` seconds (a
-    dashboard's forecasts do not measure it each time), and not measured beside the caller's own
-    work (``busy``): the last figure stands."""
+    calibration's (``calibrate``) per CPU-second, divided by ``load``: the mean of the loads
+    measured over the last ``LOAD_WINDOW_S`` (the calibration's own, and probes: a short restore
+    of the same partition, ``probe_s`` seconds, at most every ``LOAD_TTL`` seconds). The same
+    code, broker and disk as a restore, in the same process group, so a busy machine (other
+    notebooks, CPU hogs, a shared server) and a quiet one are both seen as a restore sees them.
+    No probe beside the caller's own work (``busy``): the loads measured before stand."""
     rate = calibrate(kafka, topic, partition, busy=busy, settle=settle)
     key = (kafka.bootstrap, topic, partition)
     with _lock:
         cal = _calibrated.get(key)
-        last = _load.get(key)
-    if cal is None or len(cal.curve) < 2:
+        seen = list(_load.get(key) or [])
+    if cal is None:
         return rate, 1.0
-    if last is not None and (time.monotonic() - last[1] < LOAD_TTL or (busy() if callable(busy) else busy)):
-        return rate / last[0], last[0]
+    now = time.monotonic()
+    if cal.span >= CALIBRATE_MIN and (not seen or (now - seen[-1][0] >= LOAD_TTL
+                                                   and not (busy() if callable(busy) else busy))):
+        load = _probe_load(kafka, topic, partition, cal, probe_s)
+        if load is not None:
+            seen.append((time.monotonic(), load))
+            with _lock:
+                _load[key] = seen = [x for x in seen if x[0] >= seen[-1][0] - LOAD_WINDOW_S]
+    recent = [x[1] for x in seen if x[0] >= seen[-1][0] - LOAD_WINDOW_S] if seen else [cal.load]
+    load = sum(recent) / len(recent)
+    return cal.cpu_rate / load, load
+
+
+def _probe_load(kafka, topic: str, partition: int, cal: Calibration, probe_s: float) -> Optional[float]:
+    """The machine's load now, by a restore of ``probe_s`` seconds (``_ThreadLoad``), else (it hardly
+    ran) its time set against the calibration's for the same first records."""
     try:
         begin, _end = kafka.offsets_many([topic], partition)[topic]
     except UnknownTopic:
-        return rate, 1.0
+        return None
+    thread = _ThreadLoad()
     took, read = _probe(kafka, topic, partition, begin, begin + cal.span, probe_s)
-    then = _seconds_at(cal.curve, read)
-    load = min(LOAD_MAX, max(1.0 / LOAD_MAX, took / then)) if then and read else 1.0
-    with _lock:
-        _load[key] = (load, time.monotonic())
-    return rate / load, load
+    load = thread.load()
+    if load is None:
+        then = _seconds_at(cal.curve, read) if len(cal.curve) >= 2 else None
+        if not (then and read):
+            return None
+        load = cal.load * took / then
+    return min(LOAD_MAX, max(1.0 / LOAD_MAX, load))
+
+
+class _ThreadLoad:
+    """The calling thread's load from now on: wall time / its CPU time — what a restore's thread
+    loses to everything else (the run queue, and a broker and RocksDB's threads that wait for a CPU
+    too). A restore's CPU per record hardly changes with the load; its wall time does. None when
+    it hardly ran."""
+
+    def __init__(self):
+        self.start = (time.perf_counter(), time.thread_time())
+
+    def load(self) -> Optional[float]:
+        wall, cpu = time.perf_counter() - self.start[0], time.thread_time() - self.start[1]
+        if cpu < 0.001:   # under a millisecond of CPU: says nothing
+            return None
+        return min(LOAD_MAX, max(1.0, wall / cpu))
 
 
 def _seconds_at(curve: list, records: int) -> Optional[float]:

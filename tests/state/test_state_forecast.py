@@ -213,8 +213,8 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
     """The whole partition is measured once (again when the changelog grew by a quarter, or
     when it was measured beside the caller's own work), whatever the machine's load; a forecast
     scales it by the load of the moment: a short restore of the same partition set against the
-    calibration's first records (a forecast of 0.4 s and one of 2.8 s for the same records, from
-    rates measured on a quiet and a busy machine, was the same cell's)."""
+    calibration's first records, when the probe's thread hardly ran (a forecast of 0.4 s and one of 2.8 s for the same records, from rates measured on a quiet and
+    a busy machine, was the same cell's)."""
     k = Kafka(broker.bootstrap)
     topic = "cal-counts-changelog"
     measured, probes = [], []
@@ -235,12 +235,22 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
         for lo in range(have, n, 5_000):
             k.send(topic, 0, [(b"k%d" % i, b"v", []) for i in range(lo, min(n, lo + 5_000))])
 
+    class NoFigure:   # a fake restore uses no CPU: no figure of its own
+        def load(self):
+            return None
+
     try:
         k.ensure_topic(topic, 1)
         monkeypatch.setattr(F, "_measure_restore", fake_measure)
         monkeypatch.setattr(F, "_probe", fake_probe)
+        monkeypatch.setattr(F, "_ThreadLoad", NoFigure)
         F.clear_calibration()
         n = F.CALIBRATE_MIN
+        monkeypatch.setattr(F, "_measure", lambda make_reader: 500.0)   # synthetic records
+        grow_to(100)
+        assert F.calibrate(k, topic, 0) == 500.0
+        grow_to(n // 2)                     # grown fivefold, still short: the same synthetic sample
+        assert F.calibrate(k, topic, 0) == 500.0 and measured == []
         grow_to(n)
         assert F.rate_now(k, topic, 0) == (1000.0, 1.0)           # measured just now: its load
         grow_to(2 * n)
@@ -258,17 +268,89 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
         assert F.calibrate(k, topic, 0) == 4000.0                 # measured beside it: again, idle
         assert F.calibrate(k, topic, 0) == 4000.0
         # later, on a machine twice as busy as during the calibration: 20,000 records took 0.4 s
-        # where the calibration read them in 0.2 s
+        # where the calibration read them in 0.2 s; the forecast's load is the mean of the window's
         monkeypatch.setattr(F, "LOAD_TTL", 0.0)
-        assert F.rate_now(k, topic, 0) == (2000.0, 2.0)
+        assert F.rate_now(k, topic, 0) == (4000.0 / 1.5, 1.5)    # (1.0 + 2.0) / 2
         assert probes == [(0, 3 * n, F.PROBE_S)]                  # the partition from its start
         probe.update(took=0.1)                                    # quieter than then
-        assert F.rate_now(k, topic, 0, busy=True) == (2000.0, 2.0)   # beside its own work: stands
-        assert F.rate_now(k, topic, 0) == (8000.0, 0.5)
+        assert F.rate_now(k, topic, 0, busy=True) == (4000.0 / 1.5, 1.5)   # beside its own work: stands
+        assert F.rate_now(k, topic, 0) == (4000.0 / (3.5 / 3), 3.5 / 3)    # (1.0 + 2.0 + 0.5) / 3
         assert measured == [n, 2 * n, 3 * n, 3 * n] and len(probes) == 2
+        monkeypatch.setattr(F, "LOAD_WINDOW_S", 0.0)              # the older loads left the window
+        assert F.rate_now(k, topic, 0) == (8000.0, 0.5)
     finally:
         F.clear_calibration()
         k.close()
+
+
+def test_the_load_is_a_restores_wall_time_over_its_cpu_time_and_a_forecast_takes_the_windows_mean(
+        broker, monkeypatch):
+    """The calibration is kept as records per CPU-second (its rate times the load it ran under),
+    and a forecast divides it by the mean load of the last LOAD_WINDOW_S — a calibration whose
+    last records ran beside three notebooks no longer forecasts a quieter machine's restore
+    threefold."""
+    k = Kafka(broker.bootstrap)
+    topic = "load-counts-changelog"
+    loads = iter([3.0, 1.0, 2.0])           # the calibration's, then two probes'
+
+    class Scripted:
+        def load(self):
+            return next(loads)
+
+    def fake_measure(kafka, t, partition, start, end, curve=None, listener=None):
+        if curve is not None:
+            curve[:] = [(0.1, 10_000), (0.2, 20_000)]
+        return 100_000.0                     # measured under a load of 3: 300,000 per CPU-second
+
+    try:
+        k.ensure_topic(topic, 1)
+        k.send(topic, 0, [(b"k%d" % i, b"v", []) for i in range(F.CALIBRATE_MIN)])
+        monkeypatch.setattr(F, "_measure_restore", fake_measure)
+        monkeypatch.setattr(F, "_probe", lambda *a: (0.4, 20_000))
+        monkeypatch.setattr(F, "_ThreadLoad", Scripted)
+        F.clear_calibration()
+        assert F.rate_now(k, topic, 0) == (100_000.0, 3.0)
+        monkeypatch.setattr(F, "LOAD_TTL", 0.0)
+        assert F.rate_now(k, topic, 0) == (150_000.0, 2.0)       # (3 + 1) / 2
+        assert F.rate_now(k, topic, 0) == (150_000.0, 2.0)       # (3 + 1 + 2) / 3
+    finally:
+        F.clear_calibration()
+        k.close()
+
+
+def test_a_thread_that_waits_for_a_cpu_measures_a_load():
+    """The figure itself: beside twice as many spinning processes as CPUs, a spinning thread gets
+    about 1/2.5 of the wall time as CPU time."""
+    import multiprocessing
+    import os
+
+    def spin_for(seconds):
+        rq = F._ThreadLoad()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            pass
+        return rq.load()
+
+    assert F._ThreadLoad().load() is None     # no CPU spent yet: no figure
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    hogs = [ctx.Process(target=_spin_until, args=(stop,), daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
+    for h in hogs:
+        h.start()
+    try:
+        time.sleep(0.3)
+        assert spin_for(0.6) >= 1.8
+    finally:
+        stop.set()
+        for h in hogs:
+            h.join(5)
+            if h.is_alive():
+                h.kill()
+
+
+def _spin_until(stop):
+    while not stop.is_set():
+        pass
 
 
 def test_every_forecast_made_is_the_latest_of_its_application():
