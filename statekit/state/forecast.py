@@ -19,14 +19,14 @@ applies what it reads at a rate that depends on this machine and on the records.
   overstate the rate: RocksDB takes the first memtables two to four times faster than the rest,
   once flushes and level-0 compactions begin.
 
-The load is a restore's wall time over its thread's CPU time, measured over the calibration and
-over short probes: a restore's CPU per record hardly changes with the machine's load, its wall time
-does (the run queue, a broker and RocksDB threads that wait for a CPU too). The calibration is kept
-as records per CPU-second; a forecast divides it by the mean load of the last ``LOAD_WINDOW_S``: on a
-shared machine the load of one moment swings threefold within seconds, and a restore lasts long
-enough to see the average. (Timing the probe against the calibration's first records instead
-forecast 64 s for a 20 s restore in ``make demo``: a calibration whose first records ran quiet and
-whose last ran beside three notebooks.)
+The calibration is kept as records per second of its thread's CPU time: a restore's CPU per record
+hardly changes with the machine's load, its wall time does. A forecast divides that by the load,
+how many wall seconds a CPU-second of computing takes now (``state.machine_load``). Not the
+calibration's own wall time over its CPU time: beside two other notebooks (``make demo``) one took
+5.6 times its CPU time while a process that only computed took 2.7 times, and the restore that
+followed ran 2.7 times slower than the calibration's records per CPU-second. (Timing a short
+restore against the calibration's first records, as before, forecast 64 s for a 20 s restore
+there: the calibration's first records had run quiet and its last beside three notebooks.)
 
 ``forecast_task`` is what ``App.restore_forecast()`` calls once per task and source (scratch,
 checkpoint, standby).
@@ -43,19 +43,17 @@ from typing import Callable, Iterable, Optional
 from statekit.contracts import changelog_topic
 from statekit.errors import UnknownTopic
 from statekit.kafka.log_figures import LogFigures, log_figures_for
+from statekit.state.machine_load import SAMPLER
 from statekit.state.restore import (NO_BATCH, RESTORE_FETCH_BYTES, StoreReplay,
                                     last_restore_rate, meta_key)
 
 CALIBRATE_RECORDS = 1_000_000  # offsets: a restore of up to this many is measured whole
 CALIBRATE_MIN = 40_000       # a changelog shorter than this is calibrated on synthetic records
-PROBE_S = 0.4                # seconds of the restore that measures the machine's load now
-LOAD_TTL = 10.0              # seconds before a forecast probes again (a dashboard forecasts every few)
-LOAD_WINDOW_S = 30.0         # a forecast's load: the mean of those measured this long before it
-LOAD_MAX = 30.0              # a load figure stays within [1/30, 30]
+LOAD_MAX = 30.0              # a calibration's wall time over its CPU time stays within [1, 30]
 SCAN_MAX = 2_000_000  # offsets: a range up to this long is counted from batch headers
 _calibrated: dict = {}  # (bootstrap, topic, partition) -> Calibration
-_load: dict = {}        # (bootstrap, topic, partition) -> [(when measured, load), ...]
 _lock = threading.Lock()
+_measuring = threading.Lock()   # one calibration at a time in a process
 
 
 @dataclass
@@ -77,7 +75,7 @@ class TaskForecast:
     apply_rate: float        # records/s the seconds are based on
     rate_source: str         # "given" | "last restore" | "calibrated"
     per_store: dict = field(default_factory=dict)  # store -> StoreForecast
-    load: float = 1.0        # a calibrated rate: a restore's wall time over its CPU time now
+    load: float = 1.0        # a calibrated rate: the machine's load it was divided by (rate_now)
 
     @property
     def exact(self) -> bool:
@@ -182,19 +180,13 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
 @dataclass
 class Calibration:
     """A restore of a changelog partition into a throw-away RocksDB, measured: its rate, the
-    offsets it covered, the machine's load meanwhile (1.0: unknown) and how it went (``curve``:
-    seconds and records read at each WriteBatch)."""
+    offsets it covered, and its rate per second of its thread's CPU time (``cpu_rate``: the rate
+    of a restore that never waits)."""
 
     rate: float
     span: int
     busy: bool                 # measured beside the caller's own work (measured again when idle)
-    curve: list = field(default_factory=list)
-    load: float = 1.0
-
-    @property
-    def cpu_rate(self) -> float:
-        """The rate of a restore whose thread never waits: records per second of its CPU time."""
-        return self.rate * self.load
+    cpu_rate: float = 0.0
 
 
 def calibrate(kafka, topic: Optional[str], partition: int = 0,
@@ -208,9 +200,10 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     the rate of the rest (flushes, then level-0 compactions share the CPU), so a sample smaller
     than the task would promise a restore much faster than the real one. It is measured once per
     process and changelog, again when the changelog has grown by a quarter, whatever the machine's
-    load (``rate_now`` scales it to the load of the moment). Beside the caller's own work (``busy``,
-    a bool or a callable: a micro-batch, which a restore would not have beside it) it waits up to
-    ``settle`` seconds for it to pause, then measures anyway, and measures again next time."""
+    load (``rate_now`` divides its rate per CPU-second by the load now). Beside the caller's own
+    work (``busy``, a bool or a callable: a micro-batch, which a restore would not have beside it)
+    it waits up to ``settle`` seconds for it to pause, then measures anyway, and measures again
+    next time."""
     begin = end = 0
     if topic is not None:
         try:
@@ -229,134 +222,50 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     now_busy = bool(busy() if callable(busy) else busy)
     if hit is not None and now_busy and (span <= hit.span * 5 // 4 or span < CALIBRATE_MIN):
         return hit.rate
-    curve: list = []
     thread = _ThreadLoad()
-    if span >= CALIBRATE_MIN:
-        rate = _measure_restore(kafka, topic, partition, begin, begin + span, curve=curve)
-    else:
+    rate = (_measure_restore(kafka, topic, partition, begin, begin + span)
+            if span >= CALIBRATE_MIN else None)
+    if rate is None:   # too short, or nothing committed to read yet: synthetic records
         rate = _measure(lambda: _decoding(_synthetic(CALIBRATE_MIN)))
-    load = thread.load()
     with _lock:
-        _calibrated[key] = Calibration(rate, span, now_busy, curve, load or 1.0)
-        _load[key] = [(time.monotonic(), load or 1.0)]   # a new calibration, a new series
+        _calibrated[key] = Calibration(rate, span, now_busy, rate * (thread.load() or 1.0))
     return rate
 
 
-def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False, settle: float = 0.0,
-             probe_s: float = PROBE_S) -> tuple:
+def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False,
+             settle: float = 0.0) -> tuple:
     """``(records/s, load)``: the rate a restore of the partition would run at now — the
-    calibration's (``calibrate``) per CPU-second, divided by ``load``: the mean of the loads
-    measured over the last ``LOAD_WINDOW_S`` (the calibration's own, and probes: a short restore
-    of the same partition, ``probe_s`` seconds, at most every ``LOAD_TTL`` seconds). The same
-    code, broker and disk as a restore, in the same process group, so a busy machine (other
-    notebooks, CPU hogs, a shared server) and a quiet one are both seen as a restore sees them.
-    No probe beside the caller's own work (``busy``): the loads measured before stand."""
-    rate = calibrate(kafka, topic, partition, busy=busy, settle=settle)
-    key = (kafka.bootstrap, topic, partition)
-    with _lock:
-        cal = _calibrated.get(key)
-        seen = list(_load.get(key) or [])
+    calibration's (``calibrate``) per CPU-second, divided by ``load``: the machine's load of the
+    last seconds as a session of its own meets it (``state.machine_load``), so a busy machine
+    (other notebooks, CPU hogs, a shared server's sessions) and a quiet one are both seen as a
+    restore sees them; where no sampler can say, the calibration's own wall time over its CPU
+    time (``settle``: seconds it may wait for the load's samples too). One calibration at a time in
+    a process: a dashboard's forecast and a cell's would measure each other; the second waits and
+    finds the first's."""
+    with _measuring:
+        rate = calibrate(kafka, topic, partition, busy=busy, settle=settle)
+        with _lock:
+            cal = _calibrated.get((kafka.bootstrap, topic, partition))
     if cal is None:
         return rate, 1.0
-    now = time.monotonic()
-    if cal.span >= CALIBRATE_MIN and (not seen or (now - seen[-1][0] >= LOAD_TTL
-                                                   and not (busy() if callable(busy) else busy))):
-        load = _probe_load(kafka, topic, partition, cal, probe_s)
-        if load is not None:
-            seen.append((time.monotonic(), load))
-            with _lock:
-                _load[key] = seen = [x for x in seen if x[0] >= seen[-1][0] - LOAD_WINDOW_S]
-    recent = [x[1] for x in seen if x[0] >= seen[-1][0] - LOAD_WINDOW_S] if seen else [cal.load]
-    load = sum(recent) / len(recent)
+    load = SAMPLER.load(wait_s=settle) or cal.cpu_rate / cal.rate
     return cal.cpu_rate / load, load
 
 
-def _probe_load(kafka, topic: str, partition: int, cal: Calibration, probe_s: float) -> Optional[float]:
-    """The machine's load now, by a restore of ``probe_s`` seconds (``_ThreadLoad``), else (it hardly
-    ran) its time set against the calibration's for the same first records."""
-    try:
-        begin, _end = kafka.offsets_many([topic], partition)[topic]
-    except UnknownTopic:
-        return None
-    thread = _ThreadLoad()
-    took, read = _probe(kafka, topic, partition, begin, begin + cal.span, probe_s)
-    load = thread.load()
-    if load is None:
-        then = _seconds_at(cal.curve, read) if len(cal.curve) >= 2 else None
-        if not (then and read):
-            return None
-        load = cal.load * took / then
-    return min(LOAD_MAX, max(1.0 / LOAD_MAX, load))
-
-
 class _ThreadLoad:
-    """The calling thread's load from now on: wall time / its CPU time — what a restore's thread
-    loses to everything else (the run queue, and a broker and RocksDB's threads that wait for a CPU
-    too). A restore's CPU per record hardly changes with the load; its wall time does. None when
-    it hardly ran."""
+    """The calling thread's wall time over its CPU time from now on (None when it hardly ran)."""
 
     def __init__(self):
         self.start = (time.perf_counter(), time.thread_time())
 
     def load(self) -> Optional[float]:
         wall, cpu = time.perf_counter() - self.start[0], time.thread_time() - self.start[1]
-        if cpu < 0.001:   # under a millisecond of CPU: says nothing
+        if cpu < 0.0005:   # under half a millisecond of CPU: says nothing
             return None
         return min(LOAD_MAX, max(1.0, wall / cpu))
 
 
-def _seconds_at(curve: list, records: int) -> Optional[float]:
-    """When the calibration had read ``records`` (linear between its WriteBatches)."""
-    prev = (0.0, 0)
-    for t, n in curve:
-        if n >= records:
-            if n == prev[1]:
-                return t
-            return prev[0] + (t - prev[0]) * (records - prev[1]) / (n - prev[1])
-        prev = (t, n)
-    return None
-
-
-class _Enough(Exception):
-    pass
-
-
-class _Timeline:
-    """A restore listener keeping (seconds, records read) at each WriteBatch; with ``stop_after``,
-    it ends the restore after that many seconds."""
-
-    def __init__(self, stop_after: Optional[float] = None):
-        self.t0 = time.perf_counter()
-        self.read = 0
-        self.curve: list = []
-        self.stop_after = stop_after
-
-    def on_restore_start(self, store, partition, start, end):
-        pass
-
-    def on_batch_restored(self, store, partition, offset, n):
-        self.read += n
-        t = time.perf_counter() - self.t0
-        self.curve.append((t, self.read))
-        if self.stop_after is not None and t >= self.stop_after:
-            raise _Enough()
-
-    def on_restore_end(self, store, partition, total):
-        pass
-
-
-def _probe(kafka, topic: str, partition: int, start: int, end: int, seconds: float) -> tuple:
-    """(seconds, records) of a restore of ``[start, end)`` cut after ``seconds``."""
-    tl = _Timeline(stop_after=seconds)
-    try:
-        _measure_restore(kafka, topic, partition, start, end, listener=tl)
-    except _Enough:
-        pass
-    return (tl.curve[-1] if tl.curve else (0.0, 0))
-
-
-def _measure_restore(kafka, topic: str, partition: int, start: int, end: int,
-                     curve: Optional[list] = None, listener=None) -> float:
+def _measure_restore(kafka, topic: str, partition: int, start: int, end: int) -> Optional[float]:
     from statekit.state.restore import restore_stores
     from statekit.stores import StoreSpec, build_stores
 
@@ -365,17 +274,13 @@ def _measure_restore(kafka, topic: str, partition: int, start: int, end: int,
         _stores, db = build_stores([StoreSpec("calibrate", logging=False)], task_dir=d,
                                    cache_bytes=0, sync=False)
         try:
-            tl = listener or _Timeline()
-            tl.t0 = time.perf_counter()
             metrics, _batch = restore_stores(db, kafka, partition,
                                              {"calibrate": (topic, start, end, NO_BATCH, "scratch")},
-                                             listener=tl, remember=False)
+                                             remember=False)
         finally:
             db.close()
-        if curve is not None:
-            curve[:] = tl.curve
         m = metrics["calibrate"]
-        return m.rate if m.rate > 0 else 1_000_000.0
+        return m.rate if m.rate > 0 else None
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -448,7 +353,7 @@ def clear_calibration() -> None:
     """Forget calibrated rates and loads (tests)."""
     with _lock:
         _calibrated.clear()
-        _load.clear()
+    SAMPLER.stop()
 
 
 __all__ = ["forecast_task", "calibrate", "rate_now", "clear_calibration", "TaskForecast",

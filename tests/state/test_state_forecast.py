@@ -160,7 +160,9 @@ def test_the_rate_comes_from_the_last_restore_else_a_calibration(broker, tmp_pat
         f = F.forecast_task(k, "rt", 0, SPECS, None, log_figures=embedded_log_figures(broker.dir))
         assert f.rate_source == "calibrated" and f.apply_rate > 0
         assert f.seconds == pytest.approx(f.records / f.apply_rate)
-        assert F.calibrate(k, "rt-counts-changelog", 0) == f.apply_rate  # cached per process
+        cal = F._calibrated[(k.bootstrap, "rt-counts-changelog", 0)]
+        assert F.calibrate(k, "rt-counts-changelog", 0) == cal.rate   # cached per process
+        assert f.apply_rate == pytest.approx(cal.cpu_rate / f.load)   # per CPU-second, over the load
         # a restore too short to say much about the rate is not remembered
         with TaskState("rt", 0, SPECS, state_dir=str(tmp_path / "b"), kafka=k) as t:
             assert sum(m.records_restored for m in t.restore_metrics.values()) < R.MEASURE_MIN
@@ -211,39 +213,40 @@ def test_the_forecast_is_within_a_factor_of_two_of_a_real_restore(broker, tmp_pa
 
 def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(broker, monkeypatch):
     """The whole partition is measured once (again when the changelog grew by a quarter, or
-    when it was measured beside the caller's own work), whatever the machine's load; a forecast
-    scales it by the load of the moment: a short restore of the same partition set against the
-    calibration's first records, when the probe's thread hardly ran (a forecast of 0.4 s and one of 2.8 s for the same records, from rates measured on a quiet and
-    a busy machine, was the same cell's)."""
+    when it was measured beside the caller's own work), whatever the machine's load, and kept as
+    records per CPU-second; a forecast divides that by the machine's load now (a forecast of 0.4 s
+    and one of 2.8 s for the same records, from rates measured on a quiet and a busy machine, was
+    the same cell's)."""
     k = Kafka(broker.bootstrap)
     topic = "cal-counts-changelog"
-    measured, probes = [], []
-    probe = {"took": 0.4, "read": 20_000}
+    measured = []
+    machine = {"load": 3.0}
 
-    def fake_measure(kafka, t, partition, start, end, curve=None, listener=None):
+    def fake_measure(kafka, t, partition, start, end):
         measured.append(end - start)
-        if curve is not None:   # 100,000 records a second, whatever the size
-            curve[:] = [(0.1 * i, 10_000 * i) for i in range(1, 11)]
         return 1000.0 * len(measured)
 
-    def fake_probe(kafka, t, partition, start, end, seconds):
-        probes.append((start, end, seconds))
-        return probe["took"], probe["read"]
+    class Calibrating:   # the calibration's thread: its wall time over its CPU time
+        def load(self):
+            return 2.0
+
+    class Machine:
+        def load(self, wait_s=0.0):
+            return machine["load"]
+
+        def stop(self):
+            pass
 
     def grow_to(n):
         have = k.end_offsets(topic)[0]
         for lo in range(have, n, 5_000):
             k.send(topic, 0, [(b"k%d" % i, b"v", []) for i in range(lo, min(n, lo + 5_000))])
 
-    class NoFigure:   # a fake restore uses no CPU: no figure of its own
-        def load(self):
-            return None
-
     try:
         k.ensure_topic(topic, 1)
         monkeypatch.setattr(F, "_measure_restore", fake_measure)
-        monkeypatch.setattr(F, "_probe", fake_probe)
-        monkeypatch.setattr(F, "_ThreadLoad", NoFigure)
+        monkeypatch.setattr(F, "_ThreadLoad", Calibrating)
+        monkeypatch.setattr(F, "SAMPLER", Machine())
         F.clear_calibration()
         n = F.CALIBRATE_MIN
         monkeypatch.setattr(F, "_measure", lambda make_reader: 500.0)   # synthetic records
@@ -252,7 +255,8 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
         grow_to(n // 2)                     # grown fivefold, still short: the same synthetic sample
         assert F.calibrate(k, topic, 0) == 500.0 and measured == []
         grow_to(n)
-        assert F.rate_now(k, topic, 0) == (1000.0, 1.0)           # measured just now: its load
+        # 1,000 records/s at twice its CPU time: 2,000 per CPU-second; the machine's load is 3
+        assert F.rate_now(k, topic, 0) == (2000.0 / 3.0, 3.0)
         grow_to(2 * n)
         assert F.calibrate(k, topic, 0) == 2000.0                 # grown by more than a quarter
         assert F.calibrate(k, topic, 0) == 2000.0                 # cached
@@ -267,90 +271,14 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
         busy["on"] = False
         assert F.calibrate(k, topic, 0) == 4000.0                 # measured beside it: again, idle
         assert F.calibrate(k, topic, 0) == 4000.0
-        # later, on a machine twice as busy as during the calibration: 20,000 records took 0.4 s
-        # where the calibration read them in 0.2 s; the forecast's load is the mean of the window's
-        monkeypatch.setattr(F, "LOAD_TTL", 0.0)
-        assert F.rate_now(k, topic, 0) == (4000.0 / 1.5, 1.5)    # (1.0 + 2.0) / 2
-        assert probes == [(0, 3 * n, F.PROBE_S)]                  # the partition from its start
-        probe.update(took=0.1)                                    # quieter than then
-        assert F.rate_now(k, topic, 0, busy=True) == (4000.0 / 1.5, 1.5)   # beside its own work: stands
-        assert F.rate_now(k, topic, 0) == (4000.0 / (3.5 / 3), 3.5 / 3)    # (1.0 + 2.0 + 0.5) / 3
-        assert measured == [n, 2 * n, 3 * n, 3 * n] and len(probes) == 2
-        monkeypatch.setattr(F, "LOAD_WINDOW_S", 0.0)              # the older loads left the window
-        assert F.rate_now(k, topic, 0) == (8000.0, 0.5)
+        assert measured == [n, 2 * n, 3 * n, 3 * n]
+        machine["load"] = 1.0                                     # a quiet machine: 8,000 a second
+        assert F.rate_now(k, topic, 0) == (8000.0, 1.0)
+        machine["load"] = None                                    # no sampler could say:
+        assert F.rate_now(k, topic, 0) == (4000.0, 2.0)           # the calibration's own load
     finally:
         F.clear_calibration()
         k.close()
-
-
-def test_the_load_is_a_restores_wall_time_over_its_cpu_time_and_a_forecast_takes_the_windows_mean(
-        broker, monkeypatch):
-    """The calibration is kept as records per CPU-second (its rate times the load it ran under),
-    and a forecast divides it by the mean load of the last LOAD_WINDOW_S — a calibration whose
-    last records ran beside three notebooks no longer forecasts a quieter machine's restore
-    threefold."""
-    k = Kafka(broker.bootstrap)
-    topic = "load-counts-changelog"
-    loads = iter([3.0, 1.0, 2.0])           # the calibration's, then two probes'
-
-    class Scripted:
-        def load(self):
-            return next(loads)
-
-    def fake_measure(kafka, t, partition, start, end, curve=None, listener=None):
-        if curve is not None:
-            curve[:] = [(0.1, 10_000), (0.2, 20_000)]
-        return 100_000.0                     # measured under a load of 3: 300,000 per CPU-second
-
-    try:
-        k.ensure_topic(topic, 1)
-        k.send(topic, 0, [(b"k%d" % i, b"v", []) for i in range(F.CALIBRATE_MIN)])
-        monkeypatch.setattr(F, "_measure_restore", fake_measure)
-        monkeypatch.setattr(F, "_probe", lambda *a: (0.4, 20_000))
-        monkeypatch.setattr(F, "_ThreadLoad", Scripted)
-        F.clear_calibration()
-        assert F.rate_now(k, topic, 0) == (100_000.0, 3.0)
-        monkeypatch.setattr(F, "LOAD_TTL", 0.0)
-        assert F.rate_now(k, topic, 0) == (150_000.0, 2.0)       # (3 + 1) / 2
-        assert F.rate_now(k, topic, 0) == (150_000.0, 2.0)       # (3 + 1 + 2) / 3
-    finally:
-        F.clear_calibration()
-        k.close()
-
-
-def test_a_thread_that_waits_for_a_cpu_measures_a_load():
-    """The figure itself: beside twice as many spinning processes as CPUs, a spinning thread gets
-    about 1/2.5 of the wall time as CPU time."""
-    import multiprocessing
-    import os
-
-    def spin_for(seconds):
-        rq = F._ThreadLoad()
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            pass
-        return rq.load()
-
-    assert F._ThreadLoad().load() is None     # no CPU spent yet: no figure
-    ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    hogs = [ctx.Process(target=_spin_until, args=(stop,), daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-    for h in hogs:
-        h.start()
-    try:
-        time.sleep(0.3)
-        assert spin_for(0.6) >= 1.8
-    finally:
-        stop.set()
-        for h in hogs:
-            h.join(5)
-            if h.is_alive():
-                h.kill()
-
-
-def _spin_until(stop):
-    while not stop.is_set():
-        pass
 
 
 def test_every_forecast_made_is_the_latest_of_its_application():
