@@ -239,16 +239,18 @@ def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False,
     last seconds as a session of its own meets it (``state.machine_load``), so a busy machine
     (other notebooks, CPU hogs, a shared server's sessions) and a quiet one are both seen as a
     restore sees them; where no sampler can say, the calibration's own wall time over its CPU
-    time (``settle``: seconds it may wait for the load's samples too). One calibration at a time in
-    a process: a dashboard's forecast and a cell's would measure each other; the second waits and
-    finds the first's."""
+    time. ``settle`` > 0 (a notebook cell's forecast) asks the sampler, starting it if need be and
+    waiting up to ``settle`` seconds for its samples; 0 (a dashboard's) only looks. One calibration
+    at a time in a process: a dashboard's forecast and a cell's would measure each other; the
+    second waits and finds the first's."""
     with _measuring:
         rate = calibrate(kafka, topic, partition, busy=busy, settle=settle)
         with _lock:
             cal = _calibrated.get((kafka.bootstrap, topic, partition))
     if cal is None:
         return rate, 1.0
-    load = SAMPLER.load(wait_s=settle) or cal.cpu_rate / cal.rate
+    load = SAMPLER.load(wait_s=settle) if settle > 0 else SAMPLER.current()
+    load = load or cal.cpu_rate / cal.rate
     return cal.cpu_rate / load, load
 
 

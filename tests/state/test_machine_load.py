@@ -24,8 +24,9 @@ def test_beside_busy_sessions_the_load_is_theirs_and_the_sampler_stops_when_aske
     CPU-second takes about 2.5 wall seconds on two CPUs. Quiet, about 1."""
     monkeypatch.setattr(M, "WINDOW_S", 2.0)
     sampler = M.LoadSampler()
+    assert sampler.current() is None and sampler.pid() is None   # a look starts nothing
     quiet = sampler.load()
-    assert quiet is not None and quiet >= 1.0
+    assert quiet is not None and quiet >= 1.0 and sampler.current() is not None
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
             for _ in range(2 * (os.cpu_count() or 1))]
     try:

@@ -220,7 +220,7 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
     k = Kafka(broker.bootstrap)
     topic = "cal-counts-changelog"
     measured = []
-    machine = {"load": 3.0}
+    machine = {"load": 3.0, "sampling": False}
 
     def fake_measure(kafka, t, partition, start, end):
         measured.append(end - start)
@@ -233,6 +233,9 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
     class Machine:
         def load(self, wait_s=0.0):
             return machine["load"]
+
+        def current(self):   # a dashboard's look: only while a cell's question keeps it sampling
+            return machine["load"] if machine["sampling"] else None
 
         def stop(self):
             pass
@@ -256,7 +259,7 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
         assert F.calibrate(k, topic, 0) == 500.0 and measured == []
         grow_to(n)
         # 1,000 records/s at twice its CPU time: 2,000 per CPU-second; the machine's load is 3
-        assert F.rate_now(k, topic, 0) == (2000.0 / 3.0, 3.0)
+        assert F.rate_now(k, topic, 0, settle=1.0) == (2000.0 / 3.0, 3.0)
         grow_to(2 * n)
         assert F.calibrate(k, topic, 0) == 2000.0                 # grown by more than a quarter
         assert F.calibrate(k, topic, 0) == 2000.0                 # cached
@@ -273,9 +276,12 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
         assert F.calibrate(k, topic, 0) == 4000.0
         assert measured == [n, 2 * n, 3 * n, 3 * n]
         machine["load"] = 1.0                                     # a quiet machine: 8,000 a second
-        assert F.rate_now(k, topic, 0) == (8000.0, 1.0)
+        assert F.rate_now(k, topic, 0, settle=1.0) == (8000.0, 1.0)
+        assert F.rate_now(k, topic, 0) == (4000.0, 2.0)           # a dashboard's, nothing sampling:
+        machine["sampling"] = True                                # the calibration's own load
+        assert F.rate_now(k, topic, 0) == (8000.0, 1.0)           # sampling: the same figure
         machine["load"] = None                                    # no sampler could say:
-        assert F.rate_now(k, topic, 0) == (4000.0, 2.0)           # the calibration's own load
+        assert F.rate_now(k, topic, 0, settle=1.0) == (4000.0, 2.0)   # the calibration's own
     finally:
         F.clear_calibration()
         k.close()
