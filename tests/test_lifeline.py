@@ -168,9 +168,16 @@ def test_a_jvm_that_ignores_the_end_of_its_stdin_dies_with_a_start_cut_short(tmp
         threading.Thread(target=get_session, daemon=True).start()
         deadline = time.monotonic() + 120
         jvm = []
-        while not jvm and time.monotonic() < deadline:   # bash spark-submit, spark-class, java
-            jvm = [p for p in procs.children(os.getpid())
-                   if "spark-submit" in procs.cmdline(p) or "SparkSubmit" in procs.cmdline(p)]
+        def launched(p):   # bash spark-submit, spark-class, java; not a child still between
+            try:           # fork and exec (its command line is still this code's, words and all)
+                if os.path.basename(os.readlink(f"/proc/{p}/exe")).startswith("python"):
+                    return False
+            except OSError:
+                return False
+            return "spark-submit" in procs.cmdline(p) or "SparkSubmit" in procs.cmdline(p)
+
+        while not jvm and time.monotonic() < deadline:
+            jvm = [p for p in procs.children(os.getpid()) if launched(p)]
             time.sleep(0.02)
         print(json.dumps({"jvm": jvm[0] if jvm else None}), flush=True)
         time.sleep(600)
