@@ -25,7 +25,7 @@ of a started app are measured by the engine's own benchmark, not here.
 Before each round without a dashboard, the restore forecast a notebook cell makes
 (`App.restore_forecast()`), set against the restore that follows: forecast / measured, per round
 and as ``FIGURE name=restore_forecast_over_measured_<quiet|loaded> value=<median> unit=x
-baseline=<the same at the calibration's records per CPU-second: no load at all>``.
+baseline=<the same without the load of the moment: the calibration's rate alone>``.
 
 Last lines: ``FIGURE name=dashboard_refresh_<p50|p95>_<idle|restoring>_<quiet|loaded> value=<ms>
 unit=ms baseline=<old ms> ratio=<new/old>``, and the p95 while restoring beside the hog as the one
@@ -169,7 +169,7 @@ def spin_until(done) -> float:
 OPENED = [0]   # task_opened events seen (counted by an App.on_event callback)
 
 
-FORECASTS: dict = {}   # condition -> [(forecast s, forecast s at its CPU time alone, measured s)]
+FORECASTS: dict = {}   # condition -> [(forecast s, forecast s without the load of the moment, measured s)]
 
 
 def forecast_then_measure(app, cond: str) -> None:
@@ -186,7 +186,7 @@ def measured_restore(app, cond: str) -> None:
         rs = app.restore_summary()   # since the restart: every task's restore time, summed
         rows[-1][2] = float(rs.seconds.sum())
         f, flat, took = rows[-1]
-        print(f"[{cond}] restore forecast {f:.2f} s (its CPU time alone {flat:.2f} s), "
+        print(f"[{cond}] restore forecast {f:.2f} s (without the load of the moment {flat:.2f} s), "
               f"measured {took:.2f} s: forecast / measured {f / took:.2f}", flush=True)
 
 
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
         results.sort(key=lambda r: r[0] == "dashboard_refresh_p95_restoring_loaded")
         for cond in ("quiet", "loaded"):
             rows = [r for r in FORECASTS.get(cond, []) if r[2]]
-            if rows:   # the median forecast / measured, beside the CPU time alone
+            if rows:   # the median forecast / measured, beside the calibration's without the load now
                 v = statistics.median(f / took for f, _flat, took in rows)
                 b = statistics.median(flat / took for _f, flat, took in rows)
                 print(f"FIGURE name=restore_forecast_over_measured_{cond} value={v:.2f} unit=x "

@@ -59,9 +59,9 @@ class Inspection:
         standby"). ``apply_rate`` (records/s) defaults to the rate a restore runs at now on this
         machine, measured by the task's instance: its calibration (a real restore of the
         changelog, measured once; it waits up to ``settle`` seconds for the instance's own
-        micro-batches to pause) at the machine's load of the last 10 s (wall seconds per CPU-second
-        of computing), so a busy machine's forecast is a busy machine's; without instances to ask, the
-        last full-speed restore's rate."""
+        micro-batches to pause) at the load of the moment (a short restore set against it), so
+        a busy machine's forecast is a busy machine's; without instances to ask, the last
+        full-speed restore's rate."""
         from statekit.runtime.forecasts import forecast, last_apply_rate, making
 
         app = self.app

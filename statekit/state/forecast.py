@@ -15,18 +15,10 @@ applies what it reads at a rate that depends on this machine and on the records.
   full-speed restore of this process (``restore.last_restore_rate``), else a calibration: a real
   restore (``restore_stores``) of up to ``CALIBRATE_RECORDS`` offsets of the task's own changelog
   into a throw-away RocksDB, timed as a restore times itself (cached per process and changelog),
-  then divided by the machine's load (``rate_now``). A sample much smaller than the task would
-  overstate the rate: RocksDB takes the first memtables two to four times faster than the rest,
-  once flushes and level-0 compactions begin.
-
-The calibration is kept as records per second of its thread's CPU time: a restore's CPU per record
-hardly changes with the machine's load, its wall time does. A forecast divides that by the load,
-how many wall seconds a CPU-second of computing takes now (``state.machine_load``). Not the
-calibration's own wall time over its CPU time: beside two other notebooks (``make demo``) one took
-5.6 times its CPU time while a process that only computed took 2.7 times, and the restore that
-followed ran 2.7 times slower than the calibration's records per CPU-second. (Timing a short
-restore against the calibration's first records, as before, forecast 64 s for a 20 s restore
-there: the calibration's first records had run quiet and its last beside three notebooks.)
+  scaled to the machine's load now (``rate_now``: a restore of the same changelog for a fraction
+  of a second, set against the calibration's first records). A sample much smaller than the task
+  would overstate the rate: RocksDB takes the first memtables two to four times faster than the
+  rest, once flushes and level-0 compactions begin.
 
 ``forecast_task`` is what ``App.restore_forecast()`` calls once per task and source (scratch,
 checkpoint, standby).
@@ -43,17 +35,19 @@ from typing import Callable, Iterable, Optional
 from statekit.contracts import changelog_topic
 from statekit.errors import UnknownTopic
 from statekit.kafka.log_figures import LogFigures, log_figures_for
-from statekit.state.machine_load import SAMPLER
 from statekit.state.restore import (NO_BATCH, RESTORE_FETCH_BYTES, StoreReplay,
                                     last_restore_rate, meta_key)
 
 CALIBRATE_RECORDS = 1_000_000  # offsets: a restore of up to this many is measured whole
 CALIBRATE_MIN = 40_000       # a changelog shorter than this is calibrated on synthetic records
-LOAD_MAX = 30.0              # a calibration's wall time over its CPU time stays within [1, 30]
+PROBE_S = 0.4                # seconds of the restore that measures the machine's load now
+LOAD_TTL = 10.0              # seconds a load measured stands (a dashboard forecasts every few)
+LOAD_MAX = 30.0              # a load figure stays within [1/30, 30]
 SCAN_MAX = 2_000_000  # offsets: a range up to this long is counted from batch headers
 _calibrated: dict = {}  # (bootstrap, topic, partition) -> Calibration
+_load: dict = {}        # (bootstrap, topic, partition) -> (load, when measured)
 _lock = threading.Lock()
-_measuring = threading.Lock()   # one calibration at a time in a process
+_measuring = threading.Lock()   # one calibration or probe at a time in a process
 
 
 @dataclass
@@ -75,7 +69,7 @@ class TaskForecast:
     apply_rate: float        # records/s the seconds are based on
     rate_source: str         # "given" | "last restore" | "calibrated"
     per_store: dict = field(default_factory=dict)  # store -> StoreForecast
-    load: float = 1.0        # a calibrated rate: the machine's load it was divided by (rate_now)
+    load: float = 1.0        # a calibrated rate: how much slower a restore runs now than then
 
     @property
     def exact(self) -> bool:
@@ -180,13 +174,12 @@ def forecast_task(kafka, application: str, task: int, store_specs: Iterable,
 @dataclass
 class Calibration:
     """A restore of a changelog partition into a throw-away RocksDB, measured: its rate, the
-    offsets it covered, and its rate per second of its thread's CPU time (``cpu_rate``: the rate
-    of a restore that never waits)."""
+    offsets it covered and how it went (``curve``: seconds and records read at each WriteBatch)."""
 
     rate: float
     span: int
     busy: bool                 # measured beside the caller's own work (measured again when idle)
-    cpu_rate: float = 0.0
+    curve: list = field(default_factory=list)
 
 
 def calibrate(kafka, topic: Optional[str], partition: int = 0,
@@ -200,10 +193,9 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     the rate of the rest (flushes, then level-0 compactions share the CPU), so a sample smaller
     than the task would promise a restore much faster than the real one. It is measured once per
     process and changelog, again when the changelog has grown by a quarter, whatever the machine's
-    load (``rate_now`` divides its rate per CPU-second by the load now). Beside the caller's own
-    work (``busy``, a bool or a callable: a micro-batch, which a restore would not have beside it)
-    it waits up to ``settle`` seconds for it to pause, then measures anyway, and measures again
-    next time."""
+    load (``rate_now`` scales it to the load of the moment). Beside the caller's own work (``busy``,
+    a bool or a callable: a micro-batch, which a restore would not have beside it) it waits up to
+    ``settle`` seconds for it to pause, then measures anyway, and measures again next time."""
     begin = end = 0
     if topic is not None:
         try:
@@ -222,52 +214,107 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     now_busy = bool(busy() if callable(busy) else busy)
     if hit is not None and now_busy and (span <= hit.span * 5 // 4 or span < CALIBRATE_MIN):
         return hit.rate
-    thread = _ThreadLoad()
-    rate = (_measure_restore(kafka, topic, partition, begin, begin + span)
+    curve: list = []
+    rate = (_measure_restore(kafka, topic, partition, begin, begin + span, curve=curve)
             if span >= CALIBRATE_MIN else None)
     if rate is None:   # too short, or nothing committed to read yet: synthetic records
         rate = _measure(lambda: _decoding(_synthetic(CALIBRATE_MIN)))
     with _lock:
-        _calibrated[key] = Calibration(rate, span, now_busy, rate * (thread.load() or 1.0))
+        _calibrated[key] = Calibration(rate, span, now_busy, curve)
+        _load[key] = (1.0, time.monotonic())   # measured just now: the load of the moment
     return rate
 
 
-def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False,
-             settle: float = 0.0) -> tuple:
+def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False, settle: float = 0.0,
+             probe_s: float = PROBE_S) -> tuple:
     """``(records/s, load)``: the rate a restore of the partition would run at now — the
-    calibration's (``calibrate``) per CPU-second, divided by ``load``: the machine's load of the
-    last seconds as a session of its own meets it (``state.machine_load``), so a busy machine
-    (other notebooks, CPU hogs, a shared server's sessions) and a quiet one are both seen as a
-    restore sees them; where no sampler can say, the calibration's own wall time over its CPU
-    time. ``settle`` > 0 (a notebook cell's forecast) asks the sampler, starting it if need be and
-    waiting up to ``settle`` seconds for its samples; 0 (a dashboard's) only looks. One calibration
-    at a time in a process: a dashboard's forecast and a cell's would measure each other; the
-    second waits and finds the first's."""
+    calibration's (``calibrate``) divided by ``load``, how much slower than during the calibration a
+    restore runs now. ``load`` is measured by a short restore of the same partition (``probe_s``
+    seconds) set against the calibration's first seconds: the same code, broker and disk, in the
+    same process group, so a busy machine (other notebooks, CPU hogs, a shared server) and a
+    quiet one are both seen as a restore sees them. Remembered for ``LOAD_TTL`` seconds (a
+    dashboard's forecasts do not measure it each time), and not measured beside the caller's own
+    work (``busy``): the last figure stands. One measurement at a time in a process: a
+    dashboard's forecast and a cell's would measure each other; the second waits and finds the
+    first's."""
     with _measuring:
-        rate = calibrate(kafka, topic, partition, busy=busy, settle=settle)
-        with _lock:
-            cal = _calibrated.get((kafka.bootstrap, topic, partition))
-    if cal is None:
+        return _rate_now(kafka, topic, partition, busy, settle, probe_s)
+
+
+def _rate_now(kafka, topic, partition, busy, settle, probe_s) -> tuple:
+    rate = calibrate(kafka, topic, partition, busy=busy, settle=settle)
+    key = (kafka.bootstrap, topic, partition)
+    with _lock:
+        cal = _calibrated.get(key)
+        last = _load.get(key)
+    if cal is None or len(cal.curve) < 2:
         return rate, 1.0
-    load = SAMPLER.load(wait_s=settle) if settle > 0 else SAMPLER.current()
-    load = load or cal.cpu_rate / cal.rate
-    return cal.cpu_rate / load, load
+    if last is not None and (time.monotonic() - last[1] < LOAD_TTL or (busy() if callable(busy) else busy)):
+        return rate / last[0], last[0]
+    try:
+        begin, _end = kafka.offsets_many([topic], partition)[topic]
+    except UnknownTopic:
+        return rate, 1.0
+    took, read = _probe(kafka, topic, partition, begin, begin + cal.span, probe_s)
+    then = _seconds_at(cal.curve, read)
+    load = min(LOAD_MAX, max(1.0 / LOAD_MAX, took / then)) if then and read else 1.0
+    with _lock:
+        _load[key] = (load, time.monotonic())
+    return rate / load, load
 
 
-class _ThreadLoad:
-    """The calling thread's wall time over its CPU time from now on (None when it hardly ran)."""
+def _seconds_at(curve: list, records: int) -> Optional[float]:
+    """When the calibration had read ``records`` (linear between its WriteBatches)."""
+    prev = (0.0, 0)
+    for t, n in curve:
+        if n >= records:
+            if n == prev[1]:
+                return t
+            return prev[0] + (t - prev[0]) * (records - prev[1]) / (n - prev[1])
+        prev = (t, n)
+    return None
 
-    def __init__(self):
-        self.start = (time.perf_counter(), time.thread_time())
 
-    def load(self) -> Optional[float]:
-        wall, cpu = time.perf_counter() - self.start[0], time.thread_time() - self.start[1]
-        if cpu < 0.0005:   # under half a millisecond of CPU: says nothing
-            return None
-        return min(LOAD_MAX, max(1.0, wall / cpu))
+class _Enough(Exception):
+    pass
 
 
-def _measure_restore(kafka, topic: str, partition: int, start: int, end: int) -> Optional[float]:
+class _Timeline:
+    """A restore listener keeping (seconds, records read) at each WriteBatch; with ``stop_after``,
+    it ends the restore after that many seconds."""
+
+    def __init__(self, stop_after: Optional[float] = None):
+        self.t0 = time.perf_counter()
+        self.read = 0
+        self.curve: list = []
+        self.stop_after = stop_after
+
+    def on_restore_start(self, store, partition, start, end):
+        pass
+
+    def on_batch_restored(self, store, partition, offset, n):
+        self.read += n
+        t = time.perf_counter() - self.t0
+        self.curve.append((t, self.read))
+        if self.stop_after is not None and t >= self.stop_after:
+            raise _Enough()
+
+    def on_restore_end(self, store, partition, total):
+        pass
+
+
+def _probe(kafka, topic: str, partition: int, start: int, end: int, seconds: float) -> tuple:
+    """(seconds, records) of a restore of ``[start, end)`` cut after ``seconds``."""
+    tl = _Timeline(stop_after=seconds)
+    try:
+        _measure_restore(kafka, topic, partition, start, end, listener=tl)
+    except _Enough:
+        pass
+    return (tl.curve[-1] if tl.curve else (0.0, 0))
+
+
+def _measure_restore(kafka, topic: str, partition: int, start: int, end: int,
+                     curve: Optional[list] = None, listener=None) -> Optional[float]:
     from statekit.state.restore import restore_stores
     from statekit.stores import StoreSpec, build_stores
 
@@ -276,11 +323,15 @@ def _measure_restore(kafka, topic: str, partition: int, start: int, end: int) ->
         _stores, db = build_stores([StoreSpec("calibrate", logging=False)], task_dir=d,
                                    cache_bytes=0, sync=False)
         try:
+            tl = listener or _Timeline()
+            tl.t0 = time.perf_counter()
             metrics, _batch = restore_stores(db, kafka, partition,
                                              {"calibrate": (topic, start, end, NO_BATCH, "scratch")},
-                                             remember=False)
+                                             listener=tl, remember=False)
         finally:
             db.close()
+        if curve is not None:
+            curve[:] = tl.curve
         m = metrics["calibrate"]
         return m.rate if m.rate > 0 else None
     finally:
@@ -355,7 +406,7 @@ def clear_calibration() -> None:
     """Forget calibrated rates and loads (tests)."""
     with _lock:
         _calibrated.clear()
-    SAMPLER.stop()
+        _load.clear()
 
 
 __all__ = ["forecast_task", "calibrate", "rate_now", "clear_calibration", "TaskForecast",

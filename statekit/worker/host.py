@@ -192,7 +192,7 @@ class TaskHost:
     def calibrate(self, topic: str, partition: int, settle: float = 0.0) -> tuple:
         """``(records/s, load)`` of a restore now, measured in this process, where a restore would
         run (a forecast measured in the notebook's kernel competes with the dashboard for the
-        GIL): the calibration's rate at the machine's recent load (``state.forecast.rate_now``)."""
+        GIL): the calibration's rate at the machine's load of the moment (``state.forecast.rate_now``)."""
         from statekit.kafka import Kafka
         from statekit.state.forecast import rate_now
 

@@ -160,9 +160,7 @@ def test_the_rate_comes_from_the_last_restore_else_a_calibration(broker, tmp_pat
         f = F.forecast_task(k, "rt", 0, SPECS, None, log_figures=embedded_log_figures(broker.dir))
         assert f.rate_source == "calibrated" and f.apply_rate > 0
         assert f.seconds == pytest.approx(f.records / f.apply_rate)
-        cal = F._calibrated[(k.bootstrap, "rt-counts-changelog", 0)]
-        assert F.calibrate(k, "rt-counts-changelog", 0) == cal.rate   # cached per process
-        assert f.apply_rate == pytest.approx(cal.cpu_rate / f.load)   # per CPU-second, over the load
+        assert F.calibrate(k, "rt-counts-changelog", 0) == f.apply_rate  # cached per process
         # a restore too short to say much about the rate is not remembered
         with TaskState("rt", 0, SPECS, state_dir=str(tmp_path / "b"), kafka=k) as t:
             assert sum(m.records_restored for m in t.restore_metrics.values()) < R.MEASURE_MIN
@@ -213,32 +211,24 @@ def test_the_forecast_is_within_a_factor_of_two_of_a_real_restore(broker, tmp_pa
 
 def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(broker, monkeypatch):
     """The whole partition is measured once (again when the changelog grew by a quarter, or
-    when it was measured beside the caller's own work), whatever the machine's load, and kept as
-    records per CPU-second; a forecast divides that by the machine's load now (a forecast of 0.4 s
-    and one of 2.8 s for the same records, from rates measured on a quiet and a busy machine, was
-    the same cell's)."""
+    when it was measured beside the caller's own work), whatever the machine's load; a forecast
+    scales it by the load of the moment: a short restore of the same partition set against the
+    calibration's first records (a forecast of 0.4 s and one of 2.8 s for the same records, from
+    rates measured on a quiet and a busy machine, was the same cell's)."""
     k = Kafka(broker.bootstrap)
     topic = "cal-counts-changelog"
-    measured = []
-    machine = {"load": 3.0, "sampling": False}
+    measured, probes = [], []
+    probe = {"took": 0.4, "read": 20_000}
 
-    def fake_measure(kafka, t, partition, start, end):
+    def fake_measure(kafka, t, partition, start, end, curve=None, listener=None):
         measured.append(end - start)
+        if curve is not None:   # 100,000 records a second, whatever the size
+            curve[:] = [(0.1 * i, 10_000 * i) for i in range(1, 11)]
         return 1000.0 * len(measured)
 
-    class Calibrating:   # the calibration's thread: its wall time over its CPU time
-        def load(self):
-            return 2.0
-
-    class Machine:
-        def load(self, wait_s=0.0):
-            return machine["load"]
-
-        def current(self):   # a dashboard's look: only while a cell's question keeps it sampling
-            return machine["load"] if machine["sampling"] else None
-
-        def stop(self):
-            pass
+    def fake_probe(kafka, t, partition, start, end, seconds):
+        probes.append((start, end, seconds))
+        return probe["took"], probe["read"]
 
     def grow_to(n):
         have = k.end_offsets(topic)[0]
@@ -248,8 +238,7 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
     try:
         k.ensure_topic(topic, 1)
         monkeypatch.setattr(F, "_measure_restore", fake_measure)
-        monkeypatch.setattr(F, "_ThreadLoad", Calibrating)
-        monkeypatch.setattr(F, "SAMPLER", Machine())
+        monkeypatch.setattr(F, "_probe", fake_probe)
         F.clear_calibration()
         n = F.CALIBRATE_MIN
         monkeypatch.setattr(F, "_measure", lambda make_reader: 500.0)   # synthetic records
@@ -258,8 +247,7 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
         grow_to(n // 2)                     # grown fivefold, still short: the same synthetic sample
         assert F.calibrate(k, topic, 0) == 500.0 and measured == []
         grow_to(n)
-        # 1,000 records/s at twice its CPU time: 2,000 per CPU-second; the machine's load is 3
-        assert F.rate_now(k, topic, 0, settle=1.0) == (2000.0 / 3.0, 3.0)
+        assert F.rate_now(k, topic, 0) == (1000.0, 1.0)           # measured just now: its load
         grow_to(2 * n)
         assert F.calibrate(k, topic, 0) == 2000.0                 # grown by more than a quarter
         assert F.calibrate(k, topic, 0) == 2000.0                 # cached
@@ -274,14 +262,15 @@ def test_a_calibration_is_measured_once_and_scaled_to_the_load_of_the_moment(bro
         busy["on"] = False
         assert F.calibrate(k, topic, 0) == 4000.0                 # measured beside it: again, idle
         assert F.calibrate(k, topic, 0) == 4000.0
-        assert measured == [n, 2 * n, 3 * n, 3 * n]
-        machine["load"] = 1.0                                     # a quiet machine: 8,000 a second
-        assert F.rate_now(k, topic, 0, settle=1.0) == (8000.0, 1.0)
-        assert F.rate_now(k, topic, 0) == (4000.0, 2.0)           # a dashboard's, nothing sampling:
-        machine["sampling"] = True                                # the calibration's own load
-        assert F.rate_now(k, topic, 0) == (8000.0, 1.0)           # sampling: the same figure
-        machine["load"] = None                                    # no sampler could say:
-        assert F.rate_now(k, topic, 0, settle=1.0) == (4000.0, 2.0)   # the calibration's own
+        # later, on a machine twice as busy as during the calibration: 20,000 records took 0.4 s
+        # where the calibration read them in 0.2 s
+        monkeypatch.setattr(F, "LOAD_TTL", 0.0)
+        assert F.rate_now(k, topic, 0) == (2000.0, 2.0)
+        assert probes == [(0, 3 * n, F.PROBE_S)]                  # the partition from its start
+        probe.update(took=0.1)                                    # quieter than then
+        assert F.rate_now(k, topic, 0, busy=True) == (2000.0, 2.0)   # beside its own work: stands
+        assert F.rate_now(k, topic, 0) == (8000.0, 0.5)
+        assert measured == [n, 2 * n, 3 * n, 3 * n] and len(probes) == 2
     finally:
         F.clear_calibration()
         k.close()
