@@ -206,13 +206,16 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     key = (kafka.bootstrap, topic, partition)
     with _lock:
         hit = _calibrated.get(key)
-    if hit is not None and not hit.busy and (span <= hit.span * 5 // 4 or span < CALIBRATE_MIN):
-        return hit.rate   # (below CALIBRATE_MIN the sample is synthetic: the same however it grew)
+    # still fits: grown by less than a quarter, or still short (below CALIBRATE_MIN the sample is
+    # synthetic: the same however the changelog grew)
+    fits = hit is not None and (span <= hit.span * 5 // 4 or span < CALIBRATE_MIN)
+    if fits and not hit.busy:
+        return hit.rate
     deadline = time.monotonic() + (settle if span >= CALIBRATE_MIN else 0.0)
     while (busy() if callable(busy) else busy) and time.monotonic() < deadline:
         time.sleep(0.05)
     now_busy = bool(busy() if callable(busy) else busy)
-    if hit is not None and now_busy and (span <= hit.span * 5 // 4 or span < CALIBRATE_MIN):
+    if fits and now_busy:
         return hit.rate
     curve: list = []
     rate = (_measure_restore(kafka, topic, partition, begin, begin + span, curve=curve)
