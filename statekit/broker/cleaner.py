@@ -96,8 +96,10 @@ class LogCleaner:
                 self.broker._write_stats()
             # until the next pass is due, a wake() or a request (request_clean signals SIGUSR1,
             # which wakes this; a request it could not signal is read at the next pass): an
-            # idle broker wakes once per backoff, not twenty times a second
-            left = backoff - (time.monotonic() - last) if enabled else backoff
+            # idle broker wakes once per backoff (or its idle pace), not twenty times a second;
+            # a write to an idle broker wakes this at once
+            pace = self.broker.duties.pace(backoff)
+            left = pace - (time.monotonic() - last) if enabled else pace
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.01, left))
             except asyncio.TimeoutError:

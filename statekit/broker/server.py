@@ -48,6 +48,7 @@ from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateRespon
 from . import handlers as H
 from .auth import AuthFailed, Users
 from .config import BrokerConfig, ConfigError
+from .duties import Duties
 from .log import write_json_atomic
 from .schema_check import illegal_null
 from .tls import TlsListener
@@ -64,7 +65,7 @@ SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS = 17, 36, 18
 UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE = 33, 34
 SASL_MAX_RECEIVE = 512 << 10  # largest frame before authentication (Kafka's sasl.server.max.receive.size)
 FRAME_BODY_TIMEOUT = 120.0  # seconds a request frame may take to arrive once its size is read
-DUTY_SLACK_S = 0.05  # a periodic duty due this soon runs on the wake-up of the one due now
+IDLE_AFTER = 3        # duty runs in a row with stats.json unchanged: an idle broker (duties.py)
 FD_RESERVE_MIN = 64  # open files kept for connections and transient files, at least
 
 
@@ -181,6 +182,8 @@ class Broker:
         self.stopping = False
         self._waiter: asyncio.Future | None = None
         self._tasks: list[asyncio.Task] = []
+        self._stats_same = 0     # duty runs in a row that found stats.json's figures unchanged
+        self.duties = Duties(self._idle)
         self._lock_fd = lock_fd
         self.tls = tls
         self._pid_next = 0
@@ -240,7 +243,7 @@ class Broker:
             self.advertised_host, _, port = listener.split("//", 1)[1].rpartition(":")
             self.advertised_port = int(port)
         self._tasks = [
-            asyncio.create_task(self._duties([
+            asyncio.create_task(self.duties.run([
                 (self.config.get("log.retention.check.interval.ms"), self._retention),
                 (self.config.get("transaction.abort.timed.out.transaction.cleanup.interval.ms"),
                  self.transactions.tick),
@@ -334,31 +337,10 @@ class Broker:
             self._lock_fd = -1
         log.info("broker stopped")
 
-    async def _duties(self, duties: list) -> None:
-        """The periodic duties (``[(interval_ms, fn)]``) on one timer: each runs once its interval
-        has passed since it last ran, and duties due together run on one wake-up. Four duties a
-        second each on a timer of its own woke an idle broker four times a second, and on a
-        virtual machine an idle core's wake-up costs more CPU than these duties' work."""
-        loop = asyncio.get_running_loop()
-        due = [loop.time() + ms / 1000.0 for ms, _ in duties]
-        while True:
-            await asyncio.sleep(max(0.0, min(due) - loop.time()))
-            now = loop.time()
-            for i, (ms, fn) in enumerate(duties):
-                if due[i] <= now + DUTY_SLACK_S:
-                    await self._run_duty(fn)
-                    due[i] = now + ms / 1000.0
-
-    @staticmethod
-    async def _run_duty(fn) -> None:
-        try:
-            r = fn()
-            if asyncio.iscoroutine(r):
-                await r
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - a duty failing once must not stop it for good
-            log.exception("background duty %s failed", getattr(fn, "__name__", fn))
+    def _idle(self) -> bool:
+        """Nothing written at the last IDLE_AFTER runs of the duties, and no transaction open."""
+        return self._stats_same >= IDLE_AFTER and not (
+            self.transactions is not None and self.transactions.open())
 
     async def _flush_all_async(self) -> None:
         segs = [s for p in self.topics.all_partitions() for s in p.segments[-2:] if s.dirty]
@@ -378,7 +360,9 @@ class Broker:
         token = self.cleaner.done_token if self.cleaner else None
         parts = [p.stats() for p in self.topics.all_partitions()]
         if (token, parts) == getattr(self, "_stats_written", None):
+            self._stats_same += 1
             return
+        self._stats_same = 0
         doc = {"pid": os.getpid(), "updated_at": time.time(), "clean_token": token,
                "partitions": parts}
         write_json_atomic(os.path.join(self.dir, "stats.json"), doc, durable=False)
@@ -432,6 +416,8 @@ class Broker:
         if w is not None and not w.done():
             w.set_result(None)
         self._waiter = None
+        if self.duties.wake() and self.cleaner is not None:
+            self.cleaner.wake()               # (its pace was the idle one too)
 
     # -- connections -------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

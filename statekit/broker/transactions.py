@@ -395,6 +395,10 @@ class TransactionCoordinator:
                 self._persist(None, deleted_tid=meta.tid)
                 del self.txns[meta.tid]
 
+    def open(self) -> bool:
+        """Is a transaction under way (its timeout or its completion still to come)?"""
+        return any(m.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT) for m in self.txns.values())
+
     def describe(self) -> dict:
         return {tid: {"producer_id": m.pid, "epoch": m.epoch, "state": m.state,
                       "partitions": sorted(f"{t}-{p}" for t, p in m.partitions)}

@@ -795,6 +795,14 @@ class Kafka(TopicAdmin):
                 pos = nxt
         return n
 
+    def interrupt(self) -> None:
+        """End a request in flight on another thread now (it fails as a closed connection; the
+        client reconnects at its next request). Takes no lock, which that request holds: a
+        reader stopping need not wait out its long poll."""
+        for c in list(self._conns.values()) + [self._boot_conn]:
+            if c is not None:
+                c.shutdown()
+
     def close(self) -> None:
         with self._lock:
             for c in set(self._conns.values()) | ({self._boot_conn} if self._boot_conn else set()):

@@ -250,6 +250,13 @@ class Connection:
         self.close()
         return False
 
+    def shutdown(self):
+        """Wake a thread blocked on this connection (its read sees the end of the stream)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
+            pass
+
     def close(self):
         try:
             self.sock.close()

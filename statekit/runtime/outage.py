@@ -3,10 +3,11 @@ cost (``App.waiting``, the WAITING state, ``KafkaUnavailable`` / ``KafkaAvailabl
 
 Two sources, because each sees what the other cannot:
 
-* a probe in the App's process asks the broker for one topic's metadata every second; an answer
-  refused or reset, or one still outstanding after ``SLOW_S`` seconds (a broker that stopped
-  answering, a paused one), means Kafka is away since the last answer it gave. So a stall that
-  no request of a task has timed out on yet shows at once;
+* a probe in the App's process asks the broker for one topic's metadata every second (every
+  three while the app idles); an answer refused or reset, or one still outstanding after
+  ``SLOW_S`` seconds (a broker that stopped answering, a paused one), means Kafka is away since
+  the last answer it gave. So a stall that no request of a task has timed out on yet shows at
+  once;
 * the instances' reports (the coordinator's last status poll): tasks waiting for Kafka
   (``TaskHost``: they closed their state and reopen with backoff) and the transactions that
   aborted because of it.
@@ -28,6 +29,7 @@ from statekit import events as ev
 log = logging.getLogger("statekit.app")
 
 PROBE_EVERY_S = 1.0
+PROBE_IDLE_S = 3.0    # while the app idles (``every``): each probe wakes the broker and this process
 SLOW_S = 3.0          # a probe unanswered this long: Kafka is away (a stall, before any timeout)
 
 
@@ -58,8 +60,9 @@ class KafkaWatch:
     """See the module docstring. ``publish``: the App's control-side event publisher."""
 
     def __init__(self, bootstrap: str, probe_topic: str, request_timeout: float,
-                 publish: Callable[[ev.Event], None]):
+                 publish: Callable[[ev.Event], None], every: Callable[[], float] = lambda: PROBE_EVERY_S):
         self.bootstrap = bootstrap
+        self.every = every
         self.probe_topic = probe_topic
         self.request_timeout = float(request_timeout)
         self.publish = publish
@@ -114,7 +117,7 @@ class KafkaWatch:
                     log.info("kafka watch: %s", exc)
             finally:
                 self.probing_since = None
-            self._wake.wait(max(0.05, PROBE_EVERY_S - (time.time() - t0)))
+            self._wake.wait(max(0.05, self.every() - (time.time() - t0)))
             self._wake.clear()
         if k is not None:
             k.close()

@@ -46,7 +46,7 @@ ENGINE_BACKOFF = 0.5             # seconds before the first retry, doubled at ea
 PROGRESS_S = 1.0
 PROGRESS_IDLE_S = 5.0
 MONITOR_S = 0.1          # the monitor's own looks (failures, Kafka's outages, RUNNING)
-MONITOR_IDLE_S = 0.5
+MONITOR_IDLE_S = 1.0     # (what it reads while idle, the instances' reports and Kafka's probe, change every 2-3 s)
 
 
 def transient(err) -> bool:
@@ -187,7 +187,8 @@ class Runner:
         if app._outage is not None:
             app._outage.stop()
         app._outage = KafkaWatch(app.bootstrap, events_topic(app.name),
-                                 request_timeout_for(app.task_timeout), app._bus.publish).start()
+                                 request_timeout_for(app.task_timeout), app._bus.publish,
+                                 every=self.probe_every).start()
         app._coordinator.kafka_down = app._outage.probe_down
 
     def worker_spec(self, sink: str):
@@ -438,6 +439,13 @@ class Runner:
         kernel's process, and on a virtual machine's idle core a wake-up costs far more CPU than
         the look itself (10 a second were a third of an idle kernel's CPU)."""
         return MONITOR_IDLE_S if self.idle(time.monotonic()) else MONITOR_S
+
+    def probe_every(self) -> float:
+        """How often the App asks whether Kafka answers: PROBE_EVERY_S, PROBE_IDLE_S while the
+        app idles (a broker that died or froze then shows within a few seconds, not one)."""
+        from statekit.runtime.outage import PROBE_EVERY_S, PROBE_IDLE_S
+
+        return PROBE_IDLE_S if self.idle(time.monotonic()) else PROBE_EVERY_S
 
     def progress_every(self, now: float) -> float:
         """PROGRESS_S while the app is busy, PROGRESS_IDLE_S while it idles."""

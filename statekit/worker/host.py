@@ -40,8 +40,9 @@ from statekit.worker.task import StreamTask, WorkerSpec, is_task_store, one_line
 log = logging.getLogger("statekit.worker")
 
 # how often an idle task looks for batches an engine spooled for it while this instance was
-# unreachable (a batch delivered meanwhile drains them first)
-SPOOL_CHECK_S = 1.0
+# unreachable (a batch delivered meanwhile drains them first, and so does a task's open after a
+# restore): a rare path, and each look was one of an idle instance's two wake-ups a second
+SPOOL_CHECK_S = 5.0
 
 
 class _Slot:

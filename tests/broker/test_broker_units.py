@@ -142,7 +142,7 @@ def test_the_periodic_duties_share_one_timer_and_keep_their_intervals(monkeypatc
     its own interval, and one that raises runs again at its next turn."""
     import asyncio
 
-    from statekit.broker.server import Broker
+    from statekit.broker.duties import Duties
 
     calls, sleeps = [], []
     real_sleep = asyncio.sleep
@@ -161,8 +161,7 @@ def test_the_periodic_duties_share_one_timer_and_keep_their_intervals(monkeypatc
         return fn
 
     async def run(seconds):
-        broker = Broker.__new__(Broker)
-        task = asyncio.create_task(broker._duties([(100, duty("a")), (100, duty("b")),
+        task = asyncio.create_task(Duties(lambda: False).run([(100, duty("a")), (100, duty("b")),
                                                    (250, duty("c")), (100, duty("d", fail=True))]))
         await real_sleep(seconds)
         task.cancel()
@@ -178,3 +177,62 @@ def test_the_periodic_duties_share_one_timer_and_keep_their_intervals(monkeypatc
     # one timer: a wake-up per turn of the shortest interval (c's turns mostly ride on them),
     # not one per duty per turn (~17 here)
     assert len(sleeps) <= count["a"] + count["c"] + 1 < len(calls), (sleeps, count)
+
+
+def test_an_idle_broker_runs_its_duties_less_often_until_a_write(monkeypatch):
+    """Stats unchanged IDLE_AFTER times in a row and no transaction open: the duties wait
+    IDLE_DUTIES_S; a write (notify_append) puts them back on their own pace at once."""
+    import asyncio
+
+    from statekit.broker import duties, server
+
+    monkeypatch.setattr(duties, "IDLE_DUTIES_S", 0.6)
+    runs: list = []
+
+    class Txns:
+        ongoing = False
+
+        def open(self):
+            return self.ongoing
+
+    async def run():
+        broker = server.Broker.__new__(server.Broker)
+        broker._stats_same, broker.transactions = 0, Txns()
+        broker._waiter, broker.cleaner = None, None
+        broker.duties = duties.Duties(broker._idle)
+        loop = asyncio.get_running_loop()
+
+        def stats():                       # the stats duty: nothing changes
+            runs.append(loop.time())
+            broker._stats_same += 1
+
+        task = asyncio.create_task(broker.duties.run([(50, stats)]))
+        t0 = loop.time()
+        await asyncio.sleep(1.0)
+        busy = [t - t0 for t in runs]
+        assert broker.duties.idle
+        runs.clear()
+        broker._stats_same = 0             # a write changes the stats ...
+        t1 = loop.time()
+        broker.notify_append()             # ... and wakes the duties
+        await asyncio.sleep(0.3)
+        woken = [t - t1 for t in runs]
+        broker.transactions.ongoing = True  # an open transaction: never the idle pace
+        broker._stats_same = 10
+        runs.clear()
+        await asyncio.sleep(1.0)
+        during_txn = len(runs)
+        broker.transactions.ongoing = False   # idle again: a cancel still ends the duties
+        await asyncio.sleep(0.4)
+        assert broker.duties.idle
+        task.cancel()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 5)
+        assert task.cancelled()
+        return busy, woken, during_txn
+
+    busy, woken, during_txn = asyncio.run(run())
+    # IDLE_AFTER runs 50 ms apart, then one per 0.6 s: 4 or 5 runs in the first second
+    assert server.IDLE_AFTER <= len(busy) <= server.IDLE_AFTER + 2, busy
+    assert busy[server.IDLE_AFTER] - busy[server.IDLE_AFTER - 1] >= 0.5, busy
+    assert woken and woken[0] < 0.2, woken          # at its own pace again, not 0.6 s later
+    assert during_txn >= 8, during_txn              # 50 ms apart while a transaction is open

@@ -381,7 +381,7 @@ class RunningQuery:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop after the running micro-batch (if any) finishes. A trigger that is only asking
-        the source for new offsets (an idle source long-polls there, up to 2 s at a time) has no
+        the source for new offsets (an idle source long-polls there, up to 5 s at a time) has no
         batch in flight: it stops at once. Waiting for a moment between two such asks took 6-8 s
         on an idle query, as Spark's gap between them is ~50 ms."""
         deadline = time.monotonic() + timeout

@@ -31,6 +31,7 @@ import time
 import warnings
 
 from statekit.engine.spark import session_api
+from statekit.engine.spark.quiet import quiet_driver
 from statekit.engine.spark.jvm import (  # noqa: F401 - re-exported: the JVM's options, logs, archive
     JAVA_OPTS,
     LOG4J as _LOG4J,
@@ -417,6 +418,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
 
     check_java()
     _light_numpy_converters()
+    quiet_driver()
     loopback = _loopback_master(master)
     _prepare_env(loopback)
     props = os.path.join(log_dir(), f"log4j2-{os.getpid()}.properties")

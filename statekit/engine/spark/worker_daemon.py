@@ -31,6 +31,7 @@ import pyspark.sql.pandas.serializers  # noqa: F401
 import pyspark.worker  # noqa: F401
 
 import statekit.engine.spark.engine  # noqa: F401
+from statekit.engine.spark.quiet import quiet_daemon
 import statekit.engine.spark.sink  # noqa: F401
 import statekit.engine.spark.source  # noqa: F401
 import statekit.event_bus  # noqa: F401
@@ -38,5 +39,7 @@ import statekit.worker.exchange  # noqa: F401
 
 gc.freeze()
 
+
 if __name__ == "__main__":
+    quiet_daemon()          # no one-second poll while no task comes
     pyspark.daemon.manager()
