@@ -42,6 +42,29 @@ def test_publish_and_read_typed_events(broker):
     assert not reader.running
 
 
+def test_a_quiet_reader_long_polls_and_stop_does_not_wait_the_poll_out(broker, monkeypatch):
+    """A quiet app's reader asks every QUIET_POLL_MS; an event still arrives at once, and stop()
+    ends the poll in flight rather than waiting for it (and counts no error)."""
+    from statekit import event_bus
+
+    monkeypatch.setattr(event_bus, "QUIET_S", 0.0)        # quiet from the first ask
+    monkeypatch.setattr(event_bus, "QUIET_POLL_MS", 30_000)
+    reader = EventReader(broker.bootstrap, "evquiet")
+    try:
+        time.sleep(0.5)                                   # the 30 s poll is in flight
+        pub = EventPublisher(broker.bootstrap, "evquiet", {"instance": 0})
+        t0 = time.monotonic()
+        assert pub.publish(ev.Committed(task="0_0", batch=1, records=2))
+        e = reader.wait_for(lambda e: e.type == "commit", timeout=10)
+        assert e is not None and e.records == 2 and time.monotonic() - t0 < 10
+        time.sleep(0.5)                                   # the next 30 s poll is in flight
+    finally:
+        t1 = time.monotonic()
+        reader.stop(timeout=10)
+    assert not reader._thread.is_alive() and time.monotonic() - t1 < 10
+    assert reader.errors == 0, reader.last_error
+
+
 def test_unknown_type_and_unknown_fields_survive(broker):
     EventPublisher(broker.bootstrap, "evb").publish({"type": "from_the_future", "x": 1})
     EventPublisher(broker.bootstrap, "evb").publish({"type": "commit", "task": "0_0", "newfield": 2})
