@@ -5,28 +5,28 @@ On a virtual machine each wake-up of an idle core costs more CPU than the look i
 0.2 ms here), and an idle app's processes had a dozen such timers between them:
 
 * pyspark's worker daemon polls its stdin and socket every second, and acts only on their events;
-* the driver's accumulator server polls the JVM's connection every second, to notice its own
-  shutdown (its thread is a daemon, and the JVM closing the connection ends the poll anyway);
 * py4j's finalizer worker looks for Java objects to release every second (they are released
   in one go every ``FINALIZER_S`` instead).
+
+Not the driver's accumulator server, which also polls the JVM's connection every second: that
+poll is how it sees its own shutdown (`SparkContext.stop` waits for it, and the JVM keeps the
+connection open), so a longer one made every session's stop that much slower.
 """
 from __future__ import annotations
 
 import select as _select
 
 FINALIZER_S = 10
-LONGEST_POLL_MS = 60_000     # the accumulator server's handler still sees its shutdown
 
 
 class EventPoll:
-    """``select.poll()`` whose ``poll(timeout)`` waits for an event (at most ``longest_ms``)."""
+    """``select.poll()`` whose ``poll(timeout)`` waits for an event, whatever the timeout."""
 
-    def __init__(self, longest_ms: int | None = None):
+    def __init__(self):
         self._poller = _select.poll()
-        self._longest = longest_ms
 
     def poll(self, _timeout=None):
-        return self._poller.poll(self._longest)
+        return self._poller.poll()
 
     def __getattr__(self, name):
         return getattr(self._poller, name)
@@ -36,24 +36,17 @@ class EventSelect:
     """The ``select`` module, with ``poll()`` an :class:`EventPoll`: what a module's global
     ``select`` is replaced with."""
 
-    def __init__(self, longest_ms: int | None = None):
-        self._longest = longest_ms
-
-    def poll(self):
-        return EventPoll(self._longest)
+    poll = EventPoll
 
     def __getattr__(self, name):
         return getattr(_select, name)
 
 
 def quiet_driver() -> None:
-    """The driver's side (a classic session's process): before its gateway starts."""
+    """The driver's side (a classic session's process)."""
     import py4j.clientserver
-    import pyspark.accumulators
 
     py4j.clientserver.DEFAULT_WORKER_SLEEP_TIME = FINALIZER_S
-    if not isinstance(pyspark.accumulators.select, EventSelect):
-        pyspark.accumulators.select = EventSelect(LONGEST_POLL_MS)
 
 
 def quiet_daemon() -> None:
