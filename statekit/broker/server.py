@@ -318,11 +318,11 @@ class Broker:
             self.server.close()
         for w in list(self._conns):
             w.close()
+        if self.cleaner is not None:   # first: a cancel that meets its wait just woken is lost
+            await self.cleaner.close()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.cleaner is not None:
-            await self.cleaner.close()
         if self.coordinator is not None:
             try:
                 await self.coordinator.close()
@@ -416,7 +416,7 @@ class Broker:
         if w is not None and not w.done():
             w.set_result(None)
         self._waiter = None
-        if self.duties.wake() and self.cleaner is not None:
+        if self.duties.wake() and self.cleaner is not None and not self.stopping:
             self.cleaner.wake()               # (its pace was the idle one too)
 
     # -- connections -------------------------------------------------------------------------

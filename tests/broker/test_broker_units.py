@@ -236,3 +236,21 @@ def test_an_idle_broker_runs_its_duties_less_often_until_a_write(monkeypatch):
     assert busy[server.IDLE_AFTER] - busy[server.IDLE_AFTER - 1] >= 0.5, busy
     assert woken and woken[0] < 0.2, woken          # at its own pace again, not 0.6 s later
     assert during_txn >= 8, during_txn              # 50 ms apart while a transaction is open
+
+
+def test_an_idle_broker_stops_on_sigterm_and_says_so(tmp_path):
+    """Stopping wakes the idle duties and the cleaner; a cancel that met the cleaner's wait just
+    woken was lost, the broker never finished stopping, and was killed after its grace."""
+    import time
+
+    from statekit import broker as broker_mod
+    from statekit.broker import duties
+
+    d = str(tmp_path / "b")
+    handle = broker_mod.start(dir=d, port=0)
+    try:
+        time.sleep(duties.IDLE_DUTIES_S)          # three unchanged runs: the idle pace
+    finally:
+        handle.stop(grace=60)
+    with open(tmp_path / "b" / "broker.log") as f:
+        assert "broker stopped" in f.read()
