@@ -6,7 +6,11 @@ Python cannot cache bytecode for a module imported from a zip, so each of those 
 pyspark from source: about 0.65 s of CPU more than importing the same pyspark from site-packages
 (0.94 s against 0.29 s here), paid on the path of every query start. With pip's pyspark the zip
 holds the same files as site-packages, so the .pth drops the zips from `sys.path` at start-up and
-Python imports the installed, compiled copy. It touches nothing else.
+Python imports the installed, compiled copy.
+
+Its second line acts in Spark's streaming source runner alone: that process then imports pyspark's
+runner without pyarrow, which statekit's source never needs there (statekit/engine/spark/
+lean_runner.py: about 30 MB and 0.1 s of start less per running query). Nothing else is touched.
 """
 import os
 import sys
@@ -14,6 +18,9 @@ import sysconfig
 
 LINE = ('import sys; sys.path[:] = [p for p in sys.path if not (p.endswith(".zip") and '
         '"/pyspark/python/lib/" in p.replace("\\\\", "/"))]\n')
+# Spark's streaming source runner only: pyspark's runner without pyarrow (engine/spark/lean_runner.py)
+LEAN = ('import sys; "pyspark.sql.streaming.python_streaming_source_runner" in sys.orig_argv[1:3] '
+        'and __import__("statekit.engine.spark.lean_runner", fromlist=["install"]).install()\n')
 
 
 def main() -> int:
@@ -23,7 +30,7 @@ def main() -> int:
         return 0
     path = os.path.join(site, "statekit-spark-workers.pth")
     with open(path, "w") as f:
-        f.write(LINE)
+        f.write(LINE + LEAN)
     return 0
 
 

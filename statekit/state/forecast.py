@@ -182,6 +182,11 @@ class Calibration:
     curve: list = field(default_factory=list)
 
 
+def _busy_now(busy) -> bool:
+    """``busy`` is a bool, or a callable asked each time (the caller's work comes and goes)."""
+    return bool(busy() if callable(busy) else busy)
+
+
 def calibrate(kafka, topic: Optional[str], partition: int = 0,
               records: int = CALIBRATE_RECORDS, busy=False, settle: float = 0.0) -> float:
     """Records/s of a restore on this machine, measured by doing one: up to ``records`` offsets of
@@ -212,9 +217,9 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     if fits and not hit.busy:
         return hit.rate
     deadline = time.monotonic() + (settle if span >= CALIBRATE_MIN else 0.0)
-    while (busy() if callable(busy) else busy) and time.monotonic() < deadline:
+    while _busy_now(busy) and time.monotonic() < deadline:
         time.sleep(0.05)
-    now_busy = bool(busy() if callable(busy) else busy)
+    now_busy = _busy_now(busy)
     if fits and now_busy:
         return hit.rate
     curve: list = []
@@ -252,7 +257,7 @@ def _rate_now(kafka, topic, partition, busy, settle, probe_s) -> tuple:
         last = _load.get(key)
     if cal is None or len(cal.curve) < 2:
         return rate, 1.0
-    if last is not None and (time.monotonic() - last[1] < LOAD_TTL or (busy() if callable(busy) else busy)):
+    if last is not None and (time.monotonic() - last[1] < LOAD_TTL or _busy_now(busy)):
         return rate / last[0], last[0]
     try:
         begin, _end = kafka.offsets_many([topic], partition)[topic]

@@ -57,10 +57,11 @@ def test_spark_python_workers_import_the_installed_pyspark_not_its_zip(spark):
 
 
 def test_spark_python_workers_fork_with_statekits_imports_done_and_frozen(spark):
-    """A local session's workers come from statekit's daemon (worker_daemon.py): the modules a
-    statekit stage uses (pyarrow, statekit's exchange) are there before the worker's first task,
-    and out of the collections pyspark's daemon runs after each task; the daemon has not imported
-    pandas (the instances placement's stage never uses it, and the daemon outlives its workers)."""
+    """A local session's workers come from statekit's daemon (worker_daemon.py): statekit's
+    modules are there before the worker's first task, imported by the daemon; pyarrow is imported
+    by the worker before that task; both are out of the collections pyspark's daemon runs after
+    each task. The daemon maps neither pyarrow nor pandas: it outlives its workers, and the
+    instances placement's stage never uses pandas."""
     from statekit.engine.spark.session import map_in_arrow
 
     def look(batches):
@@ -68,22 +69,27 @@ def test_spark_python_workers_fork_with_statekits_imports_done_and_frozen(spark)
         import os
         import sys
 
-        import pyarrow as pa
-
+        pa = sys.modules.get("pyarrow")
         with open(f"/proc/{os.getppid()}/maps") as f:     # the daemon that forked this worker
-            daemon_pandas = "/pandas/" in f.read()
+            daemon = f.read()
+        unfrozen = {id(o) for o in gc.get_objects()}     # frozen objects are not among them
         for _ in batches:
             yield pa.RecordBatch.from_pydict({
                 "daemon": [sys.argv[0]], "frozen": [gc.get_freeze_count()],
                 "exchange": ["statekit.worker.exchange" in sys.modules],
-                "pandas": [daemon_pandas]})
+                "exchange_frozen": [id(sys.modules["statekit.worker.exchange"]) not in unfrozen],
+                "pyarrow_frozen": [pa is not None and id(pa) not in unfrozen],
+                "daemon_pyarrow": ["/pyarrow/" in daemon], "daemon_pandas": ["/pandas/" in daemon]})
 
     rows = map_in_arrow(spark.range(4).repartition(2), look,
-                        "daemon string, frozen long, exchange boolean, pandas boolean").collect()
+                        "daemon string, frozen long, exchange boolean, exchange_frozen boolean, "
+                        "pyarrow_frozen boolean, daemon_pyarrow boolean, daemon_pandas boolean"
+                        ).collect()
     assert len(rows) == 2
     for row in rows:
         assert row.daemon.endswith(os.path.join("statekit", "engine", "spark", "worker_daemon.py"))
-        assert row.exchange and not row.pandas and row.frozen > 20_000, row
+        assert row.exchange and row.exchange_frozen and row.pyarrow_frozen, row
+        assert not row.daemon_pyarrow and not row.daemon_pandas and row.frozen > 20_000, row
 
 
 def test_a_damaged_class_archive_is_set_aside_and_spark_starts_without_it(tmp_path):
