@@ -24,6 +24,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -356,6 +357,33 @@ def schedule(paths: list) -> list:
     return sorted(paths, key=rank)
 
 
+def _run_in_pool(*args) -> NotebookResult:
+    """``run_notebook`` in a process of the pool: an interrupted notebook (Ctrl-C, or the SIGTERM
+    the runner passed on) ends the process, so it takes no next notebook from the queue."""
+    try:
+        return run_notebook(*args)
+    except KeyboardInterrupt:
+        os._exit(130)    # its kernel, broker and registry are stopped (run_notebook's finally)
+
+
+def _pass_sigterm_on() -> None:
+    """SIGTERM to the runner alone (a CI job's timeout, ``kill PID``) stops the tour as Ctrl-C
+    does, which reaches every process of the terminal: each notebook's process gets it too, and
+    there nbclient's handler shuts the kernel down. Without it, the pool's processes went on
+    running notebooks, kernels and all, after the runner had gone."""
+    import multiprocessing
+
+    def on_term(_signum, _frame):
+        for child in multiprocessing.active_children():
+            try:
+                os.kill(child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def run_all(paths: list, out: str, timeout: int, keep: bool, jobs: int) -> list:
     """Every notebook's result, in ``paths`` order. Most of a notebook's time is spent waiting
     (a kernel, a JVM, a throttled restore), so ``jobs`` of them run side by side, each in a
@@ -368,7 +396,7 @@ def run_all(paths: list, out: str, timeout: int, keep: bool, jobs: int) -> list:
         print(f"running {len(paths)} notebooks, {jobs} at a time ...", flush=True)
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            futures = {pool.submit(run_notebook, p, out, timeout, None, keep): p
+            futures = {pool.submit(_run_in_pool, p, out, timeout, None, keep): p
                        for p in schedule(paths)}
             for f in as_completed(futures):
                 r = f.result()
@@ -396,10 +424,12 @@ def main(argv=None) -> int:
         print("no notebooks found", file=sys.stderr)
         return 2
     t0 = time.monotonic()
+    _pass_sigterm_on()
     try:
         results = run_all(paths, a.out, a.timeout, a.keep, max(1, a.jobs))
     except KeyboardInterrupt:
-        # each notebook's process got the Ctrl-C too: its kernel and broker are stopped
+        # each notebook's process got the Ctrl-C (or the SIGTERM) too: its kernel and broker
+        # are stopped
         print("\nstatekit demo: interrupted; the notebooks' kernels and brokers are stopped",
               file=sys.stderr)
         return 130

@@ -146,9 +146,14 @@ def test_ctrl_c_stops_the_runner_and_everything_it_started(tmp_path):
 
 def _with_home(home) -> dict:
     """{pid: command line} of the live processes whose environment has STATEKIT_HOME=home."""
+    return _with_env(f"STATEKIT_HOME={home}")
+
+
+def _with_env(entry: str) -> dict:
+    """{pid: command line} of the live processes whose environment holds ``entry`` (NAME=value)."""
     from statekit.broker.process import pid_alive
 
-    want = f"STATEKIT_HOME={home}".encode()
+    want = entry.encode()
     found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -164,6 +169,51 @@ def _with_home(home) -> dict:
         if pid_alive(int(name)):
             found[int(name)] = cmd
     return found
+
+
+def test_sigterm_to_the_demo_alone_stops_its_notebooks_and_everything_they_started(tmp_path):
+    """SIGTERM to `python -m statekit.demo` itself (a CI job's timeout, `kill PID`), not to its
+    terminal's processes as Ctrl-C is: the notebooks running side by side in its pool stop at
+    once, and none of their kernels, brokers, registries or JVMs is left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    mark = f"STATEKIT_TEST_MARK={tmp_path.name}-{os.getpid()}"
+    env = dict(os.environ, STATEKIT_TEST_MARK=mark.split("=", 1)[1])
+    with open(tmp_path / "out", "w") as out_f, open(tmp_path / "err", "w") as err_f:
+        proc = subprocess.Popen([sys.executable, "-m", "statekit.demo", "--only", "01,02",
+                                 "--jobs", "2", "--out", str(tmp_path / "build")],
+                                env=env, stdout=out_f, stderr=err_f, text=True)
+    try:
+        def started():      # both notebooks' kernel and broker, and a Spark JVM
+            cmds = list(_with_env(mark).values())
+            return (sum("statekit.broker" in c for c in cmds), sum("ipykernel" in c for c in cmds),
+                    any(os.path.basename(c.split(" ", 1)[0]) == "java" and "pyspark" in c
+                        for c in cmds))
+
+        deadline = time.monotonic() + 120
+        while started() < (2, 2, True) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert started() == (2, 2, True), "the notebooks did not start their kernels, brokers, JVM"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+        deadline = time.monotonic() + 30
+        while _with_env(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _with_env(mark) == {}
+        assert proc.returncode == 130, (tmp_path / "err").read_text()[-1000:]
+        assert "interrupted" in (tmp_path / "err").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _with_env(mark):           # what a failure left: never a broker or a JVM
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 @pytest.mark.slow   # a learner's pace: a minute more than the notebook's own run
