@@ -80,14 +80,17 @@ def record_restore(app, forecast=None) -> None:
     `forecast.frame`, for the report."""
     rs = app.restore_summary()
     rs = rs[rs["records"] > 0].groupby(["task", "instance", "source"], as_index=False)[["records", "seconds"]].sum()
-    fc = {}
+    fc, how = {}, {}
     if forecast is not None:
         f = forecast.frame[forecast.frame.source == "scratch"]
         fc = dict(zip(f["task"], f["seconds"]))
+        how = {r.task: (r.apply_rate, r.load) for r in f.itertuples()}   # what the seconds came from
     per_task = [{"task": r.task, "instance": int(r.instance), "source": r.source, "records": int(r.records),
                  "seconds": float(r.seconds),
                  "records/s": round(r.records / r.seconds) if r.seconds > 0 else None,
-                 "forecast s": float(fc[r.task]) if r.task in fc else None}
+                 "forecast s": float(fc[r.task]) if r.task in fc else None,
+                 "forecast records/s": float(how[r.task][0]) if r.task in how else None,
+                 "forecast load": float(how[r.task][1]) if r.task in how else None}
                 for r in rs.itertuples()]
     record_figures("restore", restore_seconds=round(float(rs["seconds"].sum()), 3),
                    records_replayed=int(rs["records"].sum()),
@@ -294,6 +297,15 @@ def _cleanup(home: str) -> None:
         pass
 
 
+def _forecast_basis(t: dict) -> str:
+    """The rate a task's forecast assumed and the load it was scaled by: ", at N records/s (load L)"."""
+    rate, load = t.get("forecast records/s"), t.get("forecast load")
+    if not isinstance(rate, (int, float)) or rate != rate:
+        return ""
+    return f" at {rate:,.0f} records/s" + (f" (load {load:.2f})" if isinstance(load, (int, float))
+                                           and load == load else "")
+
+
 def format_report(results: list[NotebookResult], wall: float | None = None) -> str:
     lines = ["statekit demo: the guided tour, executed headless", ""]
     w = max((len(r.name) for r in results), default=10)
@@ -322,7 +334,8 @@ def format_report(results: list[NotebookResult], wall: float | None = None) -> s
             lines.append(f"    task {t.get('task')} (instance {t.get('instance')}, from {t.get('source')}): "
                          f"{float(t.get('seconds') or 0):.2f} s, {int(t.get('records') or 0):,} records"
                          + (f", {rate:,.0f} records/s" if isinstance(rate, (int, float)) and rate == rate else "")
-                         + (f"; forecast {fc:.2f} s" if isinstance(fc, (int, float)) and fc == fc else ""))
+                         + (f"; forecast {fc:.2f} s" if isinstance(fc, (int, float)) and fc == fc else "")
+                         + _forecast_basis(t))
         ok = next((r.passed for r in results if r.name == name), False)
         lines.append(f"    invariant (store == plain-Python reference after the crashes): "
                      f"{'OK' if ok else 'FAILED'}")

@@ -20,14 +20,15 @@ def test_the_report_puts_the_forecast_beside_the_measured_restore():
                       "forecast_seconds": 4.0,
                       "per_task": [{"task": "0_0", "instance": 0, "source": "scratch",
                                     "seconds": 2.5, "records": 1_260_004, "records/s": 504_001.6,
-                                    "forecast s": 2.0}]})
+                                    "forecast s": 2.0, "forecast records/s": 630_002.0,
+                                    "forecast load": 1.25}]})
     text = format_report([r])
     assert ("02_crash_and_restore: restore from scratch after a disk loss: 5.0 s of restore work, "
             "2,520,008 changelog records replayed (forecast before the crash: 4.0 s; forecast / "
             "measured = 0.80, within 1.5x)") in text
     assert "restore forecasts within 1.5x of the measured restore: 1/1 (forecast / measured: 0.80)" in text
     assert ("task 0_0 (instance 0, from scratch): 2.50 s, 1,260,004 records, 504,002 records/s; "
-            "forecast 2.00 s") in text
+            "forecast 2.00 s at 630,002 records/s (load 1.25)") in text
     assert "invariant (store == plain-Python reference after the crashes): OK" in text
     assert "1/1 notebooks passed" in text
     r.reports.append(dict(r.reports[0], restore_seconds=9.0))
@@ -42,9 +43,9 @@ def test_the_report_puts_the_forecast_beside_the_measured_restore():
 
 
 class _Forecast:
-    frame = pd.DataFrame([{"task": "0_0", "source": "scratch", "seconds": 2.0},
-                          {"task": "0_0", "source": "checkpoint", "seconds": 0.0},
-                          {"task": "0_1", "source": "scratch", "seconds": 1.0}])
+    frame = pd.DataFrame([{"task": "0_0", "source": "scratch", "seconds": 2.0, "apply_rate": 500.0, "load": 2.0},
+                          {"task": "0_0", "source": "checkpoint", "seconds": 0.0, "apply_rate": 500.0, "load": 2.0},
+                          {"task": "0_1", "source": "scratch", "seconds": 1.0, "apply_rate": 500.0, "load": 2.0}])
 
 
 class _App:
@@ -68,7 +69,8 @@ def test_record_restore_writes_the_apps_figures_to_the_demo_file_and_prints_noth
     assert fig == {"name": "restore", "restore_seconds": 2.0, "records_replayed": 1000,
                    "forecast_seconds": 3.0,
                    "per_task": [{"task": "0_0", "instance": 0, "source": "scratch", "records": 1000,
-                                 "seconds": 2.0, "records/s": 500, "forecast s": 2.0}]}
+                                 "seconds": 2.0, "records/s": 500, "forecast s": 2.0,
+                                 "forecast records/s": 500.0, "forecast load": 2.0}]}
 
 
 def test_a_hidden_cell_that_shows_something_is_an_error_and_solutions_replace_the_blanks():
