@@ -16,10 +16,13 @@ import os
 import sys
 import sysconfig
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from statekit.engine.spark.lean_runner import RUNNER  # noqa: E402 - standard library only
+
 LINE = ('import sys; sys.path[:] = [p for p in sys.path if not (p.endswith(".zip") and '
         '"/pyspark/python/lib/" in p.replace("\\\\", "/"))]\n')
 # Spark's streaming source runner only: pyspark's runner without pyarrow (engine/spark/lean_runner.py)
-LEAN = ('import sys; "pyspark.sql.streaming.python_streaming_source_runner" in sys.orig_argv[1:3] '
+LEAN = (f'import sys; "{RUNNER}" in sys.orig_argv[1:3] '
         'and __import__("statekit.engine.spark.lean_runner", fromlist=["install"]).install()\n')
 
 

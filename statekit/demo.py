@@ -80,21 +80,19 @@ def record_restore(app, forecast=None) -> None:
     `forecast.frame`, for the report."""
     rs = app.restore_summary()
     rs = rs[rs["records"] > 0].groupby(["task", "instance", "source"], as_index=False)[["records", "seconds"]].sum()
-    fc, how = {}, {}
+    fc = {}   # task -> its forecast from scratch: the seconds, and the rate and load they came from
     if forecast is not None:
-        f = forecast.frame[forecast.frame.source == "scratch"]
-        fc = dict(zip(f["task"], f["seconds"]))
-        how = {r.task: (r.apply_rate, r.load) for r in f.itertuples()}   # what the seconds came from
+        fc = {f.task: f for f in forecast.frame[forecast.frame.source == "scratch"].itertuples()}
     per_task = [{"task": r.task, "instance": int(r.instance), "source": r.source, "records": int(r.records),
                  "seconds": float(r.seconds),
                  "records/s": round(r.records / r.seconds) if r.seconds > 0 else None,
-                 "forecast s": float(fc[r.task]) if r.task in fc else None,
-                 "forecast records/s": float(how[r.task][0]) if r.task in how else None,
-                 "forecast load": float(how[r.task][1]) if r.task in how else None}
+                 "forecast s": float(fc[r.task].seconds) if r.task in fc else None,
+                 "forecast records/s": float(fc[r.task].apply_rate) if r.task in fc else None,
+                 "forecast load": float(fc[r.task].load) if r.task in fc else None}
                 for r in rs.itertuples()]
     record_figures("restore", restore_seconds=round(float(rs["seconds"].sum()), 3),
                    records_replayed=int(rs["records"].sum()),
-                   forecast_seconds=round(float(sum(fc.values())), 3) if fc else None,
+                   forecast_seconds=round(float(sum(f.seconds for f in fc.values())), 3) if fc else None,
                    per_task=per_task)
 
 
@@ -297,13 +295,17 @@ def _cleanup(home: str) -> None:
         pass
 
 
+def _number(v) -> bool:
+    """A figure to print: a number, not None and not NaN."""
+    return isinstance(v, (int, float)) and v == v
+
+
 def _forecast_basis(t: dict) -> str:
     """The rate a task's forecast assumed and the load it was scaled by: ", at N records/s (load L)"."""
     rate, load = t.get("forecast records/s"), t.get("forecast load")
-    if not isinstance(rate, (int, float)) or rate != rate:
+    if not _number(rate):
         return ""
-    return f" at {rate:,.0f} records/s" + (f" (load {load:.2f})" if isinstance(load, (int, float))
-                                           and load == load else "")
+    return f" at {rate:,.0f} records/s" + (f" (load {load:.2f})" if _number(load) else "")
 
 
 def format_report(results: list[NotebookResult], wall: float | None = None) -> str:
@@ -333,8 +335,8 @@ def format_report(results: list[NotebookResult], wall: float | None = None) -> s
             fc = t.get("forecast s")
             lines.append(f"    task {t.get('task')} (instance {t.get('instance')}, from {t.get('source')}): "
                          f"{float(t.get('seconds') or 0):.2f} s, {int(t.get('records') or 0):,} records"
-                         + (f", {rate:,.0f} records/s" if isinstance(rate, (int, float)) and rate == rate else "")
-                         + (f"; forecast {fc:.2f} s" if isinstance(fc, (int, float)) and fc == fc else "")
+                         + (f", {rate:,.0f} records/s" if _number(rate) else "")
+                         + (f"; forecast {fc:.2f} s" if _number(fc) else "")
                          + _forecast_basis(t))
         ok = next((r.passed for r in results if r.name == name), False)
         lines.append(f"    invariant (store == plain-Python reference after the crashes): "

@@ -48,4 +48,3 @@ def install() -> bool:
     stand_in.records_to_arrow_batches = records_to_arrow_batches
     sys.modules[HEAVY] = stand_in
     return True
-
