@@ -599,7 +599,7 @@ class Session:
         if d is not None:  # one last picture while the stores are open, then it stays as is
             d.stop(timeout=5)
             try:
-                d.refresh()
+                d.refresh(final=True)
             except Exception:
                 pass
         app.stop()

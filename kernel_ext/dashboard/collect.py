@@ -392,7 +392,8 @@ class Poller:
     def _due(self, at, every, now) -> bool:
         return at is None or now - at >= every
 
-    def poll(self, force: bool = False) -> Snapshot:
+    def poll(self, force: bool = False, final: bool = False) -> Snapshot:
+        """One round; ``final``: the last before the app stops (see `_recount`)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         now = time.monotonic()
         vis = self.visible()
@@ -416,6 +417,8 @@ class Poller:
             self._lag_at = now
         if do_changelog:
             self._changelog_at = now
+        if final:
+            self._recount(snap)
         snap.forecast = self._forecast(snap, force)
         m.absorb(snap)
         self.polls += 1
@@ -457,10 +460,31 @@ class Poller:
         return self._fc_seen[1]
 
     FORCE_WAIT_S = 1.0
+    FINAL_WAIT_S = 3.0
 
-    def _make_forecast(self) -> None:
+    def _recount(self, snap: Snapshot) -> None:
+        """Before the app stops, when the forecast shown predates its last commit: the records
+        counted again, at that forecast's rate (no calibration while the app stops), so the panel
+        left on the page does not say fewer records than the changelogs hold."""
+        m = self.model
+        with m.lock:
+            shown, at, committed = m.forecast, m.forecast_at, m.committed_at
+        if (self.forecast_fn is None or shown is None or committed is None or (at or 0) >= committed
+                or self._fc_busy or snap.state not in LIVE_STATES or snap.state == "WAITING"):
+            return
+        rated = [r for r in shown.get("rows") or () if r.get("apply_rate")]
+        if not rated:
+            return
+        self._fc_busy = True
+        th = self._fc_thread = threading.Thread(
+            target=self._make_forecast, daemon=True, name=f"statekit-dashboard-recount-{getattr(self.app, 'name', 'app')}",
+            kwargs={"apply_rate": float(rated[0]["apply_rate"]), "rate_source": rated[0].get("rate_source") or "given"})
+        th.start()
+        th.join(self.FINAL_WAIT_S)
+
+    def _make_forecast(self, **given) -> None:
         try:
-            got = self.forecast_fn()
+            got = self.forecast_fn(**given)
             if got is not None:
                 self._fc_made = got
         except Exception:  # no forecast now: the panel keeps the last one, and it is tried again

@@ -269,6 +269,7 @@ class Picture:
     round_forecast: tuple | None      # (time, forecast) made before that round began
     forecast: dict | None
     forecast_at: float | None
+    forecast_behind: bool             # made before the app's last commit, and the app has stopped
     store: str | None
     store_names: list
     store_rows: list
@@ -334,6 +335,7 @@ class DashboardModel:
         self.t0: float | None = None
         self.ignored = 0                          # non-typed events (the model reads typed ones only)
         self.commits = 0                          # commit events applied
+        self.committed_at: float | None = None    # the latest commit event's time
         self.store_commits: dict[str, int] = {}   # store -> commits that wrote it (the store reader's signal)
         self._round_done_seen: set = set()
         self._own_frozen: tuple = (None, None)
@@ -370,6 +372,7 @@ class DashboardModel:
             self.events.append(e)
         if isinstance(e, ev.Committed):
             self.commits += 1
+            self.committed_at = max(ts, self.committed_at or ts)
             for store in set(e.rows or ()) | set(e.offsets or ()):
                 self.store_commits[store] = self.store_commits.get(store, 0) + 1
             self.instance_rates.feed(e)
@@ -402,6 +405,13 @@ class DashboardModel:
         elif isinstance(e, ev.InstanceStarted) and e.reason in ("add", "revive"):
             self.markers.append(ChartMarker(ts, "join" if e.reason == "add" else "revive",
                                             f"instance {e.instance}"))
+
+    def forecast_behind(self, state: str | None = None) -> bool:
+        """The forecast shown was made before the app's last commit and no newer one can come (the
+        app is not running): its records are fewer than its changelogs hold."""
+        state = self.state if state is None else state
+        return (self.forecast is not None and self.forecast_at is not None and self.committed_at is not None
+                and self.forecast_at < self.committed_at and state not in LIVE_STATES)
 
     def _take_latest_forecast(self) -> None:
         """The latest forecast made for the app in this process (`statekit.runtime.forecasts`), when
@@ -578,7 +588,8 @@ class DashboardModel:
             header=header, chips=chips, tasks=tasks, instances=instances, round=rnd,
             round_forecast=((getattr(cur, "forecast_at", None), cur.forecast)
                             if cur is not None and cur.forecast is not None else None),
-            forecast=self.forecast, forecast_at=self.forecast_at, store=store,
+            forecast=self.forecast, forecast_at=self.forecast_at,
+            forecast_behind=self.forecast_behind(state), store=store,
             store_names=sorted(self.stores), store_rows=srows, store_total=total, store_held=held,
             store_changed=changed, store_hidden=hidden, top_k=self.top_k, sort_by=self.sort_by,
             changelog=self._changelog_rows(tasks), events=list(self.events)[-14:],

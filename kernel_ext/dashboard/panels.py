@@ -337,8 +337,9 @@ def render_forecast(m) -> str:
         lines.append(f"<li>if instance {f['instance']} died now: ≈ {fmt_secs(f['scratch_s'])} from scratch "
                      f"for {_e(', '.join(t for t in f['tasks'] if t))}{sb}</li>")
     when = time.strftime("%H:%M:%S", time.localtime(m.forecast_at)) if m.forecast_at else ""
-    return (f"<div class='sk-fc'><b>Restore forecast</b><span class='sk-note'>{when} · the records in "
-            f"the compacted changelogs at the rate restores run here</span>"
+    what = ("made before the app's last commits: its changelogs hold more now" if m.forecast_behind else
+            "the records in the compacted changelogs at the rate restores run here")
+    return (f"<div class='sk-fc'><b>Restore forecast</b><span class='sk-note'>{when} · {what}</span>"
             f"<ul style='margin:2px 0 0 0;padding-left:18px'>{''.join(lines)}</ul></div>")
 
 

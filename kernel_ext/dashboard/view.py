@@ -490,10 +490,12 @@ class LiveDashboard:
             fn(pic)
         return pic
 
-    def refresh(self) -> Snapshot:
-        """Poll everything now (the stores too, whatever tab shows), then redraw."""
+    def refresh(self, final: bool = False) -> Snapshot:
+        """Poll everything now (the stores too, whatever tab shows), then redraw; ``final``: the
+        last picture before the app stops (its forecast's records counted again if it committed
+        since)."""
         self._feed_once()
-        snap = self.poller.poll(force=True)
+        snap = self.poller.poll(force=True, final=final)
         self.redraw()
         return snap
 

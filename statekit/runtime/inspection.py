@@ -52,7 +52,8 @@ class Inspection:
             return lag_frame([])
         return lag_frame(app._deploy.placement.lag_rows(app, co))
 
-    def restore_forecast(self, apply_rate: Optional[float] = None, settle: float = 5.0):
+    def restore_forecast(self, apply_rate: Optional[float] = None, settle: float = 5.0,
+                         rate_source: str = "given"):
         """Before anything crashes: how long each task's restore would take now — from its
         checkpoint, from a standby or warmup (a promotion), from scratch — and, per instance, what
         its death would cost ("if instance 0 died now: ≈ 4.1 s from scratch, 0.2 s from its
@@ -61,13 +62,14 @@ class Inspection:
         changelog, measured once; it waits up to ``settle`` seconds for the instance's own
         micro-batches to pause) at the load of the moment (a short restore set against it), so
         a busy machine's forecast is a busy machine's; without instances to ask, the last
-        full-speed restore's rate."""
+        full-speed restore's rate. ``rate_source`` labels a given rate (a dashboard counting the
+        records again at an earlier forecast's rate says where that rate came from)."""
         from statekit.runtime.forecasts import forecast, last_apply_rate, making
 
         app = self.app
         co = app._require_started("restore_forecast")
         with making(app.name):
-            rate, source = apply_rate, "given"
+            rate, source = apply_rate, rate_source
             calibrator = self._calibrator(co, settle)
             if rate is None and calibrator is None:
                 rate, source = last_apply_rate(app.events(types="restore_end")), "last restore"

@@ -833,3 +833,57 @@ def test_a_stopped_poller_leaves_no_forecast_running_and_starts_none():
     p._forecast(snap, force=False)
     time.sleep(0.05)
     assert len(calls) == 1
+
+
+def test_the_forecast_left_on_a_stopped_app_counts_its_last_commits_or_says_it_does_not():
+    """A forecast made before the app's last commits says fewer records than the changelogs hold.
+    `%statekit stop`'s last poll counts them again, at that forecast's own rate (no calibration
+    while the app stops); a stopped app whose forecast could not be counted again says so."""
+    from types import SimpleNamespace
+
+    from kernel_ext.dashboard.collect import Poller
+    from kernel_ext.dashboard.model import forecast_data
+    from kernel_ext.dashboard.panels import render_forecast
+
+    def made(records, rate, at):
+        rows = [{"task": f"0_{i}", "instance": 0, "source": "scratch", "records": n, "seconds": n / rate,
+                 "apply_rate": rate, "rate_source": "calibrated", "load": 1.0, "exact": True}
+                for i, n in enumerate(records)]
+        return SimpleNamespace(frame=rows, made_at=at, lines={
+            0: f"if instance 0 died now: ≈ from scratch ({sum(records):,} records)"})
+
+    E = Events()
+    m = DashboardModel(name="fc-final")
+    m.update(Snapshot(t=10.0, state="RUNNING", forecast=forecast_data(made([0, 0], 50_000.0, 10.0)),
+                      events=[E(ev.StateChanged, 9.0, state="RUNNING", old="CREATED")]))
+    m.update(Snapshot(t=12.0, state="RUNNING", events=[
+        E(ev.Committed, 11.5, task="0_0", instance=0, batch=0, records=30, offsets={"c": 30}),
+        E(ev.Committed, 11.6, task="0_1", instance=0, batch=0, records=20, offsets={"c": 20})]))
+    assert not m.picture().forecast_behind   # running: a newer forecast is on its way
+    asked = []
+
+    def forecast_fn(**given):
+        asked.append(given)
+        return made([30, 20], given["apply_rate"], 13.0)
+
+    p = Poller(SimpleNamespace(name="fc-final"), m, forecast_fn=forecast_fn)
+    p._fc_sig = (m.board.generation, m.commits)   # nothing due: a poll now would make none
+    p._fc_at = 1e18
+    running = Snapshot(t=13.0, state="RUNNING", tasks=[], instances=[], metrics={})
+    p._recount(running)
+    assert asked == [{"apply_rate": 50_000.0, "rate_source": "calibrated"}]
+    m.update(Snapshot(t=13.0, state="NOT_RUNNING", forecast=p._forecast(running, force=True)))
+    pic = m.picture()
+    assert [r["records"] for r in pic.forecast["rows"]] == [30, 20] and not pic.forecast_behind
+    assert "50 records" in render_forecast(pic) and "last commits" not in render_forecast(pic)
+    p._recount(running)                      # counted after the last commit: nothing to count again
+    assert len(asked) == 1
+
+    # an app that stopped on its own (no last poll): its old forecast says it is behind
+    m2 = DashboardModel(name="fc-gone")
+    m2.update(Snapshot(t=10.0, state="RUNNING", forecast=forecast_data(made([0, 0], 50_000.0, 10.0))))
+    m2.update(Snapshot(t=12.0, state="NOT_RUNNING", events=[
+        E(ev.Committed, 11.5, task="0_0", instance=0, batch=0, records=30, offsets={"c": 30})]))
+    pic = m2.picture()
+    assert pic.forecast_behind
+    assert "made before the app's last commits: its changelogs hold more now" in render_forecast(pic)
