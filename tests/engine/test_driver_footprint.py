@@ -1,7 +1,8 @@
 """The driver stays light: a statekit query's plan (`session.map_in_arrow`) and the py4j calls of a
 session never import pandas or pyarrow into the kernel (pyspark's numpy converters and `mapInArrow` would:
-~45 MB of the driver's PSS), and Spark's idle data source planners are ended
-(`engine.spark.planners`)."""
+~45 MB of the driver's PSS), Spark's idle data source planners are ended
+(`engine.spark.planners`), and Spark's lookup of installed data sources runs beside the session's
+construction."""
 from __future__ import annotations
 
 import json
@@ -29,11 +30,16 @@ def test_a_statekit_stage_runs_without_pandas_in_the_driver(tmp_path):
             for b in batches:
                 yield pa.RecordBatch.from_arrays([pc.multiply(b.column(0), 2)], names=["x"])
         try:
+            import time
+            deadline = time.monotonic() + 60
+            while "ok" not in session.EARLY_LOOKUP and time.monotonic() < deadline:
+                time.sleep(0.05)
             df = session.map_in_arrow(spark.range(5).repartition(2), double, "x long")
             rows = sorted(r.x for r in df.collect())
             spark.sparkContext.parallelize([1, 2, 3]).count()     # a list through py4j
             print(json.dumps({"rows": rows, "pandas": "pandas" in sys.modules,
-                              "pyarrow": "pyarrow" in sys.modules}), flush=True)
+                              "pyarrow": "pyarrow" in sys.modules,
+                              "early_lookup": session.EARLY_LOOKUP.get("ok")}), flush=True)
         finally:
             session.stop_session()
         """)
@@ -41,7 +47,9 @@ def test_a_statekit_stage_runs_without_pandas_in_the_driver(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"rows": [0, 2, 4, 6, 8], "pandas": False, "pyarrow": False}
+    # Spark's lookup of installed Python data sources ran beside the session's construction
+    # (`session._look_up_data_sources_early`): the names it calls are this Spark's
+    assert got == {"rows": [0, 2, 4, 6, 8], "pandas": False, "pyarrow": False, "early_lookup": True}
 
 
 def _ended(pid: int) -> bool:
