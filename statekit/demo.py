@@ -214,11 +214,13 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
     os.environ.update(kernel_env)
     os.environ.pop("STATEKIT_BOOTSTRAP", None)
     t0 = time.monotonic()
+    sockets = tempfile.mkdtemp(prefix="sk-kernel-")   # short: a socket's path is at most 107 bytes
     try:
         for attempt in (0, 1):
             client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
                                     store_widget_state=True, record_timing=True,
-                                    resources={"metadata": {"path": NOTEBOOKS}})
+                                    resources={"metadata": {"path": NOTEBOOKS}},
+                                    config=_local_sockets(sockets))
             if before_cell is not None:
                 client.on_cell_execute = lambda cell, cell_index: before_cell(cell)
             try:
@@ -247,6 +249,7 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
             else:
                 os.environ[k] = v
         _cleanup(home)
+        shutil.rmtree(sockets, ignore_errors=True)
         if own_home and not keep_home:
             shutil.rmtree(home, ignore_errors=True)
     if getattr(client, "_async_cleanup_kernel_future", None) is not None:
@@ -261,6 +264,19 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
         result.executed_path = os.path.join(out_dir, "notebooks", f"{name}.ipynb")
         nbformat.write(nb, result.executed_path)
     return result
+
+
+def _local_sockets(directory: str):
+    """Kernel configuration: the kernel talks to this process over Unix sockets in ``directory``
+    (ZeroMQ's ipc transport), not TCP ports on localhost: no port taken between being chosen and
+    bound, and nothing another user of the machine can connect to (ipykernel prints a warning per
+    kernel on TCP without encryption, which the tour's report is no place for)."""
+    from traitlets.config import Config
+
+    cfg = Config()
+    cfg.KernelManager.transport = "ipc"
+    cfg.KernelManager.ip = os.path.join(directory, "k")
+    return cfg
 
 
 def _read_figures(path: str) -> list:

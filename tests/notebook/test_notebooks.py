@@ -277,3 +277,29 @@ def test_the_notebook_builders_import_each_other_in_no_circle():
                 return True
         return False
     assert not any(cycle(n, [n]) for n in graph), graph
+
+
+def test_the_demos_kernel_talks_over_unix_sockets_and_prints_no_transport_warning(tmp_path, capfd):
+    """`make demo`'s kernels use ZeroMQ's ipc transport: no localhost port (none to lose to another
+    process between choosing and binding it, none another user can reach), and ipykernel's warning
+    about unencrypted TCP is not printed once per notebook among the tour's results."""
+    import json
+
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    path = tmp_path / "tiny.ipynb"
+    nb = new_notebook(cells=[new_code_cell(
+        "import json, os\n"
+        "from ipykernel.connect import get_connection_info\n"
+        "info = get_connection_info(unpack=True)\n"
+        "print(json.dumps({'transport': info['transport'], 'ip': info['ip']}))")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+    result = run_notebook(str(path), out_dir=str(tmp_path / "out"), home=str(tmp_path / "home"),
+                          timeout=120)
+    assert not result.errors, result.errors
+    err = capfd.readouterr().err
+    assert "without encryption" not in err, err[-2000:]
+    said = json.loads(nbformat.read(result.executed_path, as_version=4).cells[0].outputs[0]["text"])
+    assert said["transport"] == "ipc" and os.path.isabs(said["ip"]), said
