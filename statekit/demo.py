@@ -199,7 +199,7 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
     ``before_cell(cell)``, called before each code cell runs: a learner's pace (the tests)."""
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     name = os.path.splitext(os.path.basename(path))[0]
     result = NotebookResult(name, path)
@@ -215,6 +215,11 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
     os.environ.pop("STATEKIT_BOOTSTRAP", None)
     t0 = time.monotonic()
     sockets = tempfile.mkdtemp(prefix="sk-kernel-")   # short: a socket's path is at most 107 bytes
+    # the kernel process's own stderr (ipykernel's log; what its children print there): a file,
+    # not the report. Ctrl-C reaches the kernel and the runner together, and ipykernel then logs a
+    # traceback for the reply it can no longer send. Its last line is said if the kernel died.
+    kernel_log = os.path.join(sockets, "kernel.log")
+    log_fh = open(kernel_log, "wb")
     try:
         for attempt in (0, 1):
             client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
@@ -224,23 +229,22 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
             if before_cell is not None:
                 client.on_cell_execute = lambda cell, cell_index: before_cell(cell)
             try:
-                client.execute()
+                client.execute(stderr=log_fh)
                 break
             except RuntimeError as err:
-                # a kernel that died before it answered, no cell run (jupyter_client chose its
-                # ports by binding and releasing them: another process of a busy machine may take
-                # one first): started once more
+                # a kernel that died before it answered, no cell run: started once more
                 if attempt or "before replying to kernel_info" not in str(err):
                     raise
     except CellExecutionError as err:
         # the exception's own name and value: a statekit error hides its traceback, and the
         # message nbclient builds then ends in the cell's stream output, not in the error
         result.errors.append(_error_line(err.ename, err.evalue))
-    except (CellTimeoutError, DeadKernelError, TimeoutError) as err:
+    except (CellTimeoutError, TimeoutError) as err:
         result.errors.append(f"{type(err).__name__}: {_first_line(err)}")
-    except Exception as err:  # the kernel did not start, ...
-        result.errors.append(f"{type(err).__name__}: {_first_line(err)}")
+    except Exception as err:  # the kernel died, or did not start
+        result.errors.append(f"{type(err).__name__}: {_first_line(err)}{_last_words(kernel_log)}")
     finally:
+        log_fh.close()
         result.seconds = time.monotonic() - t0
         result.reports = _read_figures(kernel_env[FIGURES_ENV])
         for k, v in env_before.items():
@@ -264,6 +268,16 @@ def run_notebook(path: str, out_dir: str | None = None, timeout: int = 300, home
         result.executed_path = os.path.join(out_dir, "notebooks", f"{name}.ipynb")
         nbformat.write(nb, result.executed_path)
     return result
+
+
+def _last_words(log_path: str) -> str:
+    """`` (the kernel's last line: ...)`` from its log, or nothing."""
+    try:
+        with open(log_path, "rb") as f:
+            lines = [ln.strip() for ln in f.read()[-4096:].decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return f" (the kernel's last line: {lines[-1][:300]})" if lines else ""
 
 
 def _local_sockets(directory: str):

@@ -303,3 +303,21 @@ def test_the_demos_kernel_talks_over_unix_sockets_and_prints_no_transport_warnin
     assert "without encryption" not in err, err[-2000:]
     said = json.loads(nbformat.read(result.executed_path, as_version=4).cells[0].outputs[0]["text"])
     assert said["transport"] == "ipc" and os.path.isabs(said["ip"]), said
+
+
+def test_a_kernel_that_dies_is_said_with_its_last_line_and_its_log_stays_out_of_the_report(tmp_path, capfd):
+    """The kernel process's own stderr goes to a file, not among the tour's results (ipykernel logs
+    a traceback there when Ctrl-C reaches it and the runner together); a kernel that dies is
+    reported in one line with the last line it wrote."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    path = tmp_path / "dies.ipynb"
+    nb = new_notebook(cells=[new_code_cell("import os\nos.write(2, b'out of memory, say\\n')\nos._exit(3)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+    result = run_notebook(str(path), home=str(tmp_path / "home"), timeout=120)
+    assert len(result.errors) == 1, result.errors
+    assert result.errors[0].startswith("DeadKernelError: ") and \
+        result.errors[0].endswith(" (the kernel's last line: out of memory, say)"), result.errors
+    assert "out of memory, say" not in capfd.readouterr().err
