@@ -22,6 +22,12 @@ def forecast_data(obj) -> dict | None:
             "made_at": getattr(obj, "made_at", None)}
 
 
+def forecast_behind(made_at: Optional[float], committed_at: Optional[float], live: bool) -> bool:
+    """A forecast made before the app's last commit, when no newer one can come (the app is not
+    running): its records are fewer than the changelogs hold."""
+    return made_at is not None and committed_at is not None and made_at < committed_at and not live
+
+
 def forecast_by_instance(fc: dict | None) -> list[dict]:
     """Per instance, what a restore of its active tasks would take if it died now: ``{"instance",
     "tasks", "scratch_s", "standby_s", "line"}`` (standby_s: its tasks with a replica, each at its

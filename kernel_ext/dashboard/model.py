@@ -28,7 +28,8 @@ from typing import Any, Iterable
 from kernel_ext.dashboard.formats import (clip, fmt_eta, fmt_num, fmt_rate, fmt_secs, num,  # noqa: F401
                                           short_error, task_id, task_order)
 from kernel_ext.dashboard.membership import InstanceRates, OwnershipTimeline
-from kernel_ext.dashboard.forecast import forecast_by_instance, forecast_data, forecast_seconds  # noqa: F401
+from kernel_ext.dashboard.forecast import (forecast_behind, forecast_by_instance, forecast_data,  # noqa: F401
+                                           forecast_seconds)
 from kernel_ext.dashboard.restore import RestoreBoard, RestoreRound
 from kernel_ext.dashboard.tasks import LIVE_STATUSES, TaskBoard
 from statekit import events as ev
@@ -406,13 +407,6 @@ class DashboardModel:
             self.markers.append(ChartMarker(ts, "join" if e.reason == "add" else "revive",
                                             f"instance {e.instance}"))
 
-    def forecast_behind(self, state: str | None = None) -> bool:
-        """The forecast shown was made before the app's last commit and no newer one can come (the
-        app is not running): its records are fewer than its changelogs hold."""
-        state = self.state if state is None else state
-        return (self.forecast is not None and self.forecast_at is not None and self.committed_at is not None
-                and self.forecast_at < self.committed_at and state not in LIVE_STATES)
-
     def _take_latest_forecast(self) -> None:
         """The latest forecast made for the app in this process (`statekit.runtime.forecasts`), when
         it is newer than the one shown: a round opened a moment after a cell made one keeps that
@@ -589,7 +583,8 @@ class DashboardModel:
             round_forecast=((getattr(cur, "forecast_at", None), cur.forecast)
                             if cur is not None and cur.forecast is not None else None),
             forecast=self.forecast, forecast_at=self.forecast_at,
-            forecast_behind=self.forecast_behind(state), store=store,
+            forecast_behind=self.forecast is not None and forecast_behind(
+                self.forecast_at, self.committed_at, live=state in LIVE_STATES), store=store,
             store_names=sorted(self.stores), store_rows=srows, store_total=total, store_held=held,
             store_changed=changed, store_hidden=hidden, top_k=self.top_k, sort_by=self.sort_by,
             changelog=self._changelog_rows(tasks), events=list(self.events)[-14:],

@@ -32,14 +32,15 @@ def test_a_statekit_stage_runs_without_pandas_in_the_driver(tmp_path):
         try:
             import time
             deadline = time.monotonic() + 60
-            while "ok" not in session.EARLY_LOOKUP and time.monotonic() < deadline:
+            from statekit.engine.spark.data_source_lookup import EARLY_LOOKUP
+            while "ok" not in EARLY_LOOKUP and time.monotonic() < deadline:
                 time.sleep(0.05)
             df = session.map_in_arrow(spark.range(5).repartition(2), double, "x long")
             rows = sorted(r.x for r in df.collect())
             spark.sparkContext.parallelize([1, 2, 3]).count()     # a list through py4j
             print(json.dumps({"rows": rows, "pandas": "pandas" in sys.modules,
                               "pyarrow": "pyarrow" in sys.modules,
-                              "early_lookup": session.EARLY_LOOKUP.get("ok")}), flush=True)
+                              "early_lookup": EARLY_LOOKUP.get("ok")}), flush=True)
         finally:
             session.stop_session()
         """)
@@ -48,7 +49,7 @@ def test_a_statekit_stage_runs_without_pandas_in_the_driver(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     # Spark's lookup of installed Python data sources ran beside the session's construction
-    # (`session._look_up_data_sources_early`): the names it calls are this Spark's
+    # (`engine.spark.data_source_lookup`): the names it calls are this Spark's
     assert got == {"rows": [0, 2, 4, 6, 8], "pandas": False, "pyarrow": False, "early_lookup": True}
 
 

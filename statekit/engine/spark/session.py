@@ -31,6 +31,7 @@ import time
 import warnings
 
 from statekit.engine.spark import session_api
+from statekit.engine.spark.data_source_lookup import look_up_data_sources_early
 from statekit.engine.spark.quiet import quiet_driver
 from statekit.engine.spark.jvm import (  # noqa: F401 - re-exported: the JVM's options, logs, archive
     JAVA_OPTS,
@@ -314,44 +315,6 @@ def _light_numpy_converters() -> None:
             INPUT_CONVERTER[i] = _NumpyOnly(conv)
 
 
-_LOOKUP = ("org.apache.spark.sql.execution.datasources.DataSourceManager$",
-           "org$apache$spark$sql$execution$datasources$DataSourceManager$$initialStaticDataSourceBuilders")
-EARLY_LOOKUP: dict = {}   # how the last early lookup went: {"ok": bool}
-
-
-def _look_up_data_sources_early(timeout: float = 60.0) -> threading.Thread:
-    """Spark's lookup of the Python data sources installed packages declare (a Python process,
-    ~0.35 s) runs when a session first registers or reads one: statekit's source, right after the
-    session is built. Started as soon as the SparkContext exists, it runs on the other core while
-    the JVM builds the SparkSession (~0.6 s of Scala initialisation), and the session finds its
-    result cached (the JVM-wide ``DataSourceManager.dataSourceBuilders``); the same lookup, only
-    earlier. Anything unexpected (another Spark, a context that never comes): it does nothing, and
-    the session looks them up itself as before."""
-    EARLY_LOOKUP.clear()
-
-    def run():
-        from pyspark import SparkContext
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            sc = SparkContext._active_spark_context
-            if sc is not None and getattr(sc, "_jsc", None) is not None:
-                break
-            time.sleep(0.01)
-        else:
-            return
-        try:
-            manager = getattr(getattr(sc._jvm, _LOOKUP[0]), "MODULE$")
-            getattr(manager, _LOOKUP[1])()
-            EARLY_LOOKUP["ok"] = True
-        except Exception:  # noqa: BLE001 - the session's own lookup runs as it always did
-            EARLY_LOOKUP["ok"] = False
-
-    t = threading.Thread(target=run, name="statekit-spark-lookup", daemon=True)
-    t.start()
-    return t
-
-
 def _jvm_pid() -> int | None:
     """The pid of the JVM this process launched for its session (None when it did not)."""
     from pyspark import SparkContext
@@ -506,7 +469,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
     try:
         with _stderr_to_file(stderr), keeper:
             said_from, t0 = file_size(stderr), time.time()
-            _look_up_data_sources_early()
+            look_up_data_sources_early()
             try:
                 spark = b.getOrCreate()
             except Exception:
