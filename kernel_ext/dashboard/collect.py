@@ -431,7 +431,7 @@ class Poller:
         something changed since the last (commits, the generation) and none is recent; never
         during a restore. Made in a thread of its own (a first one calibrates: a second or more),
         so the light polls go on meanwhile; `force` waits for it up to `FORCE_WAIT_S`."""
-        if self.forecast_fn is None or snap.state not in LIVE_STATES or snap.state == "WAITING":
+        if not self._can_forecast(snap):
             return None
         from statekit.runtime import forecasts
 
@@ -445,12 +445,9 @@ class Poller:
         if (stale and not m.restoring and sig != self._fc_sig and not self._fc_busy
                 and not (isinstance(name, str) and forecasts.in_flight(name))
                 and not self._stop.is_set() and (force or self._due(self._fc_at, self.heavy_interval, now))):
-            self._fc_sig, self._fc_at, self._fc_busy = sig, now, True
-            th = self._fc_thread = threading.Thread(target=self._make_forecast, daemon=True,
-                                  name=f"statekit-dashboard-forecast-{name}")
-            th.start()
-            if force:   # a refresh in a cell waits a moment for it, not for a calibration
-                th.join(self.FORCE_WAIT_S)
+            self._fc_sig, self._fc_at = sig, now
+            # (a refresh in a cell waits a moment for it, not for a calibration)
+            self._start_forecast("forecast", self.FORCE_WAIT_S if force else 0.0)
         made = [f for f in (latest, self._fc_made, self._fc_seen[0] if self._fc_seen else None) if f is not None]
         if not made:
             return None
@@ -469,18 +466,28 @@ class Poller:
         m = self.model
         with m.lock:
             shown, at, committed = m.forecast, m.forecast_at, m.committed_at
-        if (self.forecast_fn is None or shown is None or committed is None or (at or 0) >= committed
-                or self._fc_busy or snap.state not in LIVE_STATES or snap.state == "WAITING"):
+        if (not self._can_forecast(snap) or shown is None or committed is None or (at or 0) >= committed
+                or self._fc_busy):
             return
         rated = [r for r in shown.get("rows") or () if r.get("apply_rate")]
         if not rated:
             return
+        self._start_forecast("recount", self.FINAL_WAIT_S, apply_rate=float(rated[0]["apply_rate"]),
+                             rate_source=rated[0].get("rate_source") or "given")
+
+    def _can_forecast(self, snap: Snapshot) -> bool:
+        return self.forecast_fn is not None and snap.state in LIVE_STATES and snap.state != "WAITING"
+
+    def _start_forecast(self, kind: str, wait: float, **given) -> None:
+        """`_make_forecast(**given)` in a thread of its own (at most one: `_fc_busy`), waited for
+        up to `wait` seconds."""
         self._fc_busy = True
         th = self._fc_thread = threading.Thread(
-            target=self._make_forecast, daemon=True, name=f"statekit-dashboard-recount-{getattr(self.app, 'name', 'app')}",
-            kwargs={"apply_rate": float(rated[0]["apply_rate"]), "rate_source": rated[0].get("rate_source") or "given"})
+            target=self._make_forecast, kwargs=given, daemon=True,
+            name=f"statekit-dashboard-{kind}-{getattr(self.app, 'name', 'app')}")
         th.start()
-        th.join(self.FINAL_WAIT_S)
+        if wait > 0:
+            th.join(wait)
 
     def _make_forecast(self, **given) -> None:
         try:
