@@ -110,6 +110,8 @@ def _header(p, chips: dict, active: list) -> list[str]:
         batches = [c["batch"] for c in chips.values() if c.get("batch") is not None]
         if h.get("batch_id") != (max(batches) if batches else None):
             out.append(f"header batch {h.get('batch_id')} vs the tasks' latest {max(batches) if batches else None}")
+        if h.get("batch_id") is not None and "waiting for the first micro-batch" in (h.get("reason") or ""):
+            out.append(f"header batch {h.get('batch_id')} beside a badge waiting for the first micro-batch")
         rates = [r["rate"] for r in p.instances if r.get("rate") is not None]
         if rates and not _close(h.get("input_rate"), sum(rates)):
             out.append(f"header {h.get('input_rate')} rec/s vs Instances panel {sum(rates)} committed/s")

@@ -763,10 +763,10 @@ class DashboardModel:
             return f"generation {e.generation if e.generation is not None else '?'} ({e.reason}){what}"
         if state in LIVE_STATES and self.metrics.get("batches") == 0:
             since = self.started_at or self.t0
-            secs = f" (running {pic.t - since:.0f} s" if since is not None and pic.t - since >= 1 else " ("
-            done = self.board.committed_records
-            got = f"{fmt_num(done)} records committed so far" if done else "no commit yet"
-            return f"waiting for the first micro-batch{secs}{'; ' if secs != ' (' else ''}{got})"
+            secs = f"running {pic.t - since:.0f} s; " if since is not None and pic.t - since >= 1 else ""
+            got = f"{fmt_num(d)} records committed so far" if (d := self.board.committed_records) else "no commit yet"
+            ran = pic.header.get("batch_id") is not None   # the tasks committed part of it: it runs
+            return f"{'the first micro-batch is not over' if ran else 'waiting for the first micro-batch'} ({secs}{got})"
         if state == "RESTORING":
             return self.board.state_reason or "opening tasks"
         if state == "NOT_RUNNING":

@@ -345,7 +345,9 @@ def test_badge_reasons():
         E0(ev.StateChanged, 89.0, state="RUNNING", old="RESTORING"),
         E0(ev.Committed, 99.0, task="0_0", instance=0, batch=0, records=40_000)]))
     # what it waits for, from the first second: how long, and what the tasks committed so far
-    assert m0.badge_reason() == "waiting for the first micro-batch (running 12 s; 40,000 records committed so far)"
+    # the tasks committed batch 0 (the header says "batch 0"): the badge does not say it waits
+    assert m0.header()["batch_id"] == 0
+    assert m0.badge_reason() == "the first micro-batch is not over (running 12 s; 40,000 records committed so far)"
     assert m0.header()["records"] == 40_000
     m.update(Snapshot(t=1, state="RUNNING", metrics={"batches": 3}))
     assert m.badge_reason() == ""

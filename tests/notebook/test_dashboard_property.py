@@ -242,9 +242,10 @@ class App:
                   "active": [t for t in self.tasks if self.owner[t] == i],
                   "standby": [t for t in self.tasks if i in self.replicas[t]], "warmup": []}
                  for i in self.instances]
-        # the engine's progress lags (or, after a restart, starts again): the header must not read it
+        # the engine's progress lags (or, after a restart, starts again; or has no micro-batch yet
+        # while the tasks commit the first): the header must not read it
         metrics = {"records_processed": 2000 if stale else sum(self.batch.values()),
-                   "last_batch_id": 0, "input_rate": 0.0, "batches": 3, "generation": 1}
+                   "last_batch_id": 0, "input_rate": 0.0, "batches": 0 if stale else 3, "generation": 1}
         return Snapshot(t=self.t, state="RUNNING", tasks=rows, instances=insts, metrics=metrics,
                         asked_at=self.t - 0.05)
 
