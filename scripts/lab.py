@@ -6,7 +6,10 @@ Jupyter refuses to run as root without `--allow-root`, and many of the machines 
 the first free port from 8888 on and say so. With no display there is no browser to open. The
 token is Jupyter's own, read from the server's runtime file (mode 0600), never put on a command
 line where `ps` would show it to other users; the URL with its token is printed last, once the
-server answers, where a person looks.
+server answers, where a person looks. Kernels talk to the server over Unix sockets in Jupyter's
+runtime directory (mode 0700), not localhost TCP ports: on a shared workshop machine no other user
+can subscribe to a kernel's outputs, and ipykernel's warning about unencrypted TCP stays out of the
+terminal. A runtime directory too deep for a socket's path keeps TCP, and says so.
 
     python scripts/lab.py [--notebook-dir DIR] [extra jupyter lab arguments...]
 """
@@ -69,6 +72,16 @@ def runtime_dir() -> str:
     return jupyter_runtime_dir()
 
 
+SOCKET_PATH_MAX = 107   # a Unix socket's path, in bytes (sun_path less its NUL)
+
+
+def kernel_sockets_fit(rt: str) -> bool:
+    """Whether a kernel's Unix sockets fit in ``rt``: jupyter_client names them after the
+    kernel's connection file, ``<rt>/kernel-<uuid>-ipc-<n>`` (n from 1, counting past any left)."""
+    longest = os.path.join(os.path.abspath(rt), f"kernel-{'0' * 36}-ipc-999")
+    return os.name == "posix" and len(os.fsencode(longest)) <= SOCKET_PATH_MAX
+
+
 def server_info(pid: int) -> dict | None:
     """The runtime file the server with ``pid`` writes once it listens (url, port, token)."""
     for path in glob.glob(os.path.join(runtime_dir(), f"jpserver-{pid}.json")):
@@ -115,6 +128,11 @@ def main(argv: list[str]) -> int:
         args.append("--allow-root")
     if not has_display():
         args.append("--no-browser")
+    if kernel_sockets_fit(runtime_dir()):
+        args.append("--KernelManager.transport=ipc")
+    else:
+        print(f"make lab: kernels use localhost TCP: Jupyter's runtime directory is too deep for "
+              f"Unix sockets ({runtime_dir()}); set JUPYTER_RUNTIME_DIR to a shorter one", flush=True)
     args += extra
     proc = subprocess.Popen(args)
 

@@ -1,19 +1,24 @@
 """`make lab`, the README's first command, run as it is (the make target, not a copy of its command
 line) by whoever runs the tests — root in CI — with port 8888 already held by another listener: it
 must start, say why it moved and (as root) that it allows root, print the URL with its token last,
-serve /lab and the quickstart notebook through the Jupyter server's API, and stop with everything it
-started when it is asked to."""
+serve /lab and the quickstart notebook through the Jupyter server's API, run a kernel over Unix
+sockets (no TCP warning in its terminal), and stop with everything it started when it is asked to."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import stat
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 
 import pytest
 
@@ -37,6 +42,59 @@ def _hold_8888():
         return None
 
 
+def _lab_script():
+    spec = importlib.util.spec_from_file_location("lab_script", os.path.join(ROOT, "scripts", "lab.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kernel_sockets_go_in_the_runtime_dir_only_when_their_path_fits(tmp_path):
+    lab = _lab_script()
+    assert lab.kernel_sockets_fit("/tmp/rt")
+    # jupyter_client's longest name there: kernel-<uuid>-ipc-<n>; a path past 107 bytes keeps TCP
+    fits = "/" + "d" * (lab.SOCKET_PATH_MAX - len(f"/kernel-{'0' * 36}-ipc-999") - 1)
+    assert lab.kernel_sockets_fit(fits) and not lab.kernel_sockets_fit(fits + "d")
+
+
+def _run_in_kernel(base: str, token: str, code: str) -> str:
+    """Start a kernel through the server's API and run ``code`` in it over the kernel's websocket,
+    as JupyterLab does; its stdout."""
+    from tornado import httpclient, ioloop, websocket
+
+    auth = {"Authorization": f"token {token}", "Content-Type": "application/json"}
+    req = urllib.request.Request(f"{base}/api/kernels", data=b'{"name": "python3"}', headers=auth,
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        kernel = json.loads(r.read().decode())["id"]
+
+    async def run():
+        ws_url = base.replace("http://", "ws://") + f"/api/kernels/{kernel}/channels"
+        ws = await websocket.websocket_connect(httpclient.HTTPRequest(ws_url, headers=auth))
+        msg_id = uuid.uuid4().hex
+        await ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
+                       "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False}}))
+        out = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            raw = await ws.read_message()
+            assert raw is not None, "the kernel's websocket closed"
+            m = json.loads(raw)
+            if m.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if m["msg_type"] == "stream":
+                out.append(m["content"]["text"])
+            if m["msg_type"] == "execute_reply":
+                ws.close()
+                return "".join(out)
+        raise AssertionError("the kernel did not answer within 60 s")
+
+    return ioloop.IOLoop(make_current=False).run_sync(run)
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -48,10 +106,11 @@ def _group_alive(pgid: int) -> bool:
 def test_make_lab_starts_on_a_free_port_and_serves_the_tour(tmp_path):
     held = _hold_8888()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "MFLAGS"}
+    runtime = tempfile.mkdtemp(prefix="sk-rt-")   # short, as a home's is: its kernels' sockets fit
     env.update({
         "STATEKIT_HOME": str(tmp_path / "statekit-home"),
         "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
+        "JUPYTER_RUNTIME_DIR": runtime,
         "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
     })
@@ -103,6 +162,14 @@ def test_make_lab_starts_on_a_free_port_and_serves_the_tour(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{base}/api/contents/01_quickstart.ipynb", timeout=30)
         assert refused.value.code == 403
+
+        # a notebook's kernel: over Unix sockets in the runtime dir, no TCP warning in the terminal
+        assert _run_in_kernel(base, token, "print(6 * 7)") == "42\n"
+        socks = [f for f in os.listdir(runtime) if stat.S_ISSOCK(os.stat(os.path.join(runtime, f)).st_mode)]
+        assert socks and all(re.fullmatch(r"kernel-[0-9a-f-]{36}-ipc-\d+", f) for f in socks), socks
+        assert stat.S_IMODE(os.stat(runtime).st_mode) & 0o777 == 0o700   # (Jupyter adds the sticky bit)
+        time.sleep(0.5)
+        assert not [ln for ln in lines if "without encryption" in ln or "kernels use localhost TCP" in ln]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -119,4 +186,5 @@ def test_make_lab_starts_on_a_free_port_and_serves_the_tour(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         if held is not None:
             held.close()
+        shutil.rmtree(runtime, ignore_errors=True)
     assert not alive, "make lab left processes running after SIGTERM"
