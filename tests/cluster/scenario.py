@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "runtime"))
 
 import harness as H  # noqa: E402
 from standalone import StandaloneCluster, cmdline, descendants  # noqa: E402
+from statekit.engine.spark.procs import parent  # noqa: E402
 
 SEED = 14
 PARTITIONS = 4
@@ -83,7 +84,9 @@ def run(root: str) -> dict:
         _write(pids_path, sorted(cluster._seen))
         res["executors_at_start"] = executors
         pids = {p for r in cluster._seen for p in [r, *descendants(r)]}
-        res["cluster_jvms"] = [c for c in map(cmdline, sorted(pids)) if "java" in c.split(" ")[0]]
+        # (a JVM forking a child shows that child with its own command line until it execs)
+        res["cluster_jvms"] = [c for p, c in ((p, cmdline(p)) for p in sorted(pids))
+                               if "java" in c.split(" ")[0] and cmdline(parent(p) or 0) != c]
         marks["session_up"] = time.monotonic() - t0
 
         k = Kafka(broker.bootstrap)
