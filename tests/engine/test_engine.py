@@ -5,6 +5,7 @@ running gives exactly the reference."""
 from __future__ import annotations
 
 import collections
+import os
 import random
 import struct
 
@@ -97,6 +98,16 @@ def test_word_count_and_an_instance_killed_mid_batch(spark, kafka_broker, tmp_pa
         ref = collections.Counter(w for ln in first for w in ln.split())
         assert _final_counts(client, "counts") == dict(ref)
         assert q.last_batch_id == len(q.recent_progress) - 1
+        # its checkpoint, on this machine's disk, written by the FileSystem checkpoint manager
+        # (the FileContext one runs a `readlink` process per file): every batch's offsets and
+        # commit, and no temporary file left
+        assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass").endswith(
+            ".FileSystemBasedCheckpointFileManager")
+        ckpt = layout.checkpoint_dir(0)
+        for log in ("offsets", "commits"):
+            assert sorted(int(f) for f in os.listdir(os.path.join(ckpt, log)) if f.isdigit()) == \
+                list(range(q.last_batch_id + 1)), log
+        assert not [f for _d, _s, fs in os.walk(ckpt) for f in fs if ".tmp" in f]
 
         # an instance dies mid-batch: the query is not affected, the task moves and the batch is
         # completed by its new owner
