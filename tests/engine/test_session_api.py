@@ -184,3 +184,19 @@ def test_an_unreachable_connect_server_is_said_at_once_in_one_line():
     with pytest.raises(SparkFailure) as ei:
         _reachable("spark://h:7077")
     assert "sc://HOST:PORT" in one_line(ei.value)
+
+
+def test_jvms_on_this_machine_checkpoint_with_the_filesystem_manager_and_remote_ones_keep_sparks():
+    """Spark's default checkpoint manager on a local disk runs a `readlink` process per renamed
+    file: a Spark Connect server statekit starts with its master on this machine uses the
+    FileSystem one (as statekit's classic sessions do); one whose master is elsewhere keeps the
+    default, whatever its file system."""
+    from statekit.engine.spark.connect_server import server_conf
+    from statekit.engine.spark.jvm import LOCAL_DISK_CONF
+
+    key = "spark.sql.streaming.checkpointFileManagerClass"
+    assert LOCAL_DISK_CONF[key].endswith(".FileSystemBasedCheckpointFileManager")
+    for master in ("local[2]", "spark://127.0.0.1:7077"):
+        assert server_conf(master, "127.0.0.1", 15002, loopback=True)[key] == LOCAL_DISK_CONF[key]
+    assert key not in server_conf("spark://spark-master.example.com:7077", "0.0.0.0", 15002,
+                                  loopback=False)

@@ -89,6 +89,7 @@ def server_conf(master: str, host: str, port: int, loopback: bool) -> dict:
     if loopback:
         conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                      "spark.python.daemon.module": "statekit.engine.spark.worker_daemon"})
+        conf.update(jvm.LOCAL_DISK_CONF)   # its checkpoints are on this machine's disk
     return conf
 
 

@@ -35,6 +35,7 @@ from statekit.engine.spark.data_source_lookup import look_up_data_sources_early
 from statekit.engine.spark.quiet import quiet_driver
 from statekit.engine.spark.jvm import (  # noqa: F401 - re-exported: the JVM's options, logs, archive
     JAVA_OPTS,
+    LOCAL_DISK_CONF,
     LOG4J as _LOG4J,
     PYTHON_WORKER_IDLE_S,
     JavaMissing,
@@ -174,18 +175,6 @@ SQL_CONF = {
     "spark.sql.streaming.stopTimeout": "30s",
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
-}
-
-
-# A session whose JVMs run on this machine keeps its checkpoints on this machine's disk. Spark's
-# default checkpoint manager there (FileContext) asks every file it renames for its link status,
-# which Hadoop answers by running `readlink`: with the `chmod` each file and its .crc get without
-# Hadoop's native library, ~17 processes forked from the JVM per micro-batch. The FileSystem
-# checkpoint manager renames with rename(2), atomic on a local disk, and runs ~4: a running app
-# here spent 9.5 s of CPU where it spent 10.5–11.3 (10 s of micro-batches of 200 records).
-LOCAL_DISK_CONF = {
-    "spark.sql.streaming.checkpointFileManagerClass":
-        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
 }
 
 
