@@ -62,6 +62,7 @@ def native_conf(min_deltas_for_snapshot: int = 10, maintenance_interval=None) ->
         CONF_PROVIDER: PROVIDER,
         CONF_CHANGELOG: "true",
         "spark.sql.codegen.wholeStage": "true",   # its operators compute in the JVM
+        "spark.sql.codegen.factoryMode": "FALLBACK",
         CONF_MIN_DELTAS: str(int(min_deltas_for_snapshot)),
     }
     if maintenance_interval is not None:
