@@ -6,8 +6,13 @@ for every notebook's kernel and every test that starts Spark. This runs a small 
 `-XX:ArchiveClassesAtExit` (a batch job and a streaming query, as statekit runs them), and moves
 the archive into place only once that JVM has exited cleanly; `engine.spark.session` maps it when
 it is there (and starts without it, setting it aside, if the JVM does not start with it).
+Java maps an archive only for the build that wrote it, so the file beside it
+(`statekit-spark.jsa.java`) names that Java. `--if-stale` (every `make` target that runs
+Spark): nothing to do unless an archive is there that another Java wrote (a JDK update, another
+`JAVA_HOME`); then it writes one for this Java.
 Without Java, or if anything fails, it says so in one line and changes nothing.
 """
+import contextlib
 import os
 import shutil
 import subprocess
@@ -34,17 +39,33 @@ stop_session(jvm_exit_timeout=540)   # the JVM writes the archive as it exits: 1
 """
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     sys.path.insert(0, ROOT)
-    from statekit.engine.spark.session import JAVA_OPTS, class_archive
+    from statekit.engine.spark import jvm
 
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    identity = jvm.java_identity()
+    final = jvm.class_archive()
+    if "--if-stale" in argv:
+        if identity is None or not os.path.isfile(final) or jvm.archive_fits_java(final):
+            return 0     # no Java (make's java target says so), never written, or this Java's
+        print(f"the class archive for Spark was not written by this Java ({jvm.java_binary()}): "
+              f"writing a new one (a minute at most) ...", flush=True)
+        os.remove(final)          # not tried again at every make if this one fails
+        with contextlib.suppress(OSError):
+            os.remove(jvm.archive_java_path(final))
+    if identity is None:
         print("no Java: no class archive for Spark (it starts without one)", file=sys.stderr)
         return 0
-    final = class_archive()
+    return write(final, identity, jvm.JAVA_OPTS)
+
+
+def write(final: str, identity: str, java_opts: str) -> int:
+    from statekit.engine.spark.jvm import archive_java_path
+
     work = tempfile.mkdtemp(prefix="statekit-cds-")
     tmp = os.path.join(work, "spark.jsa")
-    env = dict(os.environ, STATEKIT_SPARK_JAVA_OPTS=f"{JAVA_OPTS} -XX:ArchiveClassesAtExit={tmp}")
+    env = dict(os.environ, STATEKIT_SPARK_JAVA_OPTS=f"{java_opts} -XX:ArchiveClassesAtExit={tmp}")
     env.pop("STATEKIT_SPARK_CDS", None)
     try:
         code = WORKLOAD.format(root=ROOT, ckpt=os.path.join(work, "ckpt"))
@@ -57,6 +78,10 @@ def main() -> int:
                   file=sys.stderr)
             return 0
         shutil.copyfile(tmp, final + ".part")     # then a rename: never a half-written archive
+        note = archive_java_path(final)           # the Java that wrote it, then the archive
+        with open(note + ".part", "w", encoding="utf-8") as f:
+            f.write(identity)
+        os.replace(note + ".part", note)
         os.replace(final + ".part", final)
         print(f"class archive for Spark: {final} ({os.path.getsize(final) >> 20} MB)")
         return 0

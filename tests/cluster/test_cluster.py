@@ -86,7 +86,7 @@ def test_scenario_ran(result):
 def test_the_clusters_jvms_run_with_the_drivers_lean_options(result):
     """The master, the workers and the executors share this machine's cores with everything
     else: serial GC, C1 only, and the class archive when make wrote it."""
-    from statekit.engine.spark.session import class_archive
+    from statekit.engine.spark.session import built_class_archive
 
     jvms = result["cluster_jvms"]
     roles = {"deploy.master.Master": 0, "deploy.worker.Worker": 0,
@@ -97,8 +97,8 @@ def test_the_clusters_jvms_run_with_the_drivers_lean_options(result):
             continue
         roles[role] += 1
         assert "-XX:TieredStopAtLevel=1" in c and "-XX:+UseSerialGC" in c, c[-400:]
-        if os.path.isfile(class_archive()):
-            assert f"-XX:SharedArchiveFile={class_archive()}" in c, c[-400:]
+        if built_class_archive():
+            assert f"-XX:SharedArchiveFile={built_class_archive()}" in c, c[-400:]
     assert roles == {"deploy.master.Master": 1, "deploy.worker.Worker": 2,
                      "executor.CoarseGrainedExecutorBackend": 2}, roles
 

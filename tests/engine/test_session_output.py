@@ -3,6 +3,7 @@ it: the JVM's stderr (banner, warnings, Python workers' prints) goes to a log fi
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -96,14 +97,15 @@ def test_a_damaged_class_archive_is_set_aside_and_spark_starts_without_it(tmp_pa
     """The JVM maps the venv's class archive (scripts/spark_cds.py) when it is there; a truncated
     one stops that JVM at its start (SIGBUS here): the session sets it aside, says so in one
     line, and starts without it."""
-    from statekit.engine.spark.session import class_archive
+    from statekit.engine.spark.jvm import archive_java_path, built_class_archive
 
-    good = class_archive()
-    if not os.path.isfile(good):
-        pytest.skip(f"no class archive at {good} (make writes it)")
+    good = built_class_archive()
+    if good is None:
+        pytest.skip("no class archive for this Java (make writes it)")
     bad = tmp_path / "spark.jsa"
     with open(good, "rb") as src:
         bad.write_bytes(src.read(1 << 20))
+    shutil.copyfile(archive_java_path(good), archive_java_path(str(bad)))   # this Java's
     env = dict(os.environ, STATEKIT_SPARK_CDS=str(bad))
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=300,
                        env=env)
@@ -126,14 +128,15 @@ def test_a_failed_start_with_a_bad_master_keeps_the_class_archive(tmp_path):
     """A start that fails for a reason of its own (here a master URL Spark cannot parse) is not
     the archive's fault: the archive stays where it is, nobody is told about it, and the failure
     is one line."""
-    from statekit.engine.spark.session import class_archive
+    from statekit.engine.spark.jvm import archive_java_path, built_class_archive
 
-    good = class_archive()
-    if not os.path.isfile(good):
-        pytest.skip(f"no class archive at {good} (make writes it)")
+    good = built_class_archive()
+    if good is None:
+        pytest.skip("no class archive for this Java (make writes it)")
     mine = tmp_path / "spark.jsa"
     with open(good, "rb") as src:
         mine.write_bytes(src.read())
+    shutil.copyfile(archive_java_path(good), archive_java_path(str(mine)))
     env = dict(os.environ, STATEKIT_SPARK_CDS=str(mine), TMPDIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-c", BAD_MASTER], capture_output=True, text=True, timeout=300,
                        env=env)

@@ -2,8 +2,9 @@
 local standalone cluster's daemons): Java itself, their lean options, the class archive they map,
 where their logs and stderr go, and the Python their workers run.
 
-- The class-data archive (``<venv>/statekit-spark.jsa``, written once by ``make``) halves a JVM's
-  start; a damaged one can stop that JVM at its start. Only the JVM's own words say so (a fatal
+- The class-data archive (``<venv>/statekit-spark.jsa``, written by ``make``) halves a JVM's
+  start. It is mapped only by the Java that wrote it (named in the file beside it: Java ignores
+  another build's archive), and a damaged one can stop that JVM at its start. Only the JVM's own words say so (a fatal
   error in ``FileMapInfo``, or a message about the shared archive on its stderr):
   ``archive_was_the_cause`` reads them, so a start that failed for any other reason (a bad master
   URL) never costs the archive.
@@ -11,6 +12,7 @@ where their logs and stderr go, and the Python their workers run.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -26,6 +28,7 @@ class JavaMissing(StatekitError):
 
 
 _JAVA_OK: str | None = None
+_JAVA_ID: str | None = None   # which Java that is (``java_identity``)
 
 LOG4J = """\
 status = error
@@ -87,13 +90,18 @@ def stderr_to_file(path: str):
         os.close(saved)
 
 
+def java_binary() -> str | None:
+    """The ``java`` Spark will run: ``$JAVA_HOME/bin/java``, else the one on the PATH."""
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else shutil.which("java")
+
+
 def check_java() -> str:
     """Return the Java major version, or raise `JavaMissing` with a one-line hint."""
-    global _JAVA_OK
+    global _JAVA_OK, _JAVA_ID
     if _JAVA_OK:
         return _JAVA_OK
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    java = java_binary()
     hint = ("install one (sudo apt-get install -y openjdk-17-jre-headless, brew install openjdk@17, "
             "conda install -c conda-forge openjdk=17) or set JAVA_HOME")
     if not java or not os.path.exists(java):
@@ -109,8 +117,20 @@ def check_java() -> str:
         major = m.group(2)
     if major not in ("17", "21"):
         raise JavaMissing(f"Found Java {major} at {java}, but Spark 4 needs Java 17 or 21: {hint}.")
+    _JAVA_ID = "\n".join([os.path.realpath(java)] + [
+        ln.strip() for ln in text.splitlines() if "version" in ln or "build" in ln])
     _JAVA_OK = major
     return major
+
+
+def java_identity() -> str | None:
+    """Which Java this is, as a class archive must match it: the binary and its version and build
+    lines (``java -version``, run once per process by ``check_java``); None without a usable Java."""
+    try:
+        check_java()
+    except JavaMissing:
+        return None
+    return _JAVA_ID
 
 
 def statekit_root() -> str:
@@ -169,10 +189,37 @@ def class_archive() -> str:
     return os.environ.get("STATEKIT_SPARK_CDS") or os.path.join(sys.prefix, "statekit-spark.jsa")
 
 
+def archive_java_path(archive: str) -> str:
+    """The file beside a class archive that names the Java which wrote it (``java_identity``)."""
+    return archive + ".java"
+
+
+def archive_fits_java(archive: str) -> bool:
+    """Whether ``archive`` was written by the Java that would map it now. Java maps an archive
+    only for its own build: after an update of the JDK (a distribution's security release) or
+    another ``JAVA_HOME``, every JVM would start without it, twice as slowly, having said so only
+    in its log. An archive with no such note (or a Java that cannot be asked) does not fit."""
+    try:
+        with open(archive_java_path(archive), encoding="utf-8") as f:
+            wrote = f.read()
+    except OSError:
+        return False
+    now = java_identity()
+    return now is not None and wrote == now
+
+
 def built_class_archive() -> str | None:
-    """``class_archive()`` when ``make`` has written it, else None."""
+    """``class_archive()`` when ``make`` has written it for this Java (``archive_fits_java``; ``make``
+    writes it again once the Java differs), else None."""
     archive = class_archive()
-    return archive if os.path.isfile(archive) else None
+    if not os.path.isfile(archive):
+        return None
+    if not archive_fits_java(archive):
+        logging.getLogger("statekit.spark").info(
+            "the class archive %s was written by another Java than %s: Spark starts without it "
+            "(make writes one for this Java)", archive, java_binary())
+        return None
+    return archive
 
 
 def jvm_options(archive: str | None) -> str:
