@@ -27,6 +27,9 @@ class JavaMissing(StatekitError):
     pass
 
 
+# The Java releases statekit runs Spark on. (Spark 4.2 and later run on 25 too, but Java 25 prints
+# errors about the class archive on the JVM's stdout at every start: docs/ARCHITECTURE.md.)
+JAVA_MAJORS = ("17", "21")
 _JAVA_OK: str | None = None
 _JAVA_ID: str | None = None   # which Java that is (``java_identity``)
 
@@ -102,21 +105,22 @@ def check_java() -> str:
     if _JAVA_OK:
         return _JAVA_OK
     java = java_binary()
+    need = f"Spark needs Java {' or '.join(JAVA_MAJORS)}"
     hint = ("install one (sudo apt-get install -y openjdk-17-jre-headless, brew install openjdk@17, "
             "conda install -c conda-forge openjdk=17) or set JAVA_HOME")
     if not java or not os.path.exists(java):
-        raise JavaMissing(f"Java was not found, and Spark needs Java 17 or 21: {hint}.")
+        raise JavaMissing(f"Java was not found, and {need}: {hint}.")
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
         text = out.stderr + out.stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        raise JavaMissing(f"Could not run {java} ({exc}); Spark needs Java 17 or 21: {hint}.") from None
+        raise JavaMissing(f"Could not run {java} ({exc}); {need}: {hint}.") from None
     m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
     major = m.group(1) if m else "?"
     if major == "1" and m.group(2):
         major = m.group(2)
-    if major not in ("17", "21"):
-        raise JavaMissing(f"Found Java {major} at {java}, but Spark 4 needs Java 17 or 21: {hint}.")
+    if major not in JAVA_MAJORS:
+        raise JavaMissing(f"Found Java {major} at {java}, but {need}: {hint}.")
     _JAVA_ID = "\n".join([os.path.realpath(java)] + [
         ln.strip() for ln in text.splitlines() if "version" in ln or "build" in ln])
     _JAVA_OK = major
