@@ -1,6 +1,7 @@
 """The class archive is mapped only by the Java that wrote it (``engine.spark.jvm``), and ``make``
 writes it again once another Java did (``scripts/spark_cds.py --if-stale``): Java ignores another
-build's archive, so after a JDK update every JVM would start twice as slowly, said only in its log."""
+build's archive, so after a JDK update every JVM would start without it (7.5 s to a first output here
+instead of ~5), said only in its log."""
 from __future__ import annotations
 
 import importlib.util

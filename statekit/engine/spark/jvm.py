@@ -201,7 +201,7 @@ def archive_java_path(archive: str) -> str:
 def archive_fits_java(archive: str) -> bool:
     """Whether ``archive`` was written by the Java that would map it now. Java maps an archive
     only for its own build: after an update of the JDK (a distribution's security release) or
-    another ``JAVA_HOME``, every JVM would start without it, twice as slowly, having said so only
+    another ``JAVA_HOME``, every JVM would start without it (~1.5 times as slow), saying so only
     in its log. An archive with no such note (or a Java that cannot be asked) does not fit."""
     try:
         with open(archive_java_path(archive), encoding="utf-8") as f:
