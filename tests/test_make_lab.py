@@ -77,9 +77,11 @@ def _run_in_kernel(base: str, token: str, code: str) -> str:
                        "msg_type": "execute_request", "version": "5.3"},
             "parent_header": {}, "metadata": {}, "channel": "shell",
             "content": {"code": code, "silent": False}}))
-        out = []
+        # the reply comes on the shell channel, the output on iopub: no order between the two.
+        # iopub's "idle" for the request comes after every output of it.
+        out, replied, idle = [], False, False
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (replied and idle):
             raw = await ws.read_message()
             assert raw is not None, "the kernel's websocket closed"
             m = json.loads(raw)
@@ -87,10 +89,15 @@ def _run_in_kernel(base: str, token: str, code: str) -> str:
                 continue
             if m["msg_type"] == "stream":
                 out.append(m["content"]["text"])
-            if m["msg_type"] == "execute_reply":
-                ws.close()
-                return "".join(out)
-        raise AssertionError("the kernel did not answer within 60 s")
+            elif m["msg_type"] == "execute_reply":
+                assert m["content"]["status"] == "ok", m["content"]
+                replied = True
+            elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                idle = True
+        ws.close()
+        if not (replied and idle):
+            raise AssertionError("the kernel did not answer within 60 s")
+        return "".join(out)
 
     return ioloop.IOLoop(make_current=False).run_sync(run)
 
