@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 
 
 def write(final: str, identity: str, java_opts: str) -> int:
-    from statekit.engine.spark.jvm import archive_java_path
+    from statekit.engine.spark import jvm
 
     work = tempfile.mkdtemp(prefix="statekit-cds-")
     tmp = os.path.join(work, "spark.jsa")
@@ -78,7 +78,7 @@ def write(final: str, identity: str, java_opts: str) -> int:
                   file=sys.stderr)
             return 0
         shutil.copyfile(tmp, final + ".part")     # then a rename: never a half-written archive
-        note = archive_java_path(final)           # the Java that wrote it, then the archive
+        note = jvm.archive_java_path(final)       # the Java that wrote it, then the archive
         with open(note + ".part", "w", encoding="utf-8") as f:
             f.write(identity)
         os.replace(note + ".part", note)

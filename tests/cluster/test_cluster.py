@@ -88,6 +88,7 @@ def test_the_clusters_jvms_run_with_the_drivers_lean_options(result):
     else: serial GC, C1 only, and the class archive when make wrote it."""
     from statekit.engine.spark.session import built_class_archive
 
+    archive = built_class_archive()
     jvms = result["cluster_jvms"]
     roles = {"deploy.master.Master": 0, "deploy.worker.Worker": 0,
              "executor.CoarseGrainedExecutorBackend": 0}
@@ -97,8 +98,8 @@ def test_the_clusters_jvms_run_with_the_drivers_lean_options(result):
             continue
         roles[role] += 1
         assert "-XX:TieredStopAtLevel=1" in c and "-XX:+UseSerialGC" in c, c[-400:]
-        if built_class_archive():
-            assert f"-XX:SharedArchiveFile={built_class_archive()}" in c, c[-400:]
+        if archive:
+            assert f"-XX:SharedArchiveFile={archive}" in c, c[-400:]
     assert roles == {"deploy.master.Master": 1, "deploy.worker.Worker": 2,
                      "executor.CoarseGrainedExecutorBackend": 2}, roles
 

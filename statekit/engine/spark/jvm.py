@@ -4,10 +4,10 @@ where their logs and stderr go, and the Python their workers run.
 
 - The class-data archive (``<venv>/statekit-spark.jsa``, written by ``make``) halves a JVM's
   start. It is mapped only by the Java that wrote it (named in the file beside it: Java ignores
-  another build's archive), and a damaged one can stop that JVM at its start. Only the JVM's own words say so (a fatal
-  error in ``FileMapInfo``, or a message about the shared archive on its stderr):
-  ``archive_was_the_cause`` reads them, so a start that failed for any other reason (a bad master
-  URL) never costs the archive.
+  another build's archive), and a damaged one can stop that JVM at its start. Only the JVM's own
+  words say so (a fatal error in ``FileMapInfo``, or a message about the shared archive on its
+  stderr): ``archive_was_the_cause`` reads them, so a start that failed for any other reason (a
+  bad master URL) never costs the archive.
 """
 from __future__ import annotations
 
