@@ -2,13 +2,14 @@
 
     python -m statekit.demo [--only 01,02] [--out build] [--timeout 300] [--jobs 3]
 
-Executes every `notebooks/NN_*.ipynb` (01–15) in a real Jupyter kernel (nbclient; the kernel runs this
+Executes every `notebooks/NN_*.ipynb` (01–16) in a real Jupyter kernel (nbclient; the kernel runs this
 interpreter), writes the executed copies to `build/notebooks/` and every chart they draw as PNG to
 `build/charts/`, then prints a short report: per notebook its time and checks, and every restore a
 notebook measured (seconds, records and records/s per task, the forecast made before the crash when
 there is one). Each run gets its own STATEKIT_HOME (a fresh broker and state directories), removed
 afterwards unless --keep. Three notebooks run side by side (`--jobs`), each in its own process,
-the longest first.
+the longest first; before them, one at a time, the notebooks whose restore the report times
+(`MEASURED`), so that a neighbour's work does not fall between a forecast and its restore.
 
 What the report needs, a notebook hands over without showing it to the learner: a short cell tagged
 `remove-cell` calls `record_restore(app, forecast)`, which reads the app's own figures and appends
@@ -393,6 +394,17 @@ LONGEST_FIRST = ("13_", "09_", "03_", "02_", "10_", "16_", "05_", "11_", "14_", 
                  "07_", "06_", "08_", "12_")
 
 
+# The notebooks whose restore the report sets against the forecast made before the crash. They run
+# first, one at a time, each alone: a forecast measures the machine of its moment
+# (`state.forecast.rate_now`), and a neighbour's phases come and go within seconds. In a pool of
+# three the moment of 02's forecast fell on notebook 10's start (a JVM, five instances and their
+# calibrations): its calibration got a sixth to a fifth of a core, its restore 20 s later half a
+# core (forecast / measured 1.97–3.09 in four runs of five); beside 03 alone it fell on 03's bulk
+# load (2.51 once: calibrated at 138,000 records/s, restored at 316,000–395,000). No figure taken
+# before a crash can see the next seconds of a neighbour.
+MEASURED = ("02_", "03_")
+
+
 def schedule(paths: list) -> list:
     """``paths`` in the order they start: longest first, a notebook not measured yet last."""
     def rank(p):
@@ -400,6 +412,15 @@ def schedule(paths: list) -> list:
         return next((i for i, pre in enumerate(LONGEST_FIRST) if name.startswith(pre)),
                     len(LONGEST_FIRST))
     return sorted(paths, key=rank)
+
+
+def phases(paths: list) -> list:
+    """The pool's phases: each measured notebook (``MEASURED``) alone, then the rest together; in
+    ``schedule`` order."""
+    ordered = schedule(paths)
+    measured = [p for p in ordered if os.path.basename(p).startswith(MEASURED)]
+    rest = [p for p in ordered if p not in measured]
+    return [[p] for p in measured] + ([rest] if rest else [])
 
 
 def _run_in_pool(*args) -> NotebookResult:
@@ -441,12 +462,12 @@ def run_all(paths: list, out: str, timeout: int, keep: bool, jobs: int) -> list:
         print(f"running {len(paths)} notebooks, {jobs} at a time ...", flush=True)
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            futures = {pool.submit(_run_in_pool, p, out, timeout, None, keep): p
-                       for p in schedule(paths)}
-            for f in as_completed(futures):
-                r = f.result()
-                results[futures[f]] = r
-                print(f"  {r.name}: {'ok' if r.passed else 'FAILED'} ({r.seconds:.0f} s)", flush=True)
+            for phase in phases(paths):
+                futures = {pool.submit(_run_in_pool, p, out, timeout, None, keep): p for p in phase}
+                for f in as_completed(futures):
+                    r = f.result()
+                    results[futures[f]] = r
+                    print(f"  {r.name}: {'ok' if r.passed else 'FAILED'} ({r.seconds:.0f} s)", flush=True)
     for p in paths:
         if p not in results:
             print(f"running {os.path.basename(p)} ...", flush=True)

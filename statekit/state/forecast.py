@@ -41,7 +41,9 @@ from statekit.state.restore import (NO_BATCH, RESTORE_FETCH_BYTES, StoreReplay,
 CALIBRATE_RECORDS = 1_000_000  # offsets: a restore of up to this many is measured whole
 CALIBRATE_MIN = 40_000       # a changelog shorter than this is calibrated on synthetic records
 PROBE_S = 0.4                # seconds of the restore that measures the machine's load now
+PROBE_ASKED_S = 1.0          # ... for a caller who waits for a quiet moment (``settle``): a cell
 LOAD_TTL = 10.0              # seconds a load measured stands (a dashboard forecasts every few)
+LOAD_FRESH = 1.0             # ... for a caller who waits for a quiet moment
 LOAD_MAX = 30.0              # a load figure stays within [1/30, 30]
 SCAN_MAX = 2_000_000  # offsets: a range up to this long is counted from batch headers
 _calibrated: dict = {}  # (bootstrap, topic, partition) -> Calibration
@@ -241,10 +243,14 @@ def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False, settle
     seconds) set against the calibration's first seconds: the same code, broker and disk, in the
     same process group, so a busy machine (other notebooks, CPU hogs, a shared server) and a
     quiet one are both seen as a restore sees them. Remembered for ``LOAD_TTL`` seconds (a
-    dashboard's forecasts do not measure it each time), and not measured beside the caller's own
-    work (``busy``): the last figure stands. One measurement at a time in a process: a
-    dashboard's forecast and a cell's would measure each other; the second waits and finds the
-    first's."""
+    dashboard's forecasts do not measure it each time); a caller who waits up to ``settle``
+    seconds for a quiet moment (a cell's forecast: a person asked, right before a crash) gets a
+    load at most ``LOAD_FRESH`` old, measured over ``PROBE_ASKED_S`` once the caller's own work
+    (``busy``) pauses: the dashboard's calibration, made while notebook 02's kernel ran its
+    heaviest cell, had forecast the restore that followed 1.48 times too slow. Not measured
+    beside the caller's own work: the last figure stands. One measurement at a time in a
+    process: a dashboard's forecast and a cell's would measure each other; the second waits and
+    finds the first's."""
     with _measuring:
         return _rate_now(kafka, topic, partition, busy, settle, probe_s)
 
@@ -257,13 +263,21 @@ def _rate_now(kafka, topic, partition, busy, settle, probe_s) -> tuple:
         last = _load.get(key)
     if cal is None or len(cal.curve) < 2:
         return rate, 1.0
-    if last is not None and (time.monotonic() - last[1] < LOAD_TTL or _busy_now(busy)):
+    # a caller who waits for a quiet moment (a cell's forecast) gets the load of its own moment
+    ttl = LOAD_FRESH if settle > 0 else LOAD_TTL
+    if last is not None and time.monotonic() - last[1] < ttl:
+        return rate / last[0], last[0]
+    deadline = time.monotonic() + settle
+    while _busy_now(busy) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if last is not None and _busy_now(busy):
         return rate / last[0], last[0]
     try:
         begin, _end = kafka.offsets_many([topic], partition)[topic]
     except UnknownTopic:
         return rate, 1.0
-    took, read = _probe(kafka, topic, partition, begin, begin + cal.span, probe_s)
+    took, read = _probe(kafka, topic, partition, begin, begin + cal.span,
+                        max(probe_s, PROBE_ASKED_S) if settle > 0 else probe_s)
     then = _seconds_at(cal.curve, read)
     load = min(LOAD_MAX, max(1.0 / LOAD_MAX, took / then)) if then and read else 1.0
     with _lock:

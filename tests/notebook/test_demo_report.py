@@ -122,3 +122,20 @@ def test_a_kernel_that_dies_before_it_answers_is_started_once_more(tmp_path, mon
     deaths = 2
     r = demo.run_notebook(str(path), out_dir=str(tmp_path / "out2"), timeout=60)
     assert r.errors == ["RuntimeError: Kernel died before replying to kernel_info"] and len(calls) == 2
+
+
+def test_the_notebooks_whose_restore_is_measured_run_first_and_alone():
+    """`make demo` sets a restore against its forecast only where a notebook records it; each of
+    those notebooks runs in a phase of its own, so no other notebook's work falls between a forecast
+    and its restore; every notebook runs once, the rest longest first, side by side."""
+    import os
+
+    paths = demo.notebook_paths(None)
+    recording = [p for p in demo.schedule(paths) if "record_restore(" in open(p).read()]
+    assert recording and all(os.path.basename(p).startswith(demo.MEASURED) for p in recording)
+    got = demo.phases(list(reversed(paths)))
+    rest = [p for p in demo.schedule(paths) if p not in recording]
+    assert got == [[p] for p in recording] + [rest]
+    assert sorted(p for ph in got for p in ph) == sorted(paths)
+    assert demo.phases(rest) == [rest]                      # none measured: one phase
+    assert demo.phases(recording[:1]) == [recording[:1]]    # only a measured one: itself
