@@ -459,10 +459,15 @@ def run_all(paths: list, out: str, timeout: int, keep: bool, jobs: int) -> list:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        print(f"running {len(paths)} notebooks, {jobs} at a time ...", flush=True)
+        plan = phases(paths)
+        alone = [ph[0] for ph in plan if len(ph) == 1 and os.path.basename(ph[0]).startswith(MEASURED)]
+        print(f"running {len(paths)} notebooks: "
+              + (f"{', '.join(os.path.basename(p)[:2] for p in alone)} alone first (their restores "
+                 f"are timed), then " if alone else "")
+              + f"{jobs} at a time ...", flush=True)
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            for phase in phases(paths):
+            for phase in plan:
                 futures = {pool.submit(_run_in_pool, p, out, timeout, None, keep): p for p in phase}
                 for f in as_completed(futures):
                     r = f.result()

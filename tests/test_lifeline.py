@@ -264,6 +264,47 @@ def test_a_jvm_launched_by_a_start_that_was_interrupted_is_ended_at_once():
     assert p.pid not in keeper.kept
 
 
+def test_a_launch_interrupted_inside_pysparks_popen_is_ended_too(monkeypatch):
+    """Ctrl-C landing inside pyspark's Popen, after the fork and before it returned (seen in CI on
+    a loaded machine: the JVM outlived its kernel, its main thread dead on the connection file
+    pyspark had removed): no Popen object names that child, yet it is ended and reaped; a Spark
+    launch that was already this process's child (a session that runs) is left alone."""
+    import subprocess
+    import sys
+
+    import pyspark.java_gateway as gateway
+
+    from statekit.engine.spark.session import _JvmKeeper
+
+    def launch():   # a child whose command line says SparkSubmit, as a JVM's does
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                                 "org.apache.spark.deploy.SparkSubmit"])
+
+    older = launch()                       # before the start: not the start's to end
+    lost = []
+
+    def interrupted_popen(*args, **kwargs):
+        lost.append(launch().pid)          # forked, then the interrupt: nothing returned
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gateway, "Popen", interrupted_popen)
+    try:
+        keeper = _JvmKeeper()
+        with pytest.raises(KeyboardInterrupt):
+            with keeper:
+                gateway.Popen(["spark-submit"])
+        assert not pid_alive(lost[0])       # ended and reaped (no zombie left either)
+        with pytest.raises(ChildProcessError):
+            os.waitpid(lost[0], os.WNOHANG)
+        assert older.poll() is None
+    finally:
+        older.kill()
+        older.wait()
+        for pid in lost:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_jvm_of_a_start_that_succeeded_is_left_running():
     import pyspark.java_gateway as gateway
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -341,6 +342,7 @@ class _JvmKeeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._popen = None
+        self._before: set = set()   # Spark launches that were this process's children already
 
     def __enter__(self):
         # the pid is kept as pyspark's Popen returns it, in the thread that launches the JVM, to
@@ -361,6 +363,7 @@ class _JvmKeeper:
             self.keep(proc.pid)
             return proc
 
+        self._before = set(self._submits())
         gateway.Popen = popen
         self._thread = threading.Thread(target=self._watch, name="statekit-jvm-keeper", daemon=True)
         self._thread.start()
@@ -391,17 +394,41 @@ class _JvmKeeper:
                     continue
             self.kept.discard(proc.pid)
             lifeline.forget(proc.pid)
+        # an interrupt inside pyspark's Popen (after the fork: seen in CI) leaves a child no Popen
+        # names: a Spark launch that was not there before this start is ended and reaped too
+        mine = {proc.pid for proc in self.launched}
+        for pid in set(self._submits()) - self._before - mine:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.05)
+            self.kept.discard(pid)
+            lifeline.forget(pid)
 
-    def _watch(self) -> None:
+    @staticmethod
+    def _submits() -> list:
+        """This process's children that are a Spark launch (spark-submit, then its JVM)."""
         from statekit.engine.spark import procs
 
-        me = os.getpid()
+        out = []
+        for pid in procs.children(os.getpid()):
+            cmd = procs.cmdline(pid)
+            if "spark-submit" in cmd or "SparkSubmit" in cmd:
+                out.append(pid)
+        return out
+
+    def _watch(self) -> None:
         while not self._stop.wait(0.2):
-            for pid in procs.children(me):   # bash spark-submit, then (exec) the JVM: one pid
-                if pid not in self.kept:
-                    cmd = procs.cmdline(pid)
-                    if "spark-submit" in cmd or "SparkSubmit" in cmd:
-                        self.keep(pid)
+            for pid in self._submits():   # bash spark-submit, then (exec) the JVM: one pid
+                self.keep(pid)
 
     def keep(self, pid: int | None) -> None:
         if pid is not None and pid not in self.kept:
