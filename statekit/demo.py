@@ -414,13 +414,18 @@ def schedule(paths: list) -> list:
     return sorted(paths, key=rank)
 
 
+def timed(paths: list) -> list:
+    """The notebooks of ``paths`` whose restore the report times (``MEASURED``), in ``schedule``
+    order."""
+    return [p for p in schedule(paths) if os.path.basename(p).startswith(MEASURED)]
+
+
 def phases(paths: list) -> list:
-    """The pool's phases: each measured notebook (``MEASURED``) alone, then the rest together; in
-    ``schedule`` order."""
-    ordered = schedule(paths)
-    measured = [p for p in ordered if os.path.basename(p).startswith(MEASURED)]
-    rest = [p for p in ordered if p not in measured]
-    return [[p] for p in measured] + ([rest] if rest else [])
+    """The pool's phases: each timed notebook alone, then the rest together; in ``schedule``
+    order."""
+    alone = timed(paths)
+    rest = [p for p in schedule(paths) if p not in alone]
+    return [[p] for p in alone] + ([rest] if rest else [])
 
 
 def _run_in_pool(*args) -> NotebookResult:
@@ -459,15 +464,14 @@ def run_all(paths: list, out: str, timeout: int, keep: bool, jobs: int) -> list:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        plan = phases(paths)
-        alone = [ph[0] for ph in plan if len(ph) == 1 and os.path.basename(ph[0]).startswith(MEASURED)]
+        alone = timed(paths)
         print(f"running {len(paths)} notebooks: "
               + (f"{', '.join(os.path.basename(p)[:2] for p in alone)} alone first (their restores "
                  f"are timed), then " if alone else "")
               + f"{jobs} at a time ...", flush=True)
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            for phase in plan:
+            for phase in phases(paths):
                 futures = {pool.submit(_run_in_pool, p, out, timeout, None, keep): p for p in phase}
                 for f in as_completed(futures):
                     r = f.result()

@@ -189,6 +189,13 @@ def _busy_now(busy) -> bool:
     return bool(busy() if callable(busy) else busy)
 
 
+def _wait_for_pause(busy, seconds: float) -> None:
+    """Up to ``seconds`` for the caller's own work (``busy``) to pause."""
+    deadline = time.monotonic() + seconds
+    while _busy_now(busy) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def calibrate(kafka, topic: Optional[str], partition: int = 0,
               records: int = CALIBRATE_RECORDS, busy=False, settle: float = 0.0) -> float:
     """Records/s of a restore on this machine, measured by doing one: up to ``records`` offsets of
@@ -218,9 +225,7 @@ def calibrate(kafka, topic: Optional[str], partition: int = 0,
     fits = hit is not None and (span <= hit.span * 5 // 4 or span < CALIBRATE_MIN)
     if fits and not hit.busy:
         return hit.rate
-    deadline = time.monotonic() + (settle if span >= CALIBRATE_MIN else 0.0)
-    while _busy_now(busy) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_for_pause(busy, settle if span >= CALIBRATE_MIN else 0.0)
     now_busy = _busy_now(busy)
     if fits and now_busy:
         return hit.rate
@@ -267,9 +272,7 @@ def _rate_now(kafka, topic, partition, busy, settle, probe_s) -> tuple:
     ttl = LOAD_FRESH if settle > 0 else LOAD_TTL
     if last is not None and time.monotonic() - last[1] < ttl:
         return rate / last[0], last[0]
-    deadline = time.monotonic() + settle
-    while _busy_now(busy) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_for_pause(busy, settle)
     if last is not None and _busy_now(busy):
         return rate / last[0], last[0]
     try:
