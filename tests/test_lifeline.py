@@ -230,8 +230,8 @@ def test_what_pysparks_popen_launches_is_kept_before_the_watcher_looks(tmp_path)
     proc, pids = _starter("""
         import json, os
         import pyspark.java_gateway as gateway
-        from statekit.engine.spark.session import _JvmKeeper
-        with _JvmKeeper():
+        from statekit.engine.spark.jvm_launch import JvmKeeper
+        with JvmKeeper():
             p = gateway.Popen(["sleep", "600"])
             print(json.dumps({"sleep": p.pid}), flush=True)
             os._exit(0)   # at once: the watcher (every 0.2 s) has not looked
@@ -252,9 +252,9 @@ def test_a_jvm_launched_by_a_start_that_was_interrupted_is_ended_at_once():
     import pyspark.java_gateway as gateway
 
     from statekit import lifeline
-    from statekit.engine.spark.session import _JvmKeeper
+    from statekit.engine.spark.jvm_launch import JvmKeeper
 
-    keeper = _JvmKeeper()
+    keeper = JvmKeeper()
     with pytest.raises(KeyboardInterrupt):
         with keeper:
             assert lifeline.keeper_pid() is not None     # running before the launch
@@ -274,7 +274,7 @@ def test_a_launch_interrupted_inside_pysparks_popen_is_ended_too(monkeypatch):
 
     import pyspark.java_gateway as gateway
 
-    from statekit.engine.spark.session import _JvmKeeper
+    from statekit.engine.spark.jvm_launch import JvmKeeper
 
     def launch():   # a child whose command line says SparkSubmit, as a JVM's does
         return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
@@ -289,7 +289,7 @@ def test_a_launch_interrupted_inside_pysparks_popen_is_ended_too(monkeypatch):
 
     monkeypatch.setattr(gateway, "Popen", interrupted_popen)
     try:
-        keeper = _JvmKeeper()
+        keeper = JvmKeeper()
         with pytest.raises(KeyboardInterrupt):
             with keeper:
                 gateway.Popen(["spark-submit"])
@@ -308,9 +308,9 @@ def test_a_launch_interrupted_inside_pysparks_popen_is_ended_too(monkeypatch):
 def test_a_jvm_of_a_start_that_succeeded_is_left_running():
     import pyspark.java_gateway as gateway
 
-    from statekit.engine.spark.session import _JvmKeeper
+    from statekit.engine.spark.jvm_launch import JvmKeeper
 
-    keeper = _JvmKeeper()
+    keeper = JvmKeeper()
     with keeper:
         p = gateway.Popen(["sleep", "600"])
     try:
@@ -324,10 +324,10 @@ def test_a_jvm_of_a_start_that_succeeded_is_left_running():
 def test_the_jvm_keeper_puts_pysparks_popen_back():
     import pyspark.java_gateway as gateway
 
-    from statekit.engine.spark.session import _JvmKeeper
+    from statekit.engine.spark.jvm_launch import JvmKeeper
 
     before = gateway.Popen
-    with _JvmKeeper():
+    with JvmKeeper():
         assert gateway.Popen is not before
     assert gateway.Popen is before
 

@@ -57,6 +57,28 @@ def test_spark_python_workers_import_the_installed_pyspark_not_its_zip(spark):
     assert ".zip" not in row.pyspark
 
 
+def test_spark_python_workers_do_not_search_sparks_jars(spark):
+    """Spark also puts its spark-core jar on its Python processes' path (pip's holds no Python):
+    Python re-read its ~6,000-entry directory at every cache invalidation and metadata lookup
+    (scripts/spark_workers_pth.py). The .pth drops it from the path and from the cached finders;
+    Spark did put it there, in the worker's environment."""
+    def look(batches):
+        import os
+        import sys
+
+        import pandas as pd
+
+        for _ in batches:
+            jars = [p for p in sys.path + list(sys.path_importer_cache) if p.endswith(".jar")]
+            given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                     if p.endswith(".jar")]
+            yield pd.DataFrame({"jars": [repr(jars)], "given": [len(given)]})
+
+    row = spark.range(1).mapInPandas(look, "jars string, given long").collect()[0]
+    assert row.given >= 1           # what the .pth is for: Spark still hands the jar over
+    assert row.jars == "[]"
+
+
 def test_spark_python_workers_fork_with_statekits_imports_done_and_frozen(spark):
     """A local session's workers come from statekit's daemon (worker_daemon.py): statekit's
     modules are there before the worker's first task, imported by the daemon; pyarrow is imported

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ import warnings
 
 from statekit.engine.spark import session_api
 from statekit.engine.spark.data_source_lookup import look_up_data_sources_early
+from statekit.engine.spark.jvm_launch import DirectLaunch, JvmKeeper
 from statekit.engine.spark.quiet import quiet_driver
 from statekit.engine.spark.jvm import (  # noqa: F401 - re-exported: the JVM's options, logs, archive
     JAVA_OPTS,
@@ -113,6 +113,7 @@ class _Owned:
         self.server = None
         self.connect_env = False     # statekit set SPARK_CONNECT_MODE_ENABLED (a Connect session)
         self.queries: dict = {}      # query id -> name
+        self.launched_directly = False   # its JVM started without spark-submit (jvm_launch)
 
 
 _OWNED = _Owned()
@@ -329,121 +330,6 @@ def _jvm_pid() -> int | None:
     return getattr(proc, "pid", None)
 
 
-class _JvmKeeper:
-    """Hands the JVM this process launches to the lifeline's keeper (`statekit.lifeline.keep`)
-    from the moment it is launched (an interrupted start never returns its pid) until statekit
-    stops it. The JVM exits at EOF on its stdin, yet JVMs of notebook kernels interrupted by
-    Ctrl-C were found alive 30 s and 43 minutes later, their shutdown hooks not done. The keeper
-    ends it, SIGKILL after its grace, whatever the cause."""
-
-    def __init__(self):
-        self.kept: set = set()
-        self.launched: list = []    # what pyspark's Popen launched during this start
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._popen = None
-        self._before: set = set()   # Spark launches that were this process's children already
-
-    def __enter__(self):
-        # the pid is kept as pyspark's Popen returns it, in the thread that launches the JVM, to
-        # a keeper already running (one write); the watcher only covers a launch by another path.
-        # (Seen in CI: a kernel shut down while its session was starting ended before the
-        # watcher's next look; the JVM's main thread then failed on the connection file pyspark
-        # had removed, and py4j's server thread kept it alive for good, never reading its stdin.)
-        import pyspark.java_gateway as gateway
-
-        from statekit import lifeline
-
-        lifeline.ready()
-        self._popen = original = gateway.Popen
-
-        def popen(*args, **kwargs):
-            proc = original(*args, **kwargs)
-            self.launched.append(proc)
-            self.keep(proc.pid)
-            return proc
-
-        self._before = set(self._submits())
-        gateway.Popen = popen
-        self._thread = threading.Thread(target=self._watch, name="statekit-jvm-keeper", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, exc_type, *exc):
-        import pyspark.java_gateway as gateway
-
-        gateway.Popen = self._popen
-        self._stop.set()
-        self._thread.join()
-        if exc_type is not None:
-            self.end_launched()
-
-    def end_launched(self) -> None:
-        """A start that failed or was interrupted leaves no JVM. (Seen in CI: Ctrl-C in a
-        notebook landed in pyspark's wait for the JVM, whose ``finally`` removes the JVM's
-        connection file; the JVM's main thread died on it while py4j's server thread kept the
-        JVM alive, with no session to stop it.)"""
-        from statekit import lifeline
-
-        for proc in self.launched:
-            if proc.poll() is None:
-                proc.kill()
-                try:
-                    proc.wait(timeout=10)
-                except Exception:  # noqa: BLE001 - the keeper still holds it
-                    continue
-            self.kept.discard(proc.pid)
-            lifeline.forget(proc.pid)
-        # an interrupt inside pyspark's Popen (after the fork: seen in CI) leaves a child no Popen
-        # names: a Spark launch that was not there before this start is ended and reaped too
-        mine = {proc.pid for proc in self.launched}
-        for pid in set(self._submits()) - self._before - mine:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                continue
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                        break
-                except ChildProcessError:
-                    break
-                time.sleep(0.05)
-            self.kept.discard(pid)
-            lifeline.forget(pid)
-
-    @staticmethod
-    def _submits() -> list:
-        """This process's children that are a Spark launch (spark-submit, then its JVM)."""
-        from statekit.engine.spark import procs
-
-        out = []
-        for pid in procs.children(os.getpid()):
-            cmd = procs.cmdline(pid)
-            if "spark-submit" in cmd or "SparkSubmit" in cmd:
-                out.append(pid)
-        return out
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.2):
-            for pid in self._submits():   # bash spark-submit, then (exec) the JVM: one pid
-                self.keep(pid)
-
-    def keep(self, pid: int | None) -> None:
-        if pid is not None and pid not in self.kept:
-            from statekit import lifeline
-
-            self.kept.add(pid)
-            lifeline.keep(pid)
-
-    def release(self) -> None:
-        from statekit import lifeline
-
-        for pid in self.kept:
-            lifeline.forget(pid)
-
-
 def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memory: str,
                      extra_conf: dict | None):
     """Start the classic session (its JVM in this process)."""
@@ -499,21 +385,30 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
         b = b.config(k, str(v))
     set_aside = None
     stderr = jvm_stderr_path()
-    keeper = _JvmKeeper()   # from its first moment: an interrupted start leaves no JVM behind
+    # kept from its first moment (an interrupted start leaves no JVM behind), and started with
+    # the command spark-submit computed before for the same launch (engine.spark.jvm_launch)
+    keeper = JvmKeeper(DirectLaunch({"log4j": props}))
     try:
         with _stderr_to_file(stderr), keeper:
             said_from, t0 = file_size(stderr), time.time()
             look_up_data_sources_early()
-            try:
-                spark = b.getOrCreate()
-            except Exception:
-                # a damaged class archive can stop the JVM at its start: set it aside (the next
-                # `make` writes a new one) and start without it, only when the JVM says so
-                if archive is None or not archive_was_the_cause(said_since(stderr, said_from), t0):
-                    raise
-                set_aside = set_archive_aside(archive)
-                b = with_jvm_options(b, None)
-                spark = b.getOrCreate()
+            for _ in range(3):
+                try:
+                    spark = b.getOrCreate()
+                    break
+                except Exception:
+                    if keeper.went_direct:   # that command no longer starts: spark-submit again
+                        keeper.forget_direct()
+                        continue
+                    # a damaged class archive can stop the JVM at its start: set it aside (the
+                    # next `make` writes a new one) and start without it, only when it says so
+                    if (archive is None or set_aside
+                            or not archive_was_the_cause(said_since(stderr, said_from), t0)):
+                        raise
+                    set_aside = set_archive_aside(archive)
+                    b = with_jvm_options(b, None)
+            keeper.learn()
+            _OWNED.launched_directly = keeper.went_direct
     except Exception as exc:  # the JVM did not come up: what it said, if it said something
         said = [ln for ln in said_since(stderr, said_from).splitlines()
                 if "Exception" in ln and not ln.lstrip().startswith("at ")]
