@@ -7,6 +7,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from statekit.kafka_import import defer_clients as _defer_kafka_clients  # noqa: E402
+
+_defer_kafka_clients()   # kafka-python's clients import only when asked for (kafka_import.py)
+
 
 def __getattr__(name):  # lazy: importing statekit must not pull in Spark
     if name == "App":
