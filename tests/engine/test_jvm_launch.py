@@ -70,7 +70,8 @@ def test_a_launch_learned_from_spark_submits_jvm_is_started_directly_next_time(
         k: v for k, v in env.items() if k != "STATEKIT_GONE"}
 
 
-@pytest.mark.parametrize("change", ["argument", "spark variable", "bin file", "conf file", "jars"])
+@pytest.mark.parametrize("change", ["argument", "spark variable", "bin file", "conf file", "jars",
+                                    "spark-env.sh"])
 def test_anything_spark_submit_reads_that_differs_goes_through_spark_submit(
         tmp_path, spark_home, jvm_stand_in, change):
     proc, props, _, env = jvm_stand_in
@@ -86,9 +87,14 @@ def test_anything_spark_submit_reads_that_differs_goes_through_spark_submit(
         (spark_home / "bin" / "spark-submit").write_text("#!/bin/sh\necho changed\n")
     elif change == "conf file":
         (spark_home / "conf" / "spark-defaults.conf").write_text("spark.driver.memory 2g\n")
-    else:
+    elif change == "jars":
         (spark_home / "jars" / "extra.jar").write_bytes(b"")
         os.utime(spark_home / "jars", ns=(1, 1))
+    else:   # a script whose exports may differ at each run: never learned, never used
+        (spark_home / "conf" / "spark-env.sh").write_text("export SPARK_LOCAL_IP=$(hostname -i)\n")
+        cache_before = open(cache).read()
+        DirectLaunch({"log4j": props}, path=cache).learn(submit, env, proc.pid)
+        assert open(cache).read() == cache_before
     assert DirectLaunch({"log4j": props}, path=cache).command(submit, env) is None
 
 

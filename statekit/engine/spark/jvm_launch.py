@@ -111,16 +111,27 @@ class DirectLaunch:
             out.append(arg)
         return out
 
+    @staticmethod
+    def _dirs(argv: list, env: dict) -> tuple:
+        home = env.get("SPARK_HOME") or os.path.dirname(os.path.dirname(os.path.normpath(argv[0])))
+        return home, env.get("SPARK_CONF_DIR") or os.path.join(home, "conf")
+
+    @classmethod
+    def learnable(cls, argv: list, env: dict) -> bool:
+        """Whether the command is a function of what ``key`` digests: not with a
+        `spark-env.sh`, a script whose exports may change from one run to the next."""
+        return (bool(argv) and os.path.basename(argv[0]).startswith("spark-submit")
+                and not os.path.exists(os.path.join(cls._dirs(argv, env)[1], "spark-env.sh")))
+
     def key(self, argv: list, env: dict) -> str:
         """A digest of everything the command spark-submit would compute depends on."""
-        home = env.get("SPARK_HOME") or os.path.dirname(os.path.dirname(os.path.normpath(argv[0])))
+        home, conf = self._dirs(argv, env)
         java = (os.path.join(env["JAVA_HOME"], "bin", "java") if env.get("JAVA_HOME")
                 else shutil.which("java", path=env.get("PATH")))
         java = os.path.realpath(java) if java else None
         what = {"argv": self._tokenized(argv), "uid": os.getuid(),
                 "env": sorted([k, v] for k, v in env.items() if k.startswith(ENV_PREFIXES)),
-                "bin": _listing(os.path.join(home, "bin")),
-                "conf": _listing(env.get("SPARK_CONF_DIR") or os.path.join(home, "conf")),
+                "bin": _listing(os.path.join(home, "bin")), "conf": _listing(conf),
                 "jars": _stat(os.path.join(home, "jars")), "java": [java, _stat(java)]}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
@@ -141,7 +152,7 @@ class DirectLaunch:
     def command(self, argv: list, env: dict):
         """(java argv, env) for a launch of spark-submit with ``argv`` and ``env`` learned before,
         else None (the launch goes through spark-submit)."""
-        if not argv or not os.path.basename(argv[0]).startswith("spark-submit"):
+        if not self.learnable(argv, env):
             return None
         self._key = self.key(argv, env)
         entry = self._entries().get(self._key)
@@ -160,7 +171,7 @@ class DirectLaunch:
         """Keep the command line of the JVM ``pid`` that spark-submit (``argv``, ``env``) became,
         and what the scripts changed in its environment."""
         java_argv = _proc(pid, "cmdline")
-        if SUBMIT_CLASS not in java_argv or not self.path:
+        if SUBMIT_CLASS not in java_argv or not self.path or not self.learnable(argv, env):
             return
         jvm_env = dict(x.split("=", 1) for x in _proc(pid, "environ") if "=" in x)
         entry = {"argv": self._tokenized(java_argv),
