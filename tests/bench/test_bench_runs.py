@@ -47,7 +47,7 @@ SMALL = {
                 "ingest_latency_p50", "ingest_count"]),
     "serdes": (["--records", "20000", "--rounds", "1"], {},
                ["serdes_produce", "serdes_aggregate", "serdes_count"]),
-    "footprint": (["--records", "2000", "--seconds", "2", "--idle-wait", "2"], {},
+    "footprint": (["--records", "2000", "--seconds", "2", "--idle-wait", "2", "--launches", "2"], {},
                   ["footprint_idle_cpu", "footprint_cold_launch", "footprint_pss"]),
     "connect": (["--records", "20000", "--warm-records", "5000"], {}, ["connect_count"]),
     "workshop": (["--kernels", "2", "--idle-seconds", "2"], {},

@@ -11,8 +11,9 @@ launch goes through spark-submit, and the command line of the JVM it became, wit
 scripts added to its environment, is read back from /proc and kept in the venv
 (`statekit-spark-launch.json`, beside the class archive) under a digest of those inputs. A later
 launch whose inputs digest the same starts that command directly; any other goes through
-spark-submit, and is learned. A JVM started directly that fails before it hands pyspark its port
-is started again through spark-submit (`session._classic_session`), and the entry is forgotten.
+spark-submit, and is learned; beside a `spark-env.sh` (its exports may differ from run to run)
+every launch does. A JVM started directly that fails before it hands pyspark its port is started
+again through spark-submit (`session._classic_session`), and the entry is forgotten.
 """
 from __future__ import annotations
 
