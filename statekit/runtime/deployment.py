@@ -182,6 +182,9 @@ class Deployment:
         """The Spark session boots (about 5 s of JVM) while start() checks topics and starts the
         instances; the query waits for it when it starts."""
         if self.engine_arg == "changelog" and self.spark is None and self._engine is None:
+            from statekit.engine.spark.jvm import ask_java_early
+
+            ask_java_early()        # answers while pyspark imports
             from pyspark.sql import SparkSession
 
             if SparkSession.getActiveSession() is None:

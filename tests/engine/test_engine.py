@@ -99,6 +99,11 @@ def test_word_count_and_an_instance_killed_mid_batch(spark, kafka_broker, tmp_pa
         # by interpreted code, nothing compiled (a cold launch's first output came ~0.2 s later)
         assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
         assert compiled() == compiled_before
+        # its source's reader was planned while the query started, not at its first micro-batch
+        # (engine.spark.data_source_lookup): the names called are this Spark's
+        from statekit.engine.spark.data_source_lookup import EARLY_READER
+        wait_until(lambda: "ok" in EARLY_READER, 60, "the early planning of the reader")
+        assert EARLY_READER == {"ok": True}
         # a backlog of R records takes ceil(R / 100) micro-batches of 100, the last one the rest
         full, rest = divmod(words, 100)
         assert [p["num_input_rows"] for p in q.recent_progress] == [100] * full + ([rest] if rest else [])

@@ -67,3 +67,21 @@ def test_no_java_at_all(tmp_path, fresh):
     with pytest.raises(jvm.JavaMissing, match=r"^Java was not found, and Spark needs Java 17 or 21: "
                                               r"install one \(sudo apt-get"):
         jvm.check_java()
+
+
+def test_java_asked_early_answers_the_check_once(tmp_path, fresh):
+    """A cold launch asks `java -version` as it begins (`ask_java_early`), while pyspark imports;
+    the check reads that answer instead of asking again."""
+    home = _java_home(tmp_path, 'openjdk version "17.0.15" 2025-04-15')
+    java = os.path.join(home, "bin", "java")
+    runs = tmp_path / "runs"
+    with open(java, "a") as f:
+        f.write(f"echo run >> {runs}\n")
+    fresh.setenv("JAVA_HOME", home)
+    fresh.setattr(jvm, "_JAVA_ASKED", {})
+    jvm.ask_java_early()
+    jvm.ask_java_early()                         # asked once, however often the early ask comes
+    assert list(jvm._JAVA_ASKED) == [java]
+    assert jvm.check_java() == "17"
+    assert jvm._JAVA_ASKED == {} and runs.read_text() == "run\n"
+    assert jvm.check_java() == "17" and runs.read_text() == "run\n"

@@ -8,6 +8,15 @@ SparkContext exists, the same lookup runs on the other core while the JVM builds
 (`DataSourceManager.dataSourceBuilders`). The names called are Spark 4.3's (a Scala object's
 private method, public in bytecode); on another Spark the call fails and the session looks the
 sources up itself, as before.
+
+The reader of a streaming query's Python source is planned the same way (`plan_reader_early`):
+Spark plans it (a `plan_data_source_read` planner: ~0.3 s) at the query's first micro-batch,
+after the source's runner has started and answered its offsets, and keeps it on the source's
+provider (`PythonDataSourceV2.getOrCreateReadInfo`, a lazy field). Asked from a thread as soon as
+the DataFrame is loaded, it is planned while Spark starts the query and its runner, and the first
+micro-batch finds it made (cold launch to the first commit: median 4.13 s against 4.23 s over ten
+interleaved pairs here). The provider makes it once whoever asks first; had the two overlapped,
+each would plan its own, as both would without this.
 """
 from __future__ import annotations
 
@@ -43,5 +52,33 @@ def look_up_data_sources_early(timeout: float = 60.0) -> threading.Thread:
             EARLY_LOOKUP["ok"] = False
 
     t = threading.Thread(target=run, name="statekit-spark-lookup", daemon=True)
+    t.start()
+    return t
+
+
+EARLY_READER: dict = {}   # how the last early planning of a reader went: {"ok": bool}
+
+
+def plan_reader_early(df) -> threading.Thread | None:
+    """Have Spark plan the reader of ``df``'s Python streaming source now, from a thread (a
+    classic session's DataFrame loaded from one source; anything else: nothing is done)."""
+    EARLY_READER.clear()
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:           # Spark Connect: the server plans it
+        return None
+
+    def run():
+        try:
+            rel = jdf.queryExecution().analyzed()
+            while rel.children().size() > 0:
+                rel = rel.children().head()
+            table = rel.table()
+            rel.source().get().getOrCreateReadInfo(table.name(), rel.extraOptions(), table.schema(),
+                                                   True)
+            EARLY_READER["ok"] = True
+        except Exception:  # noqa: BLE001 - the first micro-batch plans it, as it always did
+            EARLY_READER["ok"] = False
+
+    t = threading.Thread(target=run, name="statekit-spark-reader", daemon=True)
     t.start()
     return t

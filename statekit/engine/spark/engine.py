@@ -30,6 +30,7 @@ import time
 from typing import Callable
 
 from statekit.engine.spark import session_api
+from statekit.engine.spark.data_source_lookup import plan_reader_early
 from statekit.engine.spark.planners import REAPER
 from statekit.engine.spark.session import SparkFailure, get_session, map_in_arrow, one_line, own_query
 from statekit.engine.spark.stage_rows import OUTPUT_SCHEMA, task_rows, trace
@@ -457,7 +458,9 @@ class SparkEngine:
             r = (r.option("helpers.dir", run.control_dir)
                  .option("helpers.query", run.query_name or run.app))
         with REAPER.busy():                  # Spark's planners look the source up and create it
-            return r.load()
+            df = r.load()
+        plan_reader_early(df)   # planned while the query and its runner start (data_source_lookup)
+        return df
 
     def build(self, run: RunSpec):
         """The streaming DataFrame of output rows (topic, key, value), not started."""

@@ -30,7 +30,7 @@ import time
 
 CACHE_NAME = "statekit-spark-launch.json"
 CACHE_ENV = "STATEKIT_SPARK_LAUNCH_CACHE"   # another file; "off": always through spark-submit
-MAX_ENTRIES = 8
+MAX_ENTRIES = 32       # a test suite starts sessions of many settings; a kernel, of one or two
 # the environment spark-submit's scripts and Spark's launcher read (a prefix each)
 ENV_PREFIXES = ("SPARK", "PYSPARK", "HADOOP", "YARN", "HIVE", "JAVA", "_JAVA", "JDK", "SCALA",
                 "CLASSPATH", "PATH", "LD_LIBRARY_PATH")
