@@ -278,12 +278,16 @@ def _read(proc, want: str, timeout: float = 900) -> dict:
     raise RuntimeError(f"no '{want}' within {timeout:.0f} s")
 
 
+def _kernel(work: str, instances: int, records: int, only_launch: bool) -> subprocess.Popen:
+    code = KERNEL.format(root=ROOT, work=work, records=records, instances=instances,
+                         partitions=PARTITIONS, only_launch=only_launch)
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work)
+
+
 def measure_cold_launch(work: str, instances: int, records: int) -> dict:
     """One more cold launch in a fresh kernel (its first event)."""
-    code = KERNEL.format(root=ROOT, work=work, records=records, instances=instances,
-                         partitions=PARTITIONS, only_launch=True)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work)
+    proc = _kernel(work, instances, records, only_launch=True)
     try:
         first = _read(proc, "first")
         proc.wait(timeout=120)
@@ -296,10 +300,7 @@ def measure_cold_launch(work: str, instances: int, records: int) -> dict:
 
 
 def measure_statekit(work: str, instances: int, records: int, seconds: float, idle_wait: float):
-    code = KERNEL.format(root=ROOT, work=work, records=records, instances=instances,
-                         partitions=PARTITIONS, only_launch=False)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work)
+    proc = _kernel(work, instances, records, only_launch=False)
     try:
         first = _read(proc, "first")
         inst = set(first["instances"])
