@@ -40,6 +40,7 @@ Last lines:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -278,30 +279,33 @@ def _read(proc, want: str, timeout: float = 900) -> dict:
     raise RuntimeError(f"no '{want}' within {timeout:.0f} s")
 
 
-def _kernel(work: str, instances: int, records: int, only_launch: bool) -> subprocess.Popen:
+@contextlib.contextmanager
+def _kernel(work: str, instances: int, records: int, only_launch: bool):
+    """A kernel process in ``work``; killed if it is still running at the end, and what it left
+    in ``work`` stopped."""
     code = KERNEL.format(root=ROOT, work=work, records=records, instances=instances,
                          partitions=PARTITIONS, only_launch=only_launch)
-    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work)
-
-
-def measure_cold_launch(work: str, instances: int, records: int) -> dict:
-    """One more cold launch in a fresh kernel (its first event)."""
-    proc = _kernel(work, instances, records, only_launch=True)
     try:
-        first = _read(proc, "first")
-        proc.wait(timeout=120)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         _reap_tree_leftovers(work)
+
+
+def measure_cold_launch(work: str, instances: int, records: int) -> dict:
+    """One more cold launch in a fresh kernel (its first event)."""
+    with _kernel(work, instances, records, only_launch=True) as proc:
+        first = _read(proc, "first")
+        proc.wait(timeout=120)
     return first
 
 
 def measure_statekit(work: str, instances: int, records: int, seconds: float, idle_wait: float):
-    proc = _kernel(work, instances, records, only_launch=False)
-    try:
+    with _kernel(work, instances, records, only_launch=False) as proc:
         first = _read(proc, "first")
         inst = set(first["instances"])
         started = snapshot(proc.pid, inst)
@@ -318,11 +322,6 @@ def measure_statekit(work: str, instances: int, records: int, seconds: float, id
         warm = _read(proc, "warm")
         _read(proc, "stopped", timeout=300)
         proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        _reap_tree_leftovers(work)
     return {"first": first["first"], "first_cpu": first["cpu"], "first_load": first["load"],
             "first_direct": first["direct"], "warm": warm["first"], "warm_cpu": warm["cpu"], "warm_load": warm["load"], "started": started, "idle": idle, "cpu": cpu,
             "cpu_roles": cpu_by_role(per, idle), "wake": wake, "load": load}

@@ -28,6 +28,8 @@ import tempfile
 import threading
 import time
 
+from statekit.engine.spark import procs
+
 CACHE_NAME = "statekit-spark-launch.json"
 CACHE_ENV = "STATEKIT_SPARK_LAUNCH_CACHE"   # another file; "off": always through spark-submit
 MAX_ENTRIES = 32       # a test suite starts sessions of many settings; a kernel, of one or two
@@ -78,12 +80,14 @@ def _listing(directory: str):
     return [[name, _stat(os.path.join(directory, name))] for name in names]
 
 
-def _proc(pid: int, name: str) -> list:
-    try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
-            return [x.decode(errors="surrogateescape") for x in f.read().split(b"\0") if x]
-    except OSError:
-        return []
+def _replaced(argv: list, pairs: list) -> list:
+    """``argv`` with each (old, new) of ``pairs`` replaced in every argument."""
+    out = []
+    for arg in argv:
+        for old, new in pairs:
+            arg = arg.replace(old, new)
+        out.append(arg)
+    return out
 
 
 class DirectLaunch:
@@ -97,20 +101,10 @@ class DirectLaunch:
         self._key: str | None = None
 
     def _tokenized(self, argv: list) -> list:
-        out = []
-        for arg in argv:
-            for name, value in self.tokens.items():
-                arg = arg.replace(value, "\0" + name + "\0")
-            out.append(arg)
-        return out
+        return _replaced(argv, [(value, f"\0{name}\0") for name, value in self.tokens.items()])
 
     def _filled(self, argv: list) -> list:
-        out = []
-        for arg in argv:
-            for name, value in self.tokens.items():
-                arg = arg.replace("\0" + name + "\0", value)
-            out.append(arg)
-        return out
+        return _replaced(argv, [(f"\0{name}\0", value) for name, value in self.tokens.items()])
 
     @staticmethod
     def _dirs(argv: list, env: dict) -> tuple:
@@ -171,16 +165,16 @@ class DirectLaunch:
     def learn(self, argv: list, env: dict, pid: int) -> None:
         """Keep the command line of the JVM ``pid`` that spark-submit (``argv``, ``env``) became,
         and what the scripts changed in its environment."""
-        java_argv = _proc(pid, "cmdline")
+        java_argv = procs.arguments(pid)
         if SUBMIT_CLASS not in java_argv or not self.path or not self.learnable(argv, env):
             return
-        jvm_env = dict(x.split("=", 1) for x in _proc(pid, "environ") if "=" in x)
+        jvm_env = procs.environment(pid)
         entry = {"argv": self._tokenized(java_argv),
                  "env": {k: v for k, v in jvm_env.items() if env.get(k) != v},
                  "unset": sorted(k for k in env if k not in jvm_env)}
-        entries = self._entries()
-        entries.pop(self.key(argv, env), None)
-        entries[self.key(argv, env)] = entry
+        key, entries = self.key(argv, env), self._entries()
+        entries.pop(key, None)   # the newest last: the oldest go first past MAX_ENTRIES
+        entries[key] = entry
         self._write(dict(list(entries.items())[-MAX_ENTRIES:]))
 
     def forget(self) -> None:
@@ -304,8 +298,6 @@ class JvmKeeper:
         in the middle of its exec shows no command line yet (Popen returns once the exec closed
         its pipe, before the kernel has set the new arguments), and with ``forked`` one not yet
         at its exec shows this process's: either is looked at again for up to ``settle`` s."""
-        from statekit.engine.spark import procs
-
         own, deadline = procs.cmdline(os.getpid()), time.monotonic() + settle
         while True:
             out, unsettled = [], False

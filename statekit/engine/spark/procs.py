@@ -61,6 +61,24 @@ def descendants(pid: int) -> list:
     return out
 
 
+def _nul_separated(pid: int, name: str) -> list:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return [x.decode(errors="surrogateescape") for x in f.read().split(b"\0") if x]
+    except OSError:
+        return []
+
+
+def arguments(pid: int) -> list:
+    """``pid``'s command line as its arguments ([] once it is gone)."""
+    return _nul_separated(pid, "cmdline")
+
+
+def environment(pid: int) -> dict:
+    """The environment ``pid`` was started with ({} once it is gone, or not this user's)."""
+    return dict(x.split("=", 1) for x in _nul_separated(pid, "environ") if "=" in x)
+
+
 def cmdline(pid: int) -> str:
     """``pid``'s command line, its arguments joined by spaces ("" once it is gone)."""
     try:
