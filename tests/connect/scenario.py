@@ -144,10 +144,11 @@ def run(root: str, url: str, placement: str) -> dict:
             steps[-1]["claimed"] = claim is not None
             steps[-1]["exact"] = exact(app, k)
             marks[mode] = time.monotonic() - t0
-        gen = app.generation
         rec = app.restart()
-        res["restart"] = {"generation_before": gen, "generation": app.generation,
-                          "revived": rec.get("revived")}
+        # (the generations the restart record took under the app's lock: a rebalance of the
+        # instances' own, a warm-up's promotion, may come before or after it)
+        res["restart"] = {"generation_before": rec["from_generation"], "generation": rec["generation"],
+                          "generation_now": app.generation, "revived": rec.get("revived")}
         H.produce_chunk(k, chunks[3], rnd=rnd)
         drain(app, steps, "after restart()")
         res["exact_last"] = exact(app, k)

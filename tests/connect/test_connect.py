@@ -83,7 +83,8 @@ def test_exact_through_crashes_restart_and_queries(scenario):
     for c in crashes:
         assert c["claimed"] and c["drained"] is True and c["state"] == "RUNNING", c
         assert c["exact"]["ok"], c                      # counted once, through the crash
-    assert res["restart"]["generation"] == res["restart"]["generation_before"] + 1
+    r = res["restart"]
+    assert r["generation"] == r["generation_before"] + 1 <= r["generation_now"], r
     assert all(got == want for got, want in res["queries"].values()), res["queries"]
     assert res["countries"][0] == res["countries"][1]   # the join, per country
     assert res["output"] == {"last": True, "duplicates": 0, "words": res["output"]["words"]}
