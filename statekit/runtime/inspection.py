@@ -79,8 +79,22 @@ class Inspection:
 
     @staticmethod
     def _calibrator(co, settle: float):
+        """The instances' calibration. Without an answer (the instance died during the call), a
+        caller who waits (a cell) calibrates in this process; one who does not (the dashboard,
+        ``settle=0``) gets an error and keeps its last forecast: its calibration, left to the
+        kernel by an instance a crash killed mid-call, ran beside the learner's next cells."""
         cal = getattr(co, "calibrate", None)
-        return None if cal is None else (lambda topic, partition: cal(topic, partition, settle))
+        if cal is None:
+            return None
+
+        def ask(topic, partition):
+            got = cal(topic, partition, settle)
+            if got is None and settle <= 0:
+                raise StatekitError("no live instance answered to measure the restore rate on; "
+                                    "the forecast is made again once one runs (or pass settle > 0 "
+                                    "to measure it here)")
+            return got
+        return ask
 
     def task_status(self) -> dict:
         """``{task: {instance, role, state, source, last_batch, backlog, ...}}`` as the instances

@@ -470,7 +470,8 @@ def test_commit_interval_is_the_micro_batch_trigger(shared_broker, kafka, tmp_pa
         app2.stop()
 
 
-def test_restore_forecast_names_the_records_a_restore_then_reads(shared_broker, kafka, tmp_path):
+def test_restore_forecast_names_the_records_a_restore_then_reads(shared_broker, kafka, tmp_path,
+                                                                 monkeypatch):
     topic = unique("lines")
     kafka.ensure_topic(topic, 2)
     app = wordcount_app(shared_broker, tmp_path, topic, partitions=2, instances=2, standby_replicas=1)
@@ -493,6 +494,16 @@ def test_restore_forecast_names_the_records_a_restore_then_reads(shared_broker, 
         line = f.line(victim)
         assert line.startswith(f"if instance {victim} died now:") and all(t in line for t in mine), line
         assert "from their standbys" in line
+        # no instance answers (one died during the call): a dashboard's forecast (settle=0) is not
+        # calibrated here, beside the notebook, but refused; a cell's (it waits) is, as before
+        with monkeypatch.context() as m:
+            m.setattr(app._coordinator, "calibrate", lambda *a, **k: None)
+            with pytest.raises(StatekitError, match="no live instance answered"):
+                app.restore_forecast(settle=0)
+            assert F._calibrated == {}
+            assert set(app.restore_forecast(settle=0.1).frame.rate_source) == {"calibrated"}
+            assert len(F._calibrated) == 1
+        F.clear_calibration()
         scratch = df[df.source == "scratch"].set_index("task").records.to_dict()
         sizes = changelog_sizes(kafka, app)
         app.crash("disk-loss", instance=1)      # one instance left, and no standby any more
