@@ -268,24 +268,19 @@ def rate_now(kafka, topic: Optional[str], partition: int = 0, busy=False, settle
 
 
 def _rate_now(kafka, topic, partition, busy, settle, probe_s) -> tuple:
-    key = (kafka.bootstrap, topic, partition)
-    with _lock:
-        before = _calibrated.get(key)
     rate = calibrate(kafka, topic, partition, busy=busy, settle=settle)
+    key = (kafka.bootstrap, topic, partition)
     with _lock:
         cal = _calibrated.get(key)
         last = _load.get(key)
     if cal is None or len(cal.curve) < 2:
         return rate, 1.0
-    # a caller who waits for a quiet moment (a cell's forecast) gets the load of its own moment:
-    # a calibration or probe made just now for a dashboard, while the kernel ran the heaviest
-    # cell of notebook 02, had the restore that followed forecast 1.4 to 2 times too slow
-    if settle > 0:
-        fresh = cal is not before or (last is not None and last[2]
-                                      and time.monotonic() - last[1] < LOAD_FRESH)
-    else:
-        fresh = last is not None and time.monotonic() - last[1] < LOAD_TTL
-    if fresh:
+    # a caller who waits for a quiet moment (a cell's forecast) gets the load of its own moment,
+    # measured for a caller who waited too (its own calibration just now is): a calibration made
+    # for a dashboard while the kernel ran the heaviest cell of notebook 02 had the restore that
+    # followed forecast 1.4 to 2 times too slow
+    ttl = LOAD_FRESH if settle > 0 else LOAD_TTL
+    if last is not None and (last[2] or settle <= 0) and time.monotonic() - last[1] < ttl:
         return rate / last[0], last[0]
     _wait_for_pause(busy, settle)
     if last is not None and _busy_now(busy):
@@ -311,8 +306,7 @@ def _median_pass(kafka, topic: str, partition: int, start: int, end: int,
     beside two CPU hogs and a browser drawing the dashboard, single passes of the same 105,000
     records ran at 265,000 to 950,000 records/s, and the restore that followed at 500,000."""
     passes: list = []
-    t0 = time.monotonic()
-    while len(passes) < CALIBRATE_PASSES and (not passes or time.monotonic() - t0 < CALIBRATE_REPEAT_S):
+    for _ in _passes(CALIBRATE_REPEAT_S):
         c: list = []
         rate = _measure_restore(kafka, topic, partition, start, end, curve=c)
         if rate is None:
@@ -320,10 +314,19 @@ def _median_pass(kafka, topic: str, partition: int, start: int, end: int,
         passes.append((rate, c))
     if not passes:
         return None
-    passes.sort(key=lambda p: p[0])
-    rate, median = passes[len(passes) // 2]
+    rate, median = sorted(passes, key=lambda p: p[0])[len(passes) // 2]
     curve[:] = median
     return rate
+
+
+def _passes(seconds: float):
+    """One pass, then more while they have taken less than ``seconds``, ``CALIBRATE_PASSES`` at
+    most (the calibration's and the probe's)."""
+    t0 = time.monotonic()
+    for n in range(CALIBRATE_PASSES):
+        if n and time.monotonic() - t0 >= seconds:
+            return
+        yield n
 
 
 def _seconds_at(curve: list, records: int) -> Optional[float]:
@@ -371,8 +374,7 @@ def _probe(kafka, topic: str, partition: int, start: int, end: int, seconds: flo
     restored whole sooner is restored again while ``seconds`` last (up to ``CALIBRATE_PASSES``
     passes), and the median pass answers, as the calibration's median pass is set against it."""
     passes: list = []
-    t0 = time.monotonic()
-    while len(passes) < CALIBRATE_PASSES and (not passes or time.monotonic() - t0 < seconds):
+    for _ in _passes(seconds):
         tl = _Timeline(stop_after=seconds)
         try:
             _measure_restore(kafka, topic, partition, start, end, listener=tl)

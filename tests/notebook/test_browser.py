@@ -133,8 +133,8 @@ def _run_02(tmp_path, keys: int, busy: bool):
             if live and "during" not in shot:
                 # (beside the hogs, no picture: a screenshot costs the browser a good part of the
                 # second-long restore whose time the forecast is compared with)
-                dash = page.locator(".statekit-dashboard").first
-                shot["during"] = None if busy else _lab.screenshot(page, "nb02-restoring.png", dash)
+                shot["during"] = None if busy else _lab.screenshot(
+                    page, "nb02-restoring.png", page.locator(".statekit-dashboard").first)
                 _no_clipping(page, "notebook 02 during the restore")
 
         deadline = time.monotonic() + 600
