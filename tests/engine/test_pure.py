@@ -105,3 +105,35 @@ def test_stopping_the_session_silences_only_the_accumulator_servers_hang_up():
             srv.handle_error("req", ("127.0.0.1", 1))
     assert printed == [("req", ("127.0.0.1", 1))]
     quiet_accumulator_hangup(None)   # no context: nothing to do
+
+
+def test_the_tasks_rows_reach_spark_as_one_arrow_batch_without_importing_pandas():
+    """A `tasks` partition is read as one Arrow batch in the source's schema (pyspark passes such a
+    batch through as it is), built without `pa.array` of a Python list, whose pandas shim imports
+    pandas (~0.2 s of a worker's CPU before a query's first micro-batch)."""
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+from pyspark.sql.pandas.types import to_arrow_schema
+from statekit.engine.spark.source import (TASK_SCHEMA, AllTaskRanges, KafkaStreamReader, TaskRanges,
+                                          _Options)
+reader = KafkaStreamReader(_Options({"bootstrap": "127.0.0.1:1", "topic": "t", "tasks": "2"}),
+                           TASK_SCHEMA)
+one = list(reader.read(TaskRanges(1, [["t", 1, 4, 9], ["u", 1, 0, 2]])))
+both = list(reader.read(AllTaskRanges([TaskRanges(0, []), TaskRanges(1, [["t", 1, 4, 9]])])))
+want = to_arrow_schema(TASK_SCHEMA, timezone="UTC")
+print(json.dumps({"one": [b.to_pylist() for b in one], "both": [b.to_pylist() for b in both],
+                  "schema": all(b.schema.equals(want) for b in one + both),
+                  "pandas": "pandas" in sys.modules}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["one"] == [[{"task": 1, "ranges": '[["t", 1, 4, 9], ["u", 1, 0, 2]]'}]]
+    assert got["both"] == [[{"task": 0, "ranges": "[]"}, {"task": 1, "ranges": '[["t", 1, 4, 9]]'}]]
+    assert got["schema"] is True
+    assert got["pandas"] is False

@@ -209,6 +209,29 @@ def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
         client.close()
 
 
+def task_batch(rows: list):
+    """The `tasks` rows [(task, ranges json)] as one Arrow batch in `TASK_SCHEMA`, built from its
+    buffers. Rows handed back as tuples go through `pa.array` of a Python list, whose pandas shim
+    imports pandas to ask whether the list is a pandas object: ~0.2 s of CPU in the Python worker
+    that reads them, on the path of a query's first micro-batch (and of the first after Spark ended
+    its idle workers), for a worker that never uses pandas."""
+    import struct
+
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    n = len(rows)
+    texts = [r.encode() for _, r in rows]
+    ends = [0]
+    for t in texts:
+        ends.append(ends[-1] + len(t))
+    tasks = struct.pack(f"<{n}i", *(t for t, _ in rows))
+    task = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(tasks)])
+    ranges = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(struct.pack(f"<{n + 1}i", *ends)),
+                                                    pa.py_buffer(b"".join(texts))])
+    return pa.RecordBatch.from_arrays([task, ranges], schema=to_arrow_schema(TASK_SCHEMA, timezone="UTC"))
+
+
 def _to_batch(records, topic, partition, pa_schema, ts_type, with_headers, pa, split=None):
     n = len(records)
     offsets, stamps, keys, values, headers = zip(*records)
@@ -422,9 +445,9 @@ class _OffsetsMixin:
 
     def read(self, partition: KafkaPartition):
         if isinstance(partition, TaskRanges):
-            return iter([(partition.task, json.dumps(partition.ranges))])
+            return iter([task_batch([(partition.task, json.dumps(partition.ranges))])])
         if isinstance(partition, AllTaskRanges):
-            return iter([(p.task, json.dumps(p.ranges)) for p in partition.parts])
+            return iter([task_batch([(p.task, json.dumps(p.ranges)) for p in partition.parts])])
         return read_range(self.opts.bootstrap, partition.topic, partition.partition, partition.start,
                           partition.end, self.schema, isolation=self.opts.isolation,
                           split=(partition.split, partition.splits) if self.opts.include_splits
