@@ -111,6 +111,8 @@ def role(pid: int, kernel: int, instances=()) -> str:
     text = " ".join(args)
     if args and os.path.basename(args[0]).startswith("java"):
         return "JVM"
+    if "statekit.engine.spark.fork_server" in text:
+        return _forked_role(pid, args[-1], kernel, instances)
     for module, name in (("statekit.broker", "broker"), ("statekit.registry", "schema registry"),
                          ("statekit.worker.instance", "spare instance"),
                          ("python_streaming_source_runner", "source runner")):
@@ -123,6 +125,21 @@ def role(pid: int, kernel: int, instances=()) -> str:
         forked = parent and not os.path.basename(parent[0]).startswith("java") and _ppid(pid) != kernel
         return kind if forked else f"{kind} daemon"      # a daemon forks its workers
     return os.path.basename(args[0]) if args else "?"
+
+
+def _forked_role(pid: int, sock: str, kernel: int, instances) -> str:
+    """A process of the fork server (engine.spark.fork_server): the server, a child it forked
+    for a stand-in the JVM started (named as that stand-in), or a worker such a child forked."""
+    if _ppid(pid) == kernel:
+        return "fork server"
+    try:
+        with open(sock + ".pids") as f:
+            standin = {int(v): int(k) for k, v in json.load(f).items()}.get(pid)
+    except (OSError, ValueError):
+        standin = None
+    if standin is not None:
+        return role(standin, kernel, instances) + " (forked)"
+    return "Python worker (forked)"
 
 
 def _ppid(pid: int) -> int:

@@ -16,7 +16,13 @@ them before the .pth ran.
 
 Its second line acts in Spark's streaming source runner alone: that process then imports pyspark's
 runner without pyarrow, which statekit's source never needs there (statekit/engine/spark/
-lean_runner.py: about 30 MB and 0.1 s of start less per running query). Nothing else is touched.
+lean_runner.py: about 30 MB and 0.1 s of start less per running query).
+
+Its third acts only in a process whose environment names a fork server (the JVM of a local
+session statekit started): a Python process Spark starts for its driver (a planner daemon, a
+source's runner, the workers' daemon) then has the server run its module in a child that has
+imported it already, and stands in for that child (statekit/engine/spark/fork_server.py).
+Nothing else is touched.
 """
 import os
 import sys
@@ -34,6 +40,10 @@ LINE = ('import sys; [(sys.path.remove(p), sys.path_importer_cache.pop(p, None))
 LEAN = (f'import sys; "{RUNNER}" in sys.orig_argv[1:3] '
         'and __import__("statekit.engine.spark.lean_runner", fromlist=["install"]).install()\n')
 
+# a local session's Python processes, forked from one that has imported them (engine/spark/fork_server.py)
+FORK = ('import os; os.environ.get("STATEKIT_FORK_SERVER") and '
+        '__import__("statekit.engine.spark.fork_server", fromlist=["hand_over"]).hand_over()\n')
+
 
 def main() -> int:
     site = sysconfig.get_paths()["purelib"]
@@ -42,7 +52,7 @@ def main() -> int:
         return 0
     path = os.path.join(site, "statekit-spark-workers.pth")
     with open(path, "w") as f:
-        f.write(LINE + LEAN)
+        f.write(LINE + LEAN + FORK)
     return 0
 
 

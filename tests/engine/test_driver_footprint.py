@@ -38,19 +38,31 @@ def test_a_statekit_stage_runs_without_pandas_in_the_driver(tmp_path):
             df = session.map_in_arrow(spark.range(5).repartition(2), double, "x long")
             rows = sorted(r.x for r in df.collect())
             spark.sparkContext.parallelize([1, 2, 3]).count()     # a list through py4j
+            from statekit.engine.spark import procs
+            from statekit.engine.spark.fork_server import real_pid
+            fs = session._OWNED.fork_server
+            daemons = [p for p in procs.children(session._jvm_pid())
+                       if "statekit.engine.spark.worker_daemon" in procs.cmdline(p)]
+            served = bool(daemons) and all(procs.parent(real_pid(p, fs.path)) == fs.proc.pid
+                                           for p in daemons)
             print(json.dumps({"rows": rows, "pandas": "pandas" in sys.modules,
                               "pyarrow": "pyarrow" in sys.modules,
-                              "early_lookup": EARLY_LOOKUP.get("ok")}), flush=True)
+                              "early_lookup": EARLY_LOOKUP.get("ok"), "served": served}), flush=True)
         finally:
             session.stop_session()
+        print(json.dumps({"server_ended": fs.proc.poll() is not None}), flush=True)
         """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-2])
     # Spark's lookup of installed Python data sources ran beside the session's construction
-    # (`engine.spark.data_source_lookup`): the names it calls are this Spark's
-    assert got == {"rows": [0, 2, 4, 6, 8], "pandas": False, "pyarrow": False, "early_lookup": True}
+    # (`engine.spark.data_source_lookup`): the names it calls are this Spark's. The workers'
+    # daemon runs as a child of the session's fork server (engine.spark.fork_server), which
+    # ends with the session
+    assert got == {"rows": [0, 2, 4, 6, 8], "pandas": False, "pyarrow": False, "early_lookup": True,
+                   "served": True}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"server_ended": True}
 
 
 def _ended(pid: int) -> bool:

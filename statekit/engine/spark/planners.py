@@ -29,6 +29,7 @@ import threading
 import weakref
 
 from statekit import lifeline
+from statekit.engine.spark.fork_server import real_pid
 from statekit.engine.spark.procs import children, cmdline
 
 PLANNER_MODULE = "pyspark.sql.worker."
@@ -47,16 +48,19 @@ def planner_daemons(jvm_pid: int) -> dict:
     return found
 
 
-def end_idle_planners(jvm_pid: int, seen_idle: set | None = None) -> list:
+def end_idle_planners(jvm_pid: int, seen_idle: set | None = None,
+                      fork_server: str | None = None) -> list:
     """End the planner daemons of `jvm_pid` that have no worker and had none when the previous
     pass looked (``seen_idle``: that pass's idle daemons, updated in place; None: end every idle
     one). A daemon Spark is starting has no worker either, until it has written its port: ended
     then, the step that started it fails ("EOFException ... reading the port number"), whereas a
     daemon idle across two passes is one Spark is done with. Returns the steps ended. The caller
-    makes sure no statekit planner step starts meanwhile (see the module docstring)."""
+    makes sure no statekit planner step starts meanwhile (see the module docstring). A daemon the
+    fork server runs (``fork_server``: its socket) has its workers below its child, not below the
+    stand-in the JVM started (engine.spark.fork_server)."""
     ended, idle_now = [], set()
     for pid, step in planner_daemons(jvm_pid).items():
-        if children(pid):
+        if children(real_pid(pid, fork_server)):
             continue
         me = (pid, lifeline.start_time(pid))   # (a reused pid is another daemon)
         if seen_idle is not None and me not in seen_idle:
@@ -85,6 +89,7 @@ class _Reaper:
     def __init__(self):
         self._lock = threading.Lock()
         self._jvm: int | None = None
+        self._fork_server: str | None = None   # the socket of the session's fork server
         self._busy = 0
         self._queries: weakref.WeakSet = weakref.WeakSet()
         self._thread: threading.Thread | None = None
@@ -93,10 +98,11 @@ class _Reaper:
         self.ended: list = []          # the steps whose daemons were ended, oldest first
         self._seen_idle: set = set()   # (pid, start time) of the daemons idle at the last pass
 
-    def own(self, jvm_pid: int | None) -> None:
-        """The JVM statekit started for its session (None: none, or it stopped)."""
+    def own(self, jvm_pid: int | None, fork_server: str | None = None) -> None:
+        """The JVM statekit started for its session (None: none, or it stopped), and the socket of
+        the fork server its Python processes start from (engine.spark.fork_server), if any."""
         with self._lock:
-            self._jvm = jvm_pid
+            self._jvm, self._fork_server = jvm_pid, fork_server
             self._queries = weakref.WeakSet()
         self._wake.set()
 
@@ -156,7 +162,7 @@ class _Reaper:
                 if self._busy or self._jvm != jvm or self._waiting_for_first_batch():
                     self._seen_idle.clear()
                     continue
-                self.ended.extend(end_idle_planners(jvm, self._seen_idle))
+                self.ended.extend(end_idle_planners(jvm, self._seen_idle, self._fork_server))
 
 
 REAPER = _Reaper()

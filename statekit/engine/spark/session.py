@@ -23,6 +23,7 @@ the translation of Spark failures into one-line errors.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -114,6 +115,7 @@ class _Owned:
         self.connect_env = False     # statekit set SPARK_CONNECT_MODE_ENABLED (a Connect session)
         self.queries: dict = {}      # query id -> name
         self.launched_directly = False   # its JVM started without spark-submit (jvm_launch)
+        self.fork_server = None      # its Python processes' fork server (engine.spark.fork_server)
 
 
 _OWNED = _Owned()
@@ -330,9 +332,42 @@ def _jvm_pid() -> int | None:
     return getattr(proc, "pid", None)
 
 
+FORK_SERVER_SWITCH = "STATEKIT_SPARK_FORK_SERVER"   # "off": Spark's Python processes start afresh
+
+
+def _start_fork_server(master: str):
+    """The fork server for a local session's Python processes (engine.spark.fork_server), started
+    before the JVM so that it has imported what they need by the time Spark starts the first; None
+    for another master, or when it cannot start (they then start as before)."""
+    if not is_local_master(master) or os.environ.get(FORK_SERVER_SWITCH, "").lower() == "off":
+        return None
+    from statekit.engine.spark.fork_server import ForkServer
+
+    try:
+        return ForkServer(log_dir())
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _fork_server_env(forks):
+    """The fork server's socket in the environment the JVM is launched with (and only there)."""
+    from statekit.engine.spark.fork_server import ENV
+
+    if forks is None:
+        yield
+        return
+    os.environ[ENV] = forks.path
+    try:
+        yield
+    finally:
+        os.environ.pop(ENV, None)
+
+
 def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memory: str,
                      extra_conf: dict | None):
     """Start the classic session (its JVM in this process)."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     check_java()
@@ -388,8 +423,9 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
     # kept from its first moment (an interrupted start leaves no JVM behind), and started with
     # the command spark-submit computed before for the same launch (engine.spark.jvm_launch)
     keeper = JvmKeeper(DirectLaunch({"log4j": props}))
+    forks = _start_fork_server(master)
     try:
-        with _stderr_to_file(stderr), keeper:
+        with _stderr_to_file(stderr), keeper, _fork_server_env(forks):
             said_from, t0 = file_size(stderr), time.time()
             look_up_data_sources_early()
             for _ in range(3):
@@ -417,12 +453,18 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
             raise SparkFailure(f"Spark did not start: {cause} (the JVM's output: "
                                f"{stderr})") from None
         raise one_line(exc, f"Spark did not start (the JVM's output: {stderr})") from None
+    finally:
+        if forks is not None and SparkContext._gateway is None:   # no JVM: nothing to serve
+            forks.stop()
+            forks = None
+    _OWNED.fork_server = forks
     from statekit.engine.spark.planners import REAPER
 
     if "ArchiveClassesAtExit" in jvm_options(None):
         keeper.release()   # it writes a class archive as it exits (scripts/spark_cds.py): a
         # JVM whose starter has just exited is left the time that takes
-    REAPER.own(_jvm_pid())   # Spark's idle planner daemons end (engine.spark.planners)
+    # Spark's idle planner daemons end (engine.spark.planners)
+    REAPER.own(_jvm_pid(), forks.path if forks is not None else None)
     if set_aside:
         print(f"statekit: the JVM did not start with the class archive {archive}; it is "
               f"now {set_aside} and Spark started without it (make writes a new one)",
@@ -648,6 +690,9 @@ def stop_session(jvm_exit_timeout: float = 20) -> StopReport:
             quiet_accumulator_hangup(SparkContext._active_spark_context)
             own.stop()
             _stop_gateway(jvm_exit_timeout)
+            if _OWNED.fork_server is not None:
+                _OWNED.fork_server.stop()
+                _OWNED.fork_server = None
             report.stopped.append("spark")
         _OWNED.session = None
         _OWNED.queries.clear()

@@ -1,0 +1,165 @@
+"""The fork server of a local session's Python processes (`engine.spark.fork_server`), driven with
+pyspark's own daemon as Spark starts it (`python -m pyspark.daemon`): the daemon answers from a
+child of the server, through the process that was started; signals, exit codes and deaths pass
+through; what the server cannot serve starts as before."""
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from statekit.engine.spark import procs
+from statekit.engine.spark.fork_server import ENV, ForkServer, real_pid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def server(tmp_path):
+    fs = ForkServer(str(tmp_path))
+    try:
+        assert fs.proc.stdout.readline() == b"ready\n"
+        yield fs
+    finally:
+        fs.stop()
+
+
+def _daemon(env: dict):
+    """`python -m pyspark.daemon` as Spark starts it; returns (process, the port it wrote)."""
+    p = subprocess.Popen([sys.executable, "-m", "pyspark.daemon"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    return p, struct.unpack("!i", p.stdout.read(4))[0]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    env.update({"PYTHONHASHSEED": "0", "PYTHON_WORKER_FACTORY_SECRET": "s3cret"}, **extra)
+    return env
+
+
+def _gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_served_module_answers_from_a_child_of_the_server_and_exits_as_it_does(server):
+    direct, _ = _daemon(_env())
+    time.sleep(0.5)              # pyspark's daemon takes SIGTERM right after it writes its port
+    direct.send_signal(signal.SIGTERM)
+    direct_code = direct.wait(30)
+
+    standin, port = _daemon(_env(**{ENV: server.path}))
+    try:
+        child = real_pid(standin.pid, server.path)
+        # the port came from the child: the stand-in's own stdout is closed to /dev/null
+        assert port > 0 and child != standin.pid
+        assert procs.parent(child) == server.proc.pid
+        assert procs.children(standin.pid) == []
+        time.sleep(0.5)
+        standin.send_signal(signal.SIGTERM)          # as Spark ends a daemon: passed on
+        assert standin.wait(30) == direct_code
+        assert _gone(child)
+        assert real_pid(standin.pid, server.path) == standin.pid   # forgotten once it ended
+    finally:
+        if standin.poll() is None:
+            standin.kill()
+            standin.wait()
+
+
+def test_a_killed_stand_in_takes_its_child_and_a_stopped_server_takes_every_child(server):
+    standin, _ = _daemon(_env(**{ENV: server.path}))
+    child = real_pid(standin.pid, server.path)
+    assert child != standin.pid
+    standin.kill()
+    standin.wait()
+    assert _gone(child)
+
+    standin, _ = _daemon(_env(**{ENV: server.path}))
+    child = real_pid(standin.pid, server.path)
+    assert child != standin.pid
+    server.stop()
+    assert standin.wait(30) == 1                          # its child gone without a word
+    assert _gone(child)
+    assert not os.path.exists(server.path)
+
+
+def test_what_the_server_cannot_serve_starts_as_before(server, tmp_path):
+    # another hash secret than the server's: its children would hash strings otherwise
+    p, port = _daemon(_env(**{ENV: server.path, "PYTHONHASHSEED": "7"}))
+    try:
+        assert port > 0 and real_pid(p.pid, server.path) == p.pid
+        assert procs.children(server.proc.pid) == []      # refused: nothing forked for it
+    finally:
+        p.kill()
+        p.wait()
+    # no server at that path
+    p, port = _daemon(_env(**{ENV: str(tmp_path / "nothing.sock")}))
+    try:
+        assert port > 0 and procs.children(p.pid) == []
+        assert p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_venv_pth_hands_over_under_the_servers_variable():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import spark_workers_pth
+    finally:
+        sys.path.pop(0)
+    assert f'os.environ.get("{ENV}")' in spark_workers_pth.FORK
+    assert '"statekit.engine.spark.fork_server"' in spark_workers_pth.FORK
+    assert spark_workers_pth.FORK.endswith(".hand_over()\n")
+
+
+def test_a_planner_daemon_is_judged_by_the_child_it_stands_for(tmp_path):
+    """The reaper looks for workers below the server's child, not below the stand-in."""
+    import json
+    import textwrap
+
+    from statekit.engine.spark import planners
+
+    jvm_code = textwrap.dedent("""
+        import subprocess, sys, time
+        sleep = "import time; time.sleep(120)"
+        a = subprocess.Popen([sys.executable, "-c", sleep, "-m", "pyspark.daemon",
+                              "pyspark.sql.worker.create_data_source"])
+        b = subprocess.Popen([sys.executable, "-c", sleep, "-m", "pyspark.daemon",
+                              "pyspark.sql.worker.lookup_data_sources"])
+        busy = subprocess.Popen([sys.executable, "-c",
+                                 "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                                 "'-c', 'import time; time.sleep(120)']); time.sleep(120)"])
+        print(a.pid, b.pid, busy.pid, flush=True)
+        time.sleep(120)
+        """)
+    jvm = subprocess.Popen([sys.executable, "-c", jvm_code], stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        a, b, busy = (int(x) for x in jvm.stdout.readline().split())
+        deadline = time.monotonic() + 30
+        while not procs.children(busy) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sock = str(tmp_path / "fs.sock")
+        with open(sock + ".pids", "w") as f:
+            json.dump({str(a): busy}, f)                  # a stands for a daemon with a worker
+        assert planners.end_idle_planners(jvm.pid, None, sock) == ["lookup_data_sources"]
+        assert _gone(b) and not _gone(a, timeout=0.3)
+        assert planners.end_idle_planners(jvm.pid, None, None) == ["create_data_source"]
+        assert _gone(a)
+    finally:
+        os.killpg(jvm.pid, signal.SIGKILL)
+        jvm.wait()
