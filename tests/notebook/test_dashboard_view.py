@@ -101,6 +101,34 @@ def test_refresh_renders_every_panel():
     assert v.ownership.value.startswith("<svg") and "<rect" in v.ownership.value and "instance 0" in v.ownership.value
 
 
+def test_a_refresh_sends_its_panels_together_once_every_one_is_drawn(monkeypatch):
+    """One burst of widget messages per refresh (the page lays it out once), not a message per
+    panel spread over the drawing."""
+    from kernel_ext.dashboard import view as view_mod
+
+    app = FakeApp()
+    d = LiveDashboard(app, interval=0.1)
+    d.refresh()
+    sent = []
+    for name in ("header", "store", "restore", "instances", "tasks"):
+        getattr(d.view, name).observe(lambda ch, name=name: sent.append(name), names="value")
+    seen_while_drawing = {}
+    real = view_mod.render_restore
+
+    def restore_panel(p):            # drawn after the header and the store panel
+        seen_while_drawing["sent"] = list(sent)
+        return real(p)
+
+    monkeypatch.setattr(view_mod, "render_restore", restore_panel)
+    app.rows["kafka"] = 9
+    app.push(ev.InstanceDied(instance=0, tasks=["0_0"], ts=time.time()))
+    d.refresh()
+    assert seen_while_drawing == {"sent": []}
+    assert {"header", "store"} <= set(sent)                 # then sent, once each
+    assert len(sent) == len(set(sent))
+    assert "kafka" in d.view.store.value and ">9<" in d.view.store.value
+
+
 def test_events_pushed_after_the_history_are_seen_once():
     app = FakeApp()
     d = LiveDashboard(app, interval=0.1, view=False)
