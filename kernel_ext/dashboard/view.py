@@ -424,7 +424,8 @@ def _no_wait(forecast):
 class LiveDashboard:
     """Events → model (as they arrive), polls → model (a thread of its own), model → picture → view
     (the refresh thread: every `interval` seconds, and at once after an urgent event, at most every
-    `min_gap` seconds).
+    `min_gap` seconds: a restore of four tasks brings a dozen urgent events in a second, and a
+    browser that redrew the page ten times a second for them took the cores the restore needed).
 
     Stops when the app is stopped (NOT_RUNNING), when the view is closed or its stop button is
     pressed, or on `stop()`; in ERROR it keeps the last picture and goes on refreshing the light
@@ -435,7 +436,7 @@ class LiveDashboard:
     def __init__(self, app, name: str | None = None, interval: float = 1.0, top: int = 15,
                  history_fn: Callable | None = None, changelog_fn: Callable | None = None,
                  stores: list[str] | None = None, max_rows: int = 2000, view: bool = True,
-                 heavy_interval: float = 5.0, min_gap: float = 0.1):
+                 heavy_interval: float = 5.0, min_gap: float = 0.25):
         self.app = app
         self.name = name or getattr(app, "name", "app")
         self.interval = interval
