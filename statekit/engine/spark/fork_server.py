@@ -322,6 +322,11 @@ def serve(path: str) -> None:
     install()   # the runner without pyarrow (lean_runner.py), as the .pth gives a fresh one
     for m in PRELOAD:
         importlib.import_module(m)
+    import threading
+
+    if threading.active_count() > 1:   # a fork would copy a thread's locks, held or not: no server
+        raise SystemExit("statekit's fork server: an import started a thread; Spark's Python "
+                         "processes start afresh")
     gc.collect()
     gc.freeze()   # the children's collections skip what they inherited, and leave its pages shared
     server = _Server(path)
