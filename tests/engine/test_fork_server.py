@@ -163,3 +163,28 @@ def test_a_planner_daemon_is_judged_by_the_child_it_stands_for(tmp_path):
     finally:
         os.killpg(jvm.pid, signal.SIGKILL)
         jvm.wait()
+
+
+@pytest.mark.spark
+def test_a_local_start_that_fails_leaves_no_fork_server(tmp_path):
+    """The server starts before the JVM; a JVM that cannot start takes it down with the start."""
+    import json
+    import textwrap
+
+    code = textwrap.dedent("""
+        import json
+        from statekit.engine.spark import procs, session
+        try:
+            session.get_session(master="local[1]", driver_memory="lots")
+            said = "started"
+        except Exception as exc:
+            said = type(exc).__name__
+        kids = [procs.cmdline(p) for p in procs.children(__import__("os").getpid())]
+        print(json.dumps({"said": said, "server": session._OWNED.fork_server is None,
+                          "left": [k for k in kids if "fork_server" in k]}))
+        """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"said": "SparkFailure", "server": True,
+                                                             "left": []}

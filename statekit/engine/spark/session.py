@@ -339,6 +339,9 @@ def _start_fork_server(master: str):
     """The fork server for a local session's Python processes (engine.spark.fork_server), started
     before the JVM so that it has imported what they need by the time Spark starts the first; None
     for another master, or when it cannot start (they then start as before)."""
+    if _OWNED.fork_server is not None:   # a session before this one (stopped by its user) had it
+        _OWNED.fork_server.stop()
+        _OWNED.fork_server = None
     if not is_local_master(master) or os.environ.get(FORK_SERVER_SWITCH, "").lower() == "off":
         return None
     from statekit.engine.spark.fork_server import ForkServer
@@ -367,7 +370,6 @@ def _fork_server_env(forks):
 def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memory: str,
                      extra_conf: dict | None):
     """Start the classic session (its JVM in this process)."""
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     check_java()
@@ -423,7 +425,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
     # kept from its first moment (an interrupted start leaves no JVM behind), and started with
     # the command spark-submit computed before for the same launch (engine.spark.jvm_launch)
     keeper = JvmKeeper(DirectLaunch({"log4j": props}))
-    forks = _start_fork_server(master)
+    forks, started = _start_fork_server(master), False
     try:
         with _stderr_to_file(stderr), keeper, _fork_server_env(forks):
             said_from, t0 = file_size(stderr), time.time()
@@ -445,6 +447,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
                     b = with_jvm_options(b, None)
             keeper.learn()
             _OWNED.launched_directly = keeper.went_direct
+        started = True
     except Exception as exc:  # the JVM did not come up: what it said, if it said something
         said = [ln for ln in said_since(stderr, said_from).splitlines()
                 if "Exception" in ln and not ln.lstrip().startswith("at ")]
@@ -454,7 +457,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
                                f"{stderr})") from None
         raise one_line(exc, f"Spark did not start (the JVM's output: {stderr})") from None
     finally:
-        if forks is not None and SparkContext._gateway is None:   # no JVM: nothing to serve
+        if forks is not None and not started:   # no session (the keeper ended its JVM): no server
             forks.stop()
             forks = None
     _OWNED.fork_server = forks
