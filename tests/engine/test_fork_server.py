@@ -188,3 +188,13 @@ def test_a_local_start_that_fails_leaves_no_fork_server(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"said": "SparkFailure", "server": True,
                                                              "left": []}
+
+
+def test_a_socket_name_unix_cannot_hold_is_refused_before_anything_starts(tmp_path):
+    """(`get_session` then starts without a server: every process as before.)"""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    before = procs.children(os.getpid())
+    with pytest.raises(OSError, match="cannot be named"):
+        ForkServer(str(deep))
+    assert procs.children(os.getpid()) == before

@@ -224,15 +224,22 @@ class _Server:
             finally:
                 conn.close()
             return
+        go_r, go_w = os.pipe()   # the child waits until the map names it (`real_pid` is never behind)
         pid = os.fork()
         if pid == 0:
-            _child(body, fds, [self.sock.fileno(), self.wake_r, self.wake_w, conn.fileno()]
+            os.close(go_w)
+            if not os.read(go_r, 1):   # the server died first
+                os._exit(1)
+            _child(body, fds, [go_r, self.sock.fileno(), self.wake_r, self.wake_w, conn.fileno()]
                    + [c.fileno() for c, _p, _s in self.conns.values()])
+        os.close(go_r)
         for fd in fds:
             os.close(fd)
         self.conns[conn.fileno()] = (conn, pid, int(body.get("standin", 0)))
         self.poller.register(conn.fileno(), select.POLLIN)
         self._publish()
+        os.write(go_w, b"!")
+        os.close(go_w)
         try:
             conn.sendall(_INT.pack(pid))
         except OSError:
@@ -352,12 +359,14 @@ class ForkServer:
     """The fork server of this process's local session (`get_session` starts it before the JVM,
     `stop_session` stops it after)."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, stderr: str | None = None):
         import subprocess
 
         from statekit import lifeline
 
         self.path = os.path.join(directory, f"fork-server-{os.getpid()}.sock")
+        if len(os.fsencode(self.path)) > 100:   # past a Unix socket's name (108 bytes with its NUL)
+            raise OSError(f"a fork server's socket cannot be named {self.path}")
         for p in (self.path, self.path + ".pids"):
             try:
                 os.unlink(p)
@@ -367,9 +376,14 @@ class ForkServer:
         env.pop(ENV, None)
         env["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")   # as pyspark gives Spark's
         env.setdefault(*lifeline.SMALL_MALLOC)
-        self.proc = subprocess.Popen([sys.executable, "-m", "statekit.engine.spark.fork_server",
-                                      self.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=env)
+        err = open(stderr, "ab") if stderr else None   # where the JVM's own output goes
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "statekit.engine.spark.fork_server",
+                                          self.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, env=env)
+        finally:
+            if err is not None:
+                err.close()
 
     def stop(self) -> None:
         """Close its stdin (it kills its children and exits); kill it if it does not."""

@@ -347,7 +347,7 @@ def _start_fork_server(master: str):
     from statekit.engine.spark.fork_server import ForkServer
 
     try:
-        return ForkServer(log_dir())
+        return ForkServer(log_dir(), jvm_stderr_path())
     except OSError:
         return None
 
