@@ -130,13 +130,11 @@ def role(pid: int, kernel: int, instances=()) -> str:
 def _forked_role(pid: int, sock: str, kernel: int, instances) -> str:
     """A process of the fork server (engine.spark.fork_server): the server, a child it forked
     for a stand-in the JVM started (named as that stand-in), or a worker such a child forked."""
+    from statekit.engine.spark.fork_server import stand_ins
+
     if _ppid(pid) == kernel:
         return "fork server"
-    try:
-        with open(sock + ".pids") as f:
-            standin = {int(v): int(k) for k, v in json.load(f).items()}.get(pid)
-    except (OSError, ValueError):
-        standin = None
+    standin = {child: s for s, child in stand_ins(sock).items()}.get(pid)
     if standin is not None:
         return role(standin, kernel, instances) + " (forked)"
     return "Python worker (forked)"

@@ -5,6 +5,7 @@ session never import pandas or pyarrow into the kernel (pyspark's numpy converte
 construction."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,32 +75,47 @@ def _ended(pid: int) -> bool:
         return True
 
 
-def test_idle_planner_daemons_are_ended_busy_ones_kept(tmp_path):
-    from statekit.engine.spark import planners, procs
+@contextlib.contextmanager
+def _fake_jvm(*children):
+    """A stand-in JVM (its own process group, killed at the end) that starts ``children``, each
+    (module, busy): ``python -m pyspark.daemon <module>`` (no module: a plain process), with a
+    child of its own when busy (a daemon's forked worker). Yields (the JVM, their pids), once every
+    busy one has its child."""
+    from statekit.engine.spark import procs
 
-    # a stand-in JVM that starts two planner daemons, one of which has a worker forked
-    jvm_code = textwrap.dedent("""
+    code = textwrap.dedent(f"""
         import subprocess, sys, time
         sleep = "import time; time.sleep(120)"
         busy = ("import subprocess, sys, time; "
                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
                 "time.sleep(120)")
-        idle = subprocess.Popen([sys.executable, "-c", sleep, "-m", "pyspark.daemon",
-                                 "pyspark.sql.worker.lookup_data_sources"])
-        worked = subprocess.Popen([sys.executable, "-c", busy, "-m", "pyspark.daemon",
-                                   "pyspark.sql.worker.plan_data_source_read"])
-        other = subprocess.Popen([sys.executable, "-c", sleep, "-m", "pyspark.daemon",
-                                  "pyspark.worker"])
-        print(idle.pid, worked.pid, other.pid, flush=True)
+        kids = [subprocess.Popen([sys.executable, "-c", busy if b else sleep]
+                                 + (["-m", "pyspark.daemon", m] if m else []))
+                for m, b in {list(children)!r}]
+        print(*[k.pid for k in kids], flush=True)
         time.sleep(120)
         """)
-    jvm = subprocess.Popen([sys.executable, "-c", jvm_code], stdout=subprocess.PIPE, text=True,
+    jvm = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
-        idle, worked, other = (int(p) for p in jvm.stdout.readline().split())
+        pids = [int(p) for p in jvm.stdout.readline().split()]
         deadline = time.monotonic() + 30
-        while len(procs.children(worked)) < 1 and time.monotonic() < deadline:
+        while (not all(procs.children(p) for p, (_m, b) in zip(pids, children) if b)
+               and time.monotonic() < deadline):
             time.sleep(0.05)
+        yield jvm, pids
+    finally:
+        os.killpg(jvm.pid, signal.SIGKILL)
+        jvm.wait()
+
+
+def test_idle_planner_daemons_are_ended_busy_ones_kept(tmp_path):
+    from statekit.engine.spark import planners
+
+    # two planner daemons, one of which has a worker forked, and the workers' daemon
+    with _fake_jvm(("pyspark.sql.worker.lookup_data_sources", False),
+                   ("pyspark.sql.worker.plan_data_source_read", True),
+                   ("pyspark.worker", False)) as (jvm, (idle, worked, other)):
         assert planners.planner_daemons(jvm.pid) == {idle: "lookup_data_sources",
                                                      worked: "plan_data_source_read"}
         # idle on this pass only (it could be one Spark is starting): kept until the next pass
@@ -111,6 +127,27 @@ def test_idle_planner_daemons_are_ended_busy_ones_kept(tmp_path):
         while not _ended(idle) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _ended(idle) and not _ended(worked) and not _ended(other)
-    finally:
-        os.killpg(jvm.pid, signal.SIGKILL)
-        jvm.wait()
+
+
+def _gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while not _ended(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _ended(pid)
+
+
+def test_a_planner_daemon_the_fork_server_runs_is_judged_by_its_child(tmp_path):
+    """The reaper looks for a daemon's workers below the fork server's child it stands for
+    (engine.spark.fork_server), not below the stand-in the JVM started."""
+    from statekit.engine.spark import planners
+
+    with _fake_jvm(("pyspark.sql.worker.create_data_source", False),
+                   ("pyspark.sql.worker.lookup_data_sources", False),
+                   (None, True)) as (jvm, (a, b, child)):
+        sock = str(tmp_path / "fs.sock")
+        with open(sock + ".pids", "w") as f:
+            json.dump({str(a): child}, f)                 # a stands for a daemon with a worker
+        assert planners.end_idle_planners(jvm.pid, None, sock) == ["lookup_data_sources"]
+        assert _gone(b) and not _gone(a, timeout=0.3)
+        assert planners.end_idle_planners(jvm.pid, None, None) == ["create_data_source"]
+        assert _gone(a)

@@ -126,45 +126,6 @@ def test_the_venv_pth_hands_over_under_the_servers_variable():
     assert spark_workers_pth.FORK.endswith(".hand_over()\n")
 
 
-def test_a_planner_daemon_is_judged_by_the_child_it_stands_for(tmp_path):
-    """The reaper looks for workers below the server's child, not below the stand-in."""
-    import json
-    import textwrap
-
-    from statekit.engine.spark import planners
-
-    jvm_code = textwrap.dedent("""
-        import subprocess, sys, time
-        sleep = "import time; time.sleep(120)"
-        a = subprocess.Popen([sys.executable, "-c", sleep, "-m", "pyspark.daemon",
-                              "pyspark.sql.worker.create_data_source"])
-        b = subprocess.Popen([sys.executable, "-c", sleep, "-m", "pyspark.daemon",
-                              "pyspark.sql.worker.lookup_data_sources"])
-        busy = subprocess.Popen([sys.executable, "-c",
-                                 "import subprocess, sys, time; subprocess.Popen([sys.executable, "
-                                 "'-c', 'import time; time.sleep(120)']); time.sleep(120)"])
-        print(a.pid, b.pid, busy.pid, flush=True)
-        time.sleep(120)
-        """)
-    jvm = subprocess.Popen([sys.executable, "-c", jvm_code], stdout=subprocess.PIPE, text=True,
-                           start_new_session=True)
-    try:
-        a, b, busy = (int(x) for x in jvm.stdout.readline().split())
-        deadline = time.monotonic() + 30
-        while not procs.children(busy) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        sock = str(tmp_path / "fs.sock")
-        with open(sock + ".pids", "w") as f:
-            json.dump({str(a): busy}, f)                  # a stands for a daemon with a worker
-        assert planners.end_idle_planners(jvm.pid, None, sock) == ["lookup_data_sources"]
-        assert _gone(b) and not _gone(a, timeout=0.3)
-        assert planners.end_idle_planners(jvm.pid, None, None) == ["create_data_source"]
-        assert _gone(a)
-    finally:
-        os.killpg(jvm.pid, signal.SIGKILL)
-        jvm.wait()
-
-
 @pytest.mark.spark
 def test_a_local_start_that_fails_leaves_no_fork_server(tmp_path):
     """The server starts before the JVM; a JVM that cannot start takes it down with the start."""

@@ -22,7 +22,7 @@ exits when the process that started it does (its stdin closes). Without an answe
 The children differ from a fresh process in one way Spark could see: their hash secret is the
 server's. The server runs with the `PYTHONHASHSEED` Spark gives its Python processes (pyspark sets
 "0" unless the driver has one) and refuses a process whose environment names another.
-`planners.REAPER` asks `real_pid` for the child a planner daemon's stand-in stands for.
+`planners.REAPER` reads `stand_ins` for the child a planner daemon's stand-in stands for.
 """
 from __future__ import annotations
 
@@ -342,17 +342,22 @@ def serve(path: str) -> None:
     server.run()
 
 
-def real_pid(standin: int, path: str | None) -> int:
-    """The child the stand-in ``standin`` stands for (``standin`` itself when it is not one)."""
+def stand_ins(path: str | None) -> dict:
+    """{stand-in pid: the child it stands for} of the server at ``path`` (empty without one)."""
     if not path:
-        return standin
+        return {}
     import json
 
     try:
         with open(path + ".pids") as f:
-            return int(json.load(f).get(str(standin), standin))
-    except (OSError, ValueError):
-        return standin
+            return {int(k): int(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def real_pid(standin: int, path: str | None) -> int:
+    """The child the stand-in ``standin`` stands for (``standin`` itself when it is not one)."""
+    return stand_ins(path).get(standin, standin)
 
 
 class ForkServer:

@@ -29,7 +29,7 @@ import threading
 import weakref
 
 from statekit import lifeline
-from statekit.engine.spark.fork_server import real_pid
+from statekit.engine.spark.fork_server import stand_ins
 from statekit.engine.spark.procs import children, cmdline
 
 PLANNER_MODULE = "pyspark.sql.worker."
@@ -58,9 +58,9 @@ def end_idle_planners(jvm_pid: int, seen_idle: set | None = None,
     makes sure no statekit planner step starts meanwhile (see the module docstring). A daemon the
     fork server runs (``fork_server``: its socket) has its workers below its child, not below the
     stand-in the JVM started (engine.spark.fork_server)."""
-    ended, idle_now = [], set()
+    ended, idle_now, real = [], set(), stand_ins(fork_server)
     for pid, step in planner_daemons(jvm_pid).items():
-        if children(real_pid(pid, fork_server)):
+        if children(real.get(pid, pid)):
             continue
         me = (pid, lifeline.start_time(pid))   # (a reused pid is another daemon)
         if seen_idle is not None and me not in seen_idle:
