@@ -126,6 +126,31 @@ def test_the_venv_pth_hands_over_under_the_servers_variable():
     assert spark_workers_pth.FORK.endswith(".hand_over()\n")
 
 
+def test_a_child_of_the_server_drops_from_its_path_what_the_venv_pth_drops(monkeypatch):
+    """A child takes its PYTHONPATH from the process Spark started, less what that process's
+    `.pth` would have dropped (pyspark's zips, pip's jars): the two filters are written twice (a
+    .pth line may use `sys` alone), and must agree."""
+    from statekit.engine.spark import fork_server
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import spark_workers_pth
+    finally:
+        sys.path.pop(0)
+    samples = ["/v/lib/python3.11/site-packages/pyspark/python/lib/pyspark.zip",
+               "/v/lib/python3.11/site-packages/pyspark/python/lib/py4j-0.10.9.9-src.zip",
+               "/v/lib/python3.11/site-packages/pyspark/jars/spark-core_2.13-4.1.0.jar",
+               "C:\\v\\Lib\\site-packages\\pyspark\\python\\lib\\pyspark.zip",
+               "/opt/spark/python/lib/pyspark.zip", "/v/pyspark/jars/README.md",
+               "/v/lib/python3.11/site-packages/pyspark/python/lib", "/work/statekit", "/x/y.zip"]
+    monkeypatch.setattr(sys, "path", list(samples))
+    exec(spark_workers_pth.LINE, {})
+    kept_by_pth = list(sys.path)
+    monkeypatch.undo()
+    assert kept_by_pth == [p for p in samples if not fork_server._dropped(p)]
+    assert len(kept_by_pth) == len(samples) - 4    # both zips, the jar, the Windows zip
+
+
 @pytest.mark.spark
 def test_a_local_start_that_fails_leaves_no_fork_server(tmp_path):
     """The server starts before the JVM; a JVM that cannot start takes it down with the start."""
