@@ -210,9 +210,14 @@ def test_notebook_02_restoration_panel_while_a_restore_from_scratch_runs(tmp_pat
 @pytest.mark.timeout(1500)   # the whole notebook beside two hogs: three times its quiet time
 def test_notebook_02_with_both_cores_busy_agrees_with_itself_and_its_forecast_holds(tmp_path):
     """The same beside two CPU hogs (a shared workshop server): the panels still agree, and the
-    forecast the cell printed before the crash is within 1.5x of the restore that followed
-    (400,000 accounts: a restore of seconds under the hogs, not of minutes)."""
-    forecast, measured = _run_02(tmp_path, 400_000, busy=True)
+    forecast the cell printed before the crash is within 1.5x of the restore that followed.
+    1,000,000 accounts: a restore of about two seconds under the hogs, not of minutes. At 400,000
+    it had become a restore of 0.6 to 0.9 s as restores got faster, where the cell's figures,
+    printed to 0.1 s, moved the ratio by up to 15% by their rounding alone, and where the fixed
+    costs of a restart (the restoring process's first task, Spark's query started again, the
+    dashboard drawing the restore) weighed most. Forecast / measured, from the cell's figures:
+    0.67 to 1.00 over 8 runs at 400,000, 0.78 to 1.05 over 12 at 1,000,000."""
+    forecast, measured = _run_02(tmp_path, 1_000_000, busy=True)
     assert 1 / 1.5 <= forecast / measured <= 1.5, (
         f"the forecast said {forecast} s, the restore took {measured} s ({forecast / measured:.2f}x)")
 
