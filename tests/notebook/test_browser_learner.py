@@ -70,8 +70,15 @@ def test_a_lambda_that_failed_is_fixed_in_its_cell_and_runs_again_in_the_same_ke
         _lab.open_notebook(page, lab, nb.name)
         _lab.run_all(page)
         _lab.wait_for_output(page, "CHECK not yet", timeout=400)
+        # said by `wait`, or by the kernel's event thread when it noticed first, whose output
+        # ipykernel sends on its own flush: a moment after the cells that ran meanwhile (one run
+        # of make test-browser read the page before it came)
+        _lab.wait_for_output(page, "app totals failed", timeout=30)
+        streams = _lab.cell_streams(page)
+        assert "caught up" not in streams[4], streams    # `wait` never calls a failed app caught up
         failed = [t for t in _lab.stderr_lines(page) if "app totals failed" in t]
-        assert len(failed) == 1 and "ZeroDivisionError" in failed[0], _lab.stderr_lines(page)
+        assert len(failed) == 1 and "ZeroDivisionError" in failed[0], \
+            (_lab.stderr_lines(page), streams)
         assert "fix the `%%statekit app totals` cell, run it again, then `%statekit start totals`" in failed[0]
         _lab.screenshot(page, "fix-lambda-failed.png", page.locator(".statekit-dashboard").first)
         # the learner fixes the lambda in its cell and runs it and the cells below again
