@@ -151,6 +151,18 @@ def test_a_child_of_the_server_drops_from_its_path_what_the_venv_pth_drops(monke
     assert len(kept_by_pth) == len(samples) - 4    # both zips, the jar, the Windows zip
 
 
+def test_a_thread_a_library_started_keeps_the_server_from_forking():
+    """A fork copies every lock of the process, also those a thread held: the server serves only
+    while it runs no thread, Python's or a library's (pyarrow's jemalloc starts one at import,
+    which `threading` does not see)."""
+    code = ("import sys; from statekit.engine.spark.fork_server import threads_started as t; "
+            "a = t(); import pyarrow; print(a, t())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={k: v for k, v in os.environ.items() if k != "JE_ARROW_MALLOC_CONF"},
+                         timeout=60)
+    assert out.stdout.split() == ["False", "True"], (out.stdout, out.stderr[-2000:])
+
+
 @pytest.mark.spark
 def test_a_local_start_that_fails_leaves_no_fork_server(tmp_path):
     """The server starts before the JVM; a JVM that cannot start takes it down with the start."""

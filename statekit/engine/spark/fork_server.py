@@ -319,6 +319,18 @@ class _Server:
                     self._hung_up(fd)
 
 
+def threads_started() -> bool:
+    """Does this process run a thread besides its main one? Python's own, or a library's: pyarrow's
+    jemalloc starts one at import, OpenBLAS (numpy) a pool, neither seen by ``threading``."""
+    import threading
+
+    try:
+        native = len(os.listdir("/proc/self/task")) > 1
+    except OSError:
+        native = False
+    return threading.active_count() > 1 or native
+
+
 def serve(path: str) -> None:
     """The server's main: import what its children run, then fork one for each stand-in."""
     import gc
@@ -329,9 +341,7 @@ def serve(path: str) -> None:
     install()   # the runner without pyarrow (lean_runner.py), as the .pth gives a fresh one
     for m in PRELOAD:
         importlib.import_module(m)
-    import threading
-
-    if threading.active_count() > 1:   # a fork would copy a thread's locks, held or not: no server
+    if threads_started():   # a fork would copy a thread's locks, held or not: no server
         raise SystemExit("statekit's fork server: an import started a thread; Spark's Python "
                          "processes start afresh")
     gc.collect()
@@ -381,6 +391,10 @@ class ForkServer:
         env.pop(ENV, None)
         env["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")   # as pyspark gives Spark's
         env.setdefault(*lifeline.SMALL_MALLOC)
+        # numpy's OpenBLAS starts a thread pool at import unless told one thread, which is what
+        # Spark gives its Python workers (OMP_NUM_THREADS = spark.task.cpus): the server must run
+        # no thread when it forks (`threads_started`)
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
         err = open(stderr, "ab") if stderr else None   # where the JVM's own output goes
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "statekit.engine.spark.fork_server",
