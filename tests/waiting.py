@@ -35,3 +35,16 @@ async def async_wait_until(pred: Callable[[], T], timeout: float, what: str,
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout:g} s for {what}; last: {value!r}")
         await asyncio.sleep(interval)
+
+
+def ended_within(pid: int, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Has process ``pid`` exited (a zombie no one has reaped yet counts: it is dead) within
+    ``timeout`` seconds? A bool, not a failure: tests also assert that a process is still there."""
+    from statekit.child_server import pid_alive
+
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True

@@ -16,6 +16,9 @@ import time
 
 import pytest
 
+from statekit.child_server import pid_alive
+from waiting import ended_within
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -66,15 +69,6 @@ def test_a_statekit_stage_runs_without_pandas_in_the_driver(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"server_ended": True}
 
 
-def _ended(pid: int) -> bool:
-    """Exited (a zombie until the stand-in JVM, which never waits, is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 @contextlib.contextmanager
 def _fake_jvm(*children):
     """A stand-in JVM (its own process group, killed at the end) that starts ``children``, each
@@ -120,20 +114,10 @@ def test_idle_planner_daemons_are_ended_busy_ones_kept(tmp_path):
                                                      worked: "plan_data_source_read"}
         # idle on this pass only (it could be one Spark is starting): kept until the next pass
         seen: set = set()
-        assert planners.end_idle_planners(jvm.pid, seen) == [] and not _ended(idle)
+        assert planners.end_idle_planners(jvm.pid, seen) == [] and pid_alive(idle)
         assert [pid for pid, _t in seen] == [idle]
         assert planners.end_idle_planners(jvm.pid, seen) == ["lookup_data_sources"] and not seen
-        deadline = time.monotonic() + 30
-        while not _ended(idle) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _ended(idle) and not _ended(worked) and not _ended(other)
-
-
-def _gone(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while not _ended(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return _ended(pid)
+        assert ended_within(idle, 30) and pid_alive(worked) and pid_alive(other)
 
 
 def test_a_planner_daemon_the_fork_server_runs_is_judged_by_its_child(tmp_path):
@@ -148,6 +132,6 @@ def test_a_planner_daemon_the_fork_server_runs_is_judged_by_its_child(tmp_path):
         with open(sock + ".pids", "w") as f:
             json.dump({str(a): child}, f)                 # a stands for a daemon with a worker
         assert planners.end_idle_planners(jvm.pid, None, sock) == ["lookup_data_sources"]
-        assert _gone(b) and not _gone(a, timeout=0.3)
+        assert ended_within(b) and not ended_within(a, timeout=0.3)
         assert planners.end_idle_planners(jvm.pid, None, None) == ["create_data_source"]
-        assert _gone(a)
+        assert ended_within(a)

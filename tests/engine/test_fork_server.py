@@ -15,6 +15,7 @@ import pytest
 
 from statekit.engine.spark import procs
 from statekit.engine.spark.fork_server import ENV, ForkServer, real_pid
+from waiting import ended_within
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,19 +43,6 @@ def _env(**extra) -> dict:
     return env
 
 
-def _gone(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except OSError:
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_a_served_module_answers_from_a_child_of_the_server_and_exits_as_it_does(server):
     direct, _ = _daemon(_env())
     time.sleep(0.5)              # pyspark's daemon takes SIGTERM right after it writes its port
@@ -71,7 +59,7 @@ def test_a_served_module_answers_from_a_child_of_the_server_and_exits_as_it_does
         time.sleep(0.5)
         standin.send_signal(signal.SIGTERM)          # as Spark ends a daemon: passed on
         assert standin.wait(30) == direct_code
-        assert _gone(child)
+        assert ended_within(child)
         assert real_pid(standin.pid, server.path) == standin.pid   # forgotten once it ended
     finally:
         if standin.poll() is None:
@@ -85,14 +73,14 @@ def test_a_killed_stand_in_takes_its_child_and_a_stopped_server_takes_every_chil
     assert child != standin.pid
     standin.kill()
     standin.wait()
-    assert _gone(child)
+    assert ended_within(child)
 
     standin, _ = _daemon(_env(**{ENV: server.path}))
     child = real_pid(standin.pid, server.path)
     assert child != standin.pid
     server.stop()
     assert standin.wait(30) == 1                          # its child gone without a word
-    assert _gone(child)
+    assert ended_within(child)
     assert not os.path.exists(server.path)
 
 
