@@ -321,14 +321,14 @@ class _Server:
 
 def threads_started() -> bool:
     """Does this process run a thread besides its main one? Python's own, or a library's: pyarrow's
-    jemalloc starts one at import, OpenBLAS (numpy) a pool, neither seen by ``threading``."""
-    import threading
-
+    jemalloc starts one at import, OpenBLAS (numpy) a pool, neither seen by ``threading``; every
+    one of them is a task of the process."""
     try:
-        native = len(os.listdir("/proc/self/task")) > 1
-    except OSError:
-        native = False
-    return threading.active_count() > 1 or native
+        return len(os.listdir("/proc/self/task")) > 1
+    except OSError:   # no /proc: the threads Python knows of
+        import threading
+
+        return threading.active_count() > 1
 
 
 def serve(path: str) -> None:
