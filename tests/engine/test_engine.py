@@ -104,6 +104,25 @@ def test_word_count_and_an_instance_killed_mid_batch(spark, kafka_broker, tmp_pa
         from statekit.engine.spark.data_source_lookup import EARLY_READER
         wait_until(lambda: "ok" in EARLY_READER, 60, "the early planning of the reader")
         assert EARLY_READER == {"ok": True}
+        # the session was built without Spark ML's session extension (pyspark's jars declare no
+        # other), which was applied once the query was past its start: its functions are in
+        # Spark's registry, pyspark.ml's work on the session, and the context no longer holds the
+        # setting that left it out (engine.spark.session_extensions)
+        from statekit.engine.spark.session_extensions import LOAD_FROM_CLASSPATH
+
+        jvm = spark.sparkContext._jvm
+        registry = getattr(getattr(jvm, "org.apache.spark.sql.catalyst.analysis.FunctionRegistry$"),
+                           "MODULE$").internal()
+        name = getattr(getattr(jvm, "org.apache.spark.sql.catalyst.FunctionIdentifier$"), "MODULE$")
+        assert spark._statekit_ml_extension_later is True
+        wait_until(lambda: registry.functionExists(name.apply("vector_to_array")), 60,
+                   "Spark ML's functions registered")
+        assert not spark.sparkContext._jsc.sc().conf().contains(LOAD_FROM_CLASSPATH)
+        from pyspark.ml.functions import array_to_vector, vector_to_array
+
+        arrays = spark.range(2).selectExpr("array(double(id), 0.5D) AS a")
+        assert [r.a for r in arrays.select(vector_to_array(array_to_vector("a")).alias("a"))
+                .collect()] == [[0.0, 0.5], [1.0, 0.5]]
         # a backlog of R records takes ceil(R / 100) micro-batches of 100, the last one the rest
         full, rest = divmod(words, 100)
         assert [p["num_input_rows"] for p in q.recent_progress] == [100] * full + ([rest] if rest else [])

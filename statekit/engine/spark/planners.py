@@ -130,6 +130,11 @@ class _Reaper:
                                                 daemon=True)
                 self._thread.start()
 
+    def starting(self) -> bool:
+        """A statekit query is being created or started, or waits for its first micro-batch."""
+        with self._lock:
+            return bool(self._busy) or self._waiting_for_first_batch()
+
     def _waiting_for_first_batch(self) -> bool:
         """Some watched query is active and has not run a micro-batch yet (a trigger that found
         no data also reports progress, without ``addBatch``)."""

@@ -35,6 +35,7 @@ from statekit.engine.spark import session_api
 from statekit.engine.spark.data_source_lookup import look_up_data_sources_early
 from statekit.engine.spark.jvm_launch import DirectLaunch, JvmKeeper
 from statekit.engine.spark.quiet import quiet_driver
+from statekit.engine.spark.session_extensions import apply_ml_extension_when_quiet, ml_extension_deferred
 from statekit.engine.spark.jvm import (  # noqa: F401 - re-exported: the JVM's options, logs, archive
     JAVA_OPTS,
     LOCAL_DISK_CONF,
@@ -281,7 +282,7 @@ def get_session(app_name: str = "statekit", *, shuffle_partitions: int | None = 
         api.register_source()
         if not getattr(spark, "_statekit_warm", False):
             # in the background: a query that starts meanwhile is not held up by it
-            threading.Thread(target=warm_workers, args=(spark,), name="statekit-spark-warm",
+            threading.Thread(target=_warm_up, args=(spark,), name="statekit-spark-warm",
                              daemon=True).start()
             try:
                 spark._statekit_warm = True
@@ -367,11 +368,24 @@ def _fork_server_env(forks):
         os.environ.pop(ENV, None)
 
 
+def _build_session(opts: dict):
+    """The context, then the session on it, as `SparkSession.builder.getOrCreate()` makes them,
+    with Spark ML's session extension applied after the first query's start when that makes the
+    same session (engine.spark.session_extensions)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    sc = SparkContext.getOrCreate(SparkConf().setAll(list(opts.items())))
+    with ml_extension_deferred(sc) as later:
+        spark = SparkSession.builder.config(map=opts).getOrCreate()
+    if later:
+        spark._statekit_ml_extension_later = True
+    return spark
+
+
 def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memory: str,
                      extra_conf: dict | None):
     """Start the classic session (its JVM in this process)."""
-    from pyspark.sql import SparkSession
-
     check_java()
     _light_numpy_converters()
     quiet_driver()
@@ -389,37 +403,31 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
     executors_here = (loopback and not is_local_master(master)
                       and "spark.executor.extraJavaOptions" not in (extra_conf or {}))
 
-    def with_jvm_options(b, archive):
-        b = b.config("spark.driver.extraJavaOptions", log_opts + jvm_options(archive))
+    def with_jvm_options(opts, archive):
+        opts["spark.driver.extraJavaOptions"] = log_opts + jvm_options(archive)
         if executors_here:
-            b = b.config("spark.executor.extraJavaOptions", jvm_options(archive))
-        return b
+            opts["spark.executor.extraJavaOptions"] = jvm_options(archive)
+        return opts
 
-    b = (SparkSession.builder.master(master).appName(app_name)
-         .config("spark.ui.enabled", "false")
-         .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.memory", driver_memory)
-         .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2))
-         .config("spark.python.worker.reuse", "true"))
-    for k, v in SQL_CONF.items():
-        b = b.config(k, v)
-    b = with_jvm_options(b, archive)
+    opts = {"spark.master": master, "spark.app.name": app_name,
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.driver.memory": driver_memory,
+            "spark.sql.shuffle.partitions": str(shuffle_partitions or 2),
+            "spark.python.worker.reuse": "true", **SQL_CONF}
+    opts = with_jvm_options(opts, archive)
     if is_local_master(master):
-        b = b.config("spark.task.maxFailures", "1").config("spark.default.parallelism", "2")
+        opts.update({"spark.task.maxFailures": "1", "spark.default.parallelism": "2"})
     else:  # a lost executor's tasks are retried elsewhere: that is how its batch replays
-        b = b.config("spark.task.maxFailures", str(CLUSTER_TASK_MAX_FAILURES))
+        opts["spark.task.maxFailures"] = str(CLUSTER_TASK_MAX_FAILURES)
     if loopback:
-        b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
-                                                              "127.0.0.1")
+        opts.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
         # workers forked with statekit's imports done and frozen (worker_daemon.py); on
         # this machine, where the executors' Python is this one
-        b = b.config("spark.python.daemon.module", "statekit.engine.spark.worker_daemon")
-        for k, v in LOCAL_DISK_CONF.items():
-            b = b.config(k, v)
+        opts["spark.python.daemon.module"] = "statekit.engine.spark.worker_daemon"
+        opts.update(LOCAL_DISK_CONF)
         if not is_local_master(master):   # the executors placement's tasks use pandas
-            b = b.config("spark.executorEnv.STATEKIT_DAEMON_PANDAS", "1")
-    for k, v in (extra_conf or {}).items():
-        b = b.config(k, str(v))
+            opts["spark.executorEnv.STATEKIT_DAEMON_PANDAS"] = "1"
+    opts.update({k: str(v) for k, v in (extra_conf or {}).items()})
     set_aside = None
     stderr = jvm_stderr_path()
     # kept from its first moment (an interrupted start leaves no JVM behind), and started with
@@ -432,7 +440,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
             look_up_data_sources_early()
             for _ in range(3):
                 try:
-                    spark = b.getOrCreate()
+                    spark = _build_session(opts)
                     break
                 except Exception:
                     if keeper.went_direct:   # that command no longer starts: spark-submit again
@@ -444,7 +452,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
                             or not archive_was_the_cause(said_since(stderr, said_from), t0)):
                         raise
                     set_aside = set_archive_aside(archive)
-                    b = with_jvm_options(b, None)
+                    opts = with_jvm_options(opts, None)
             keeper.learn()
             _OWNED.launched_directly = keeper.went_direct
         started = True
@@ -609,6 +617,16 @@ def warm_workers(spark) -> None:
         map_in_arrow(spark.range(n).repartition(n), _warm_partition, "id long").collect()
     except Exception:  # noqa: BLE001 - a warm-up only; the query says what is wrong, if anything
         pass
+
+
+def _warm_up(spark) -> None:
+    """In the background: the workers warmed, then Spark ML's session extension applied once
+    statekit's queries are past their start (when the session was built without it)."""
+    warm_workers(spark)
+    if getattr(spark, "_statekit_ml_extension_later", False):
+        from statekit.engine.spark.planners import REAPER
+
+        apply_ml_extension_when_quiet(spark, REAPER.starting)
 
 
 def quiet_accumulator_hangup(sc) -> None:
