@@ -17,6 +17,7 @@ from statekit.kafka import Kafka
 from statekit.wire import Columns, header_at, scan
 
 NOW = int(time.time() * 1000)
+LINGER_MS = 10_000   # each writer's records in one batch: its flush() sends them, not the linger
 
 
 def batch_headers(bootstrap, topic):
@@ -83,8 +84,9 @@ def test_batches_spanning_1970_to_now_from_every_client_read_back_exactly(shared
     topic = "span-1970"
     create_topic(b, topic)
     want = []
-    # kafka-python: 0, then now (one batch: linger keeps them together)
-    p = KafkaProducer(bootstrap_servers=b, acks="all", linger_ms=200)
+    # kafka-python: 0, then now (one batch: a linger longer than any stall of a loaded machine
+    # keeps them together, and flush() sends at once)
+    p = KafkaProducer(bootstrap_servers=b, acks="all", linger_ms=LINGER_MS)
     futs = [p.send(topic, key=b"kp%d" % i, value=b"v%d" % i, partition=0, timestamp_ms=ts)
             for i, ts in enumerate([0, NOW - 1, NOW])]
     p.flush()
@@ -93,7 +95,7 @@ def test_batches_spanning_1970_to_now_from_every_client_read_back_exactly(shared
     want += [(i, ts, b"kp%d" % i, b"v%d" % i) for i, ts in enumerate([0, NOW - 1, NOW])]
     # confluent-kafka (librdkafka): timestamp 0 means "now" to it, so 1 ms past 1970
     ck = pytest.importorskip("confluent_kafka")
-    prod = ck.Producer({"bootstrap.servers": b, "linger.ms": 200, "acks": "all"})
+    prod = ck.Producer({"bootstrap.servers": b, "linger.ms": LINGER_MS, "acks": "all"})
     errors = []
     for i, ts in enumerate([1, NOW - 1, NOW]):
         prod.produce(topic, key=b"ck%d" % i, value=b"w%d" % i, partition=0, timestamp=ts,
