@@ -35,6 +35,8 @@ q = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
 deadline = time.time() + 60
 while time.time() < deadline and len(q.recentProgress) < 3:
     time.sleep(0.2)
+from statekit.engine.spark.session_extensions import apply_ml_extension
+apply_ml_extension(spark)   # the ML extension statekit applies after a launch: its classes too
 stop_session(jvm_exit_timeout=540)   # the JVM writes the archive as it exits: 15 s here, idle
 """
 
