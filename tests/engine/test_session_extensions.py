@@ -4,6 +4,7 @@ small fakes of py4j's objects. The real session's side is in test_engine.py."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 from statekit.engine.spark.session_extensions import (
     LOAD_FROM_CLASSPATH,
@@ -88,39 +89,16 @@ class _Context:
         self.urls = [_Url(t) for t in service_files]
         self.conf = _Conf(conf or {})
         self.asked = []
-        ctx = self
 
-        class Loader:
-            def getResources(self, name):
-                ctx.asked.append(name)
-                return _Urls(ctx.urls)
+        def get_resources(name):
+            self.asked.append(name)
+            return _Urls(self.urls)
 
-        class Utils:
-            @staticmethod
-            def getContextOrSparkClassLoader():
-                return Loader()
-
-        class Jvm:
-            class org:
-                class apache:
-                    class spark:
-                        class util:
-                            pass
-
-        Jvm.org.apache.spark.util.Utils = Utils
-        self._jvm = Jvm
-
-        class Sc:
-            @staticmethod
-            def conf():
-                return ctx.conf
-
-        class Jsc:
-            @staticmethod
-            def sc():
-                return Sc
-
-        self._jsc = Jsc
+        loader = SimpleNamespace(getResources=get_resources)
+        utils = SimpleNamespace(getContextOrSparkClassLoader=lambda: loader)
+        self._jvm = SimpleNamespace(org=SimpleNamespace(apache=SimpleNamespace(
+            spark=SimpleNamespace(util=SimpleNamespace(Utils=utils)))))
+        self._jsc = SimpleNamespace(sc=lambda: SimpleNamespace(conf=lambda: self.conf))
 
 
 def test_the_setting_holds_only_while_the_session_is_built():
@@ -159,25 +137,13 @@ def test_a_context_that_cannot_answer_keeps_spark_s_own_build():
 
 
 class _Session:
+    """What apply_ml_extension asks of a session: the provider's class and its extensions."""
+
     def __init__(self):
         self.applied = []
-        session = self
-
-        class Provider:
-            def apply(self, extensions):
-                session.applied.append(extensions)
-
-        class Jvm:
-            pass
-
-        setattr(Jvm, ML_PROVIDER, Provider)
-
-        class JSession:
-            @staticmethod
-            def extensions():
-                return "the session's extensions"
-
-        self._jvm, self._jsparkSession = Jvm, JSession
+        provider = SimpleNamespace(apply=self.applied.append)
+        self._jvm = SimpleNamespace(**{ML_PROVIDER: lambda: provider})
+        self._jsparkSession = SimpleNamespace(extensions=lambda: "the session's extensions")
 
 
 def test_applied_to_the_session_s_extensions_once_no_query_is_starting():

@@ -407,14 +407,13 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
         opts["spark.driver.extraJavaOptions"] = log_opts + jvm_options(archive)
         if executors_here:
             opts["spark.executor.extraJavaOptions"] = jvm_options(archive)
-        return opts
 
     opts = {"spark.master": master, "spark.app.name": app_name,
             "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
             "spark.driver.memory": driver_memory,
             "spark.sql.shuffle.partitions": str(shuffle_partitions or 2),
             "spark.python.worker.reuse": "true", **SQL_CONF}
-    opts = with_jvm_options(opts, archive)
+    with_jvm_options(opts, archive)
     if is_local_master(master):
         opts.update({"spark.task.maxFailures": "1", "spark.default.parallelism": "2"})
     else:  # a lost executor's tasks are retried elsewhere: that is how its batch replays
@@ -452,7 +451,7 @@ def _classic_session(app_name: str, master: str, shuffle_partitions, driver_memo
                             or not archive_was_the_cause(said_since(stderr, said_from), t0)):
                         raise
                     set_aside = set_archive_aside(archive)
-                    opts = with_jvm_options(opts, None)
+                    with_jvm_options(opts, None)
             keeper.learn()
             _OWNED.launched_directly = keeper.went_direct
         started = True

@@ -7,7 +7,7 @@ only makes sure that a Scala object has registered three internal functions (`ve
 ...) in Spark's JVM-wide registry of internal functions. Making that object starts Scala's runtime
 reflection and Spark's encoders for those functions: ~0.5 s of CPU on the thread that builds the
 session, in the critical path of every cold launch, for functions no statekit query calls (cold
-launch to the first commit here: median 3.09 s against 3.48 s, six interleaved pairs).
+launch to the first commit here: median 2.99 s against 3.35 s, eight interleaved pairs).
 
 When that provider is the only one Spark would load and no `spark.sql.extensions` is set, the
 session statekit starts is built without loading providers (Spark's static setting
